@@ -1,0 +1,114 @@
+//! Types shared by the eBPF programs (`backlogd-ebpf`) and the daemon (`backlogd`).
+//!
+//! Everything here crosses the kernel/user boundary byte for byte: `#[repr(C)]`, explicit
+//! padding, integers only (no `bool`, `Option` or enums with data).
+#![no_std]
+
+/// `TCP_LISTEN` from `include/net/tcp_states.h`; part of the tracepoint ABI.
+pub const TCP_LISTEN: u32 = 10;
+pub const IPPROTO_TCP: u16 = 6;
+pub const AF_INET: u16 = 2;
+pub const AF_INET6: u16 = 10;
+
+/// Capacity of the map that carries `listen(2)` arguments from syscall entry to exit.
+pub const PENDING_LISTEN_ENTRIES: u32 = 4096;
+/// Ring buffer for listener lifecycle events. Lifecycle events are rare (one per
+/// `listen()`/close), so 256 KiB holds thousands of them between two reads.
+pub const LISTENER_EVENTS_BYTES: u32 = 256 * 1024;
+
+/// Kind of a [`ListenerEvent`].
+pub mod event_kind {
+    /// A successful `listen(2)` on a TCP socket: first listen or a repeated one that
+    /// changed the backlog.
+    pub const LISTEN: u32 = 1;
+    /// A listener left the LISTEN state (close, shutdown, netns teardown).
+    pub const CLOSE: u32 = 2;
+}
+
+/// A listener appeared, changed its backlog, or went away.
+///
+/// `sk` (the kernel address of the `struct sock`) is the identity of a listener while it
+/// lives; a CLOSE event carries only `kind` and `sk`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ListenerEvent {
+    pub kind: u32,
+    /// `AF_INET` or `AF_INET6`.
+    pub family: u16,
+    /// Local port, host byte order.
+    pub port: u16,
+    pub sk: u64,
+    /// Inode number of the socket (what `ss -e` prints as `ino:`).
+    pub ino: u64,
+    /// Inode number of the socket's network namespace (`/proc/PID/ns/net`).
+    pub netns: u32,
+    /// Process id (thread group id) that called `listen()`.
+    pub tgid: u32,
+    /// Thread id that called `listen()`.
+    pub pid: u32,
+    /// Backlog argument passed to `listen()`, as the application passed it.
+    pub requested: i32,
+    /// `sk_max_ack_backlog` after `listen()` returned: what the kernel granted.
+    pub granted: u32,
+    pub _pad: u32,
+    /// Local address, network byte order; IPv4 in the first four bytes.
+    pub addr: [u8; 16],
+    /// `comm` of the thread that called `listen()`, NUL padded.
+    pub comm: [u8; 16],
+}
+
+/// Field offsets the eBPF programs need, resolved by the daemon at load time from the
+/// running kernel's BTF (struct fields) and tracefs (tracepoint record layouts), and
+/// injected as the read-only global `OFFSETS`. Never compiled in: layouts differ between
+/// kernels.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KernelOffsets {
+    // task_struct -> files -> fdt -> fd[] -> file -> private_data (struct socket) -> sk
+    pub task_files: u32,
+    pub files_fdt: u32,
+    pub fdtable_fd: u32,
+    pub file_private_data: u32,
+    pub socket_sk: u32,
+    /// `offsetof(struct socket_alloc, vfs_inode) + offsetof(struct inode, i_ino)`: the
+    /// socket inode sits right after `struct socket` in one allocation.
+    pub socket_ino: u32,
+    // struct sock (incl. its embedded sock_common)
+    pub sk_family: u32,
+    pub sk_state: u32,
+    pub sk_num: u32,
+    pub sk_rcv_saddr: u32,
+    pub sk_v6_rcv_saddr: u32,
+    pub sk_net: u32,
+    pub sk_protocol: u32,
+    pub sk_max_ack_backlog: u32,
+    /// `offsetof(struct net, ns) + offsetof(struct ns_common, inum)`
+    pub net_inum: u32,
+    // tracepoint records (from /sys/kernel/tracing/events/*/*/format)
+    pub tp_listen_fd: u32,
+    pub tp_listen_backlog: u32,
+    pub tp_exit_ret: u32,
+    pub tp_state_skaddr: u32,
+    pub tp_state_oldstate: u32,
+    pub tp_state_newstate: u32,
+    pub tp_state_protocol: u32,
+}
+
+/// `listen(2)` arguments parked between syscall entry and exit.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PendingListen {
+    pub fd: u64,
+    pub backlog: i32,
+    pub _pad: u32,
+}
+
+#[cfg(feature = "user")]
+mod user {
+    // SAFETY: plain-old-data: repr(C), integer fields only, explicit padding.
+    unsafe impl aya::Pod for super::ListenerEvent {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::KernelOffsets {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::PendingListen {}
+}

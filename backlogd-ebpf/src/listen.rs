@@ -1,0 +1,149 @@
+//! Listener lifecycle: who listens where, with which backlog asked for and granted.
+//!
+//! `listen(2)` clamps the backlog to `net.core.somaxconn` of the socket's netns before the
+//! protocol code stores it in `sk_max_ack_backlog`, so only syscall entry sees what the
+//! application asked for, and only syscall exit sees what it got. The pair is joined
+//! through `PENDING_LISTEN`, keyed by thread. A repeated `listen()` on a listener emits a
+//! new LISTEN event with the new figures.
+//!
+//! A listener going away shows up as `sock:inet_sock_set_state` LISTEN -> anything.
+
+use aya_ebpf::{
+    helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid},
+    macros::{map, tracepoint},
+    maps::{LruHashMap, PerCpuArray, RingBuf},
+    programs::TracePointContext,
+};
+use backlogd_common::{
+    AF_INET, AF_INET6, IPPROTO_TCP, LISTENER_EVENTS_BYTES, ListenerEvent, PENDING_LISTEN_ENTRIES,
+    PendingListen, TCP_LISTEN, event_kind,
+};
+
+use crate::kernel::{KPtr, Result, offset, socket_of_fd, tp_field};
+
+#[map]
+static PENDING_LISTEN: LruHashMap<u64, PendingListen> =
+    LruHashMap::with_max_entries(PENDING_LISTEN_ENTRIES, 0);
+
+#[map]
+static LISTENER_EVENTS: RingBuf = RingBuf::with_byte_size(LISTENER_EVENTS_BYTES, 0);
+
+/// Events that did not fit in `LISTENER_EVENTS`; the daemon exports the sum and rescans.
+#[map]
+static LISTENER_EVENTS_LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+
+#[tracepoint]
+pub fn listen_enter(ctx: TracePointContext) -> u32 {
+    let _ = try_listen_enter(&ctx);
+    0
+}
+
+fn try_listen_enter(ctx: &TracePointContext) -> Result<()> {
+    // Syscall records hold each argument as an unsigned long.
+    let fd: u64 = tp_field(ctx, offset(|o| &o.tp_listen_fd))?;
+    let backlog: u64 = tp_field(ctx, offset(|o| &o.tp_listen_backlog))?;
+    let pending = PendingListen {
+        fd,
+        backlog: backlog as i32,
+        _pad: 0,
+    };
+    PENDING_LISTEN
+        .insert(bpf_get_current_pid_tgid(), pending, 0)
+        .map_err(|e| e as i32)
+}
+
+#[tracepoint]
+pub fn listen_exit(ctx: TracePointContext) -> u32 {
+    let _ = try_listen_exit(&ctx);
+    0
+}
+
+fn try_listen_exit(ctx: &TracePointContext) -> Result<()> {
+    let id = bpf_get_current_pid_tgid();
+    // SAFETY: the entry is only written by this thread's own listen_enter.
+    let Some(pending) = (unsafe { PENDING_LISTEN.get(&id) }).copied() else {
+        return Ok(());
+    };
+    let _ = PENDING_LISTEN.remove(&id);
+    let ret: i64 = tp_field(ctx, offset(|o| &o.tp_exit_ret))?;
+    if ret != 0 {
+        return Ok(());
+    }
+    let socket = socket_of_fd(pending.fd)?;
+    let sk = socket.deref(offset(|o| &o.socket_sk))?;
+    let family: u16 = sk.read(offset(|o| &o.sk_family))?;
+    if family != AF_INET && family != AF_INET6 {
+        return Ok(());
+    }
+    let protocol: u16 = sk.read(offset(|o| &o.sk_protocol))?;
+    let state: u8 = sk.read(offset(|o| &o.sk_state))?;
+    if protocol != IPPROTO_TCP || u32::from(state) != TCP_LISTEN {
+        return Ok(());
+    }
+
+    let mut addr = [0u8; 16];
+    if family == AF_INET {
+        let v4: [u8; 4] = sk.read(offset(|o| &o.sk_rcv_saddr))?;
+        addr[..4].copy_from_slice(&v4);
+    } else {
+        addr = sk.read(offset(|o| &o.sk_v6_rcv_saddr))?;
+    }
+    let event = ListenerEvent {
+        kind: event_kind::LISTEN,
+        family,
+        port: sk.read(offset(|o| &o.sk_num))?,
+        sk: sk.0,
+        ino: socket.read(offset(|o| &o.socket_ino))?,
+        netns: netns_inum(sk)?,
+        tgid: (id >> 32) as u32,
+        pid: id as u32,
+        requested: pending.backlog,
+        granted: sk.read(offset(|o| &o.sk_max_ack_backlog))?,
+        _pad: 0,
+        addr,
+        comm: bpf_get_current_comm().unwrap_or_default(),
+    };
+    emit(&event);
+    Ok(())
+}
+
+#[tracepoint]
+pub fn listener_state(ctx: TracePointContext) -> u32 {
+    let _ = try_listener_state(&ctx);
+    0
+}
+
+fn try_listener_state(ctx: &TracePointContext) -> Result<()> {
+    let oldstate: i32 = tp_field(ctx, offset(|o| &o.tp_state_oldstate))?;
+    let newstate: i32 = tp_field(ctx, offset(|o| &o.tp_state_newstate))?;
+    if oldstate as u32 != TCP_LISTEN || newstate as u32 == TCP_LISTEN {
+        return Ok(());
+    }
+    let protocol: u16 = tp_field(ctx, offset(|o| &o.tp_state_protocol))?;
+    if protocol != IPPROTO_TCP {
+        return Ok(());
+    }
+    let sk: u64 = tp_field(ctx, offset(|o| &o.tp_state_skaddr))?;
+    emit(&ListenerEvent {
+        kind: event_kind::CLOSE,
+        sk,
+        ..ListenerEvent::default()
+    });
+    Ok(())
+}
+
+#[inline(always)]
+fn netns_inum(sk: KPtr) -> Result<u32> {
+    sk.deref(offset(|o| &o.sk_net))?
+        .read(offset(|o| &o.net_inum))
+}
+
+#[inline(always)]
+fn emit(event: &ListenerEvent) {
+    if LISTENER_EVENTS.output::<ListenerEvent>(event, 0).is_err()
+        && let Some(lost) = LISTENER_EVENTS_LOST.get_ptr_mut(0)
+    {
+        // SAFETY: per-CPU slot, and programs do not migrate CPUs mid-run.
+        unsafe { *lost += 1 };
+    }
+}

@@ -1,0 +1,24 @@
+//! backlogd's eBPF programs, one module per hook family.
+//!
+//! - [`listen`]: listener lifecycle: `listen(2)` (requested vs granted backlog, owner,
+//!   netns, address) and listeners leaving the LISTEN state.
+//!
+//! Kernel struct and tracepoint layouts are never compiled in: [`kernel`] reads them from
+//! the `OFFSETS` global that the daemon fills from the running kernel's BTF at load time.
+#![no_std]
+#![no_main]
+
+mod kernel;
+mod listen;
+
+#[cfg(not(test))]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    // A reachable panic makes the verifier reject the program; this is never called.
+    loop {}
+}
+
+// bpf_probe_read_kernel is GPL-only.
+#[unsafe(link_section = "license")]
+#[unsafe(no_mangle)]
+static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";

@@ -1,0 +1,38 @@
+//! Command line.
+
+use std::{net::SocketAddr, path::PathBuf};
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::loader::btf::KERNEL_BTF;
+
+/// Per-listener TCP listen-queue observability: requested vs granted backlogs, SYN and
+/// accept-queue drops and why, served as Prometheus metrics.
+#[derive(Debug, Parser)]
+#[command(name = "backlogd", version)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+    /// Log filter (tracing EnvFilter syntax), e.g. `info` or `backlogd=debug`.
+    #[arg(long, global = true, env = "BACKLOGD_LOG", default_value = "info")]
+    pub log: String,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the daemon: load the eBPF probes and serve /metrics (needs root or CAP_BPF +
+    /// CAP_PERFMON).
+    Run(RunArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// Address to serve /metrics, /healthz and the JSON API on (port 0 picks a free one;
+    /// the log says which).
+    #[arg(long, value_name = "HOST:PORT", default_value = "0.0.0.0:9851")]
+    pub listen: SocketAddr,
+    /// Raw BTF of the running kernel, for kernels that do not expose
+    /// /sys/kernel/btf/vmlinux.
+    #[arg(long, value_name = "FILE", default_value = KERNEL_BTF)]
+    pub btf: PathBuf,
+}

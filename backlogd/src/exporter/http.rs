@@ -1,0 +1,76 @@
+//! The HTTP endpoint: `/metrics`, `/healthz`, `/api/v1/listeners`.
+
+use std::{net::SocketAddr, sync::Arc};
+
+use axum::{
+    Json, Router, extract::State, http::header::CONTENT_TYPE, response::IntoResponse, routing::get,
+};
+use prometheus_client::{encoding::text::encode_registry, registry::Registry};
+use tokio::net::TcpListener;
+
+use crate::{daemon::Shared, listeners::Listener};
+
+#[derive(Debug, thiserror::Error)]
+pub enum BindError {
+    #[error(
+        "cannot listen on {addr}: the address is already in use (another backlogd or \
+         exporter is serving there). Fix: stop it, or pick another address with \
+         `--listen HOST:PORT`"
+    )]
+    InUse { addr: SocketAddr },
+    #[error(
+        "cannot listen on {addr}: {source}. Fix: pick another address with `--listen HOST:PORT`"
+    )]
+    Other {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+}
+
+pub async fn bind(addr: SocketAddr) -> Result<TcpListener, BindError> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| match source.kind() {
+            std::io::ErrorKind::AddrInUse => BindError::InUse { addr },
+            _ => BindError::Other { addr, source },
+        })
+}
+
+struct AppState {
+    registry: Registry,
+    shared: Arc<Shared>,
+}
+
+pub fn router(registry: Registry, shared: Arc<Shared>) -> Router {
+    Router::new()
+        .route("/", get(index))
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(healthz))
+        .route("/api/v1/listeners", get(listeners))
+        .with_state(Arc::new(AppState { registry, shared }))
+}
+
+async fn index() -> &'static str {
+    "backlogd: per-listener TCP listen-queue metrics\n\n/metrics           Prometheus metrics\n/healthz           liveness\n/api/v1/listeners  listening sockets as JSON\n"
+}
+
+async fn metrics(State(state): State<Arc<AppState>>) -> impl IntoResponse {
+    let mut body = String::with_capacity(16 * 1024);
+    if let Err(e) = encode_registry(&mut body, &state.registry) {
+        tracing::error!(error = %e, "encoding metrics");
+    }
+    (
+        [(CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+        body,
+    )
+}
+
+async fn healthz() -> &'static str {
+    "ok\n"
+}
+
+async fn listeners(State(state): State<Arc<AppState>>) -> Json<Vec<Listener>> {
+    let mut all: Vec<Listener> = state.shared.listeners().iter().cloned().collect();
+    all.sort_by_key(|l| (l.netns, l.port, l.inode));
+    Json(all)
+}

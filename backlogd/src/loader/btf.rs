@@ -1,0 +1,222 @@
+//! Kernel struct layouts from BTF, resolved at load time.
+//!
+//! The eBPF programs are compiled once; the same binary runs on 6.1, 6.12 and 6.18, whose
+//! `struct sock`, `struct file` and friends differ. Every offset the programs use comes
+//! from here.
+
+use std::path::{Path, PathBuf};
+
+use backlogd_common::KernelOffsets;
+use btf_rs::{Btf, Type};
+
+pub const KERNEL_BTF: &str = "/sys/kernel/btf/vmlinux";
+
+#[derive(Debug, thiserror::Error)]
+pub enum BtfError {
+    #[error(
+        "no kernel BTF at {}: this kernel was built without CONFIG_DEBUG_INFO_BTF=y, and \
+         backlogd reads kernel struct layouts from BTF. Fix: run a kernel with BTF (stock \
+         Debian, Ubuntu, RHEL and Fedora kernels have it), or pass --btf FILE with the BTF \
+         of exactly this kernel (e.g. from btfhub)",
+        path.display()
+    )]
+    Missing { path: PathBuf },
+    #[error(
+        "cannot read BTF from {}: {reason}. Fix: pass --btf with the raw BTF of the running \
+         kernel (as found in /sys/kernel/btf/vmlinux)",
+        path.display()
+    )]
+    Unreadable { path: PathBuf, reason: String },
+    #[error(
+        "the kernel's BTF has no `{ty}.{field}`: this kernel's layout is one backlogd does \
+         not know yet. Please report it with the output of `uname -r`"
+    )]
+    NoField { ty: String, field: String },
+    #[error("BTF field `{ty}.{field}` is {found} bytes, expected {expected}")]
+    FieldSize {
+        ty: String,
+        field: String,
+        found: usize,
+        expected: usize,
+    },
+}
+
+pub struct KernelBtf {
+    btf: Btf,
+}
+
+impl KernelBtf {
+    pub fn open(path: &Path) -> Result<Self, BtfError> {
+        if !path.exists() {
+            return Err(BtfError::Missing {
+                path: path.to_owned(),
+            });
+        }
+        let btf = Btf::from_file(path).map_err(|e| BtfError::Unreadable {
+            path: path.to_owned(),
+            reason: e.to_string(),
+        })?;
+        Ok(Self { btf })
+    }
+
+    /// Everything the eBPF programs need about struct layouts.
+    pub fn kernel_offsets(&self) -> Result<KernelOffsets, BtfError> {
+        let f = |ty: &str, path: &str, size: usize| self.offset_of(ty, path, Some(size));
+        Ok(KernelOffsets {
+            task_files: f("task_struct", "files", 8)?,
+            files_fdt: f("files_struct", "fdt", 8)?,
+            fdtable_fd: f("fdtable", "fd", 8)?,
+            file_private_data: f("file", "private_data", 8)?,
+            socket_sk: f("socket", "sk", 8)?,
+            socket_ino: self.offset_of("socket_alloc", "vfs_inode", None)?
+                + f("inode", "i_ino", 8)?,
+            sk_family: f("sock", "__sk_common.skc_family", 2)?,
+            sk_state: f("sock", "__sk_common.skc_state", 1)?,
+            sk_num: f("sock", "__sk_common.skc_num", 2)?,
+            sk_rcv_saddr: f("sock", "__sk_common.skc_rcv_saddr", 4)?,
+            sk_v6_rcv_saddr: f("sock", "__sk_common.skc_v6_rcv_saddr", 16)?,
+            sk_net: f("sock", "__sk_common.skc_net.net", 8)?,
+            sk_protocol: f("sock", "sk_protocol", 2)?,
+            sk_max_ack_backlog: f("sock", "sk_max_ack_backlog", 4)?,
+            net_inum: f("net", "ns.inum", 4)?,
+            ..KernelOffsets::default()
+        })
+    }
+
+    /// Byte offset of a dotted member path inside `struct ty`, looking through anonymous
+    /// structs and unions the way C does; checks the field's size when `size` is given.
+    pub fn offset_of(&self, ty: &str, path: &str, size: Option<usize>) -> Result<u32, BtfError> {
+        let no_field = || BtfError::NoField {
+            ty: ty.to_owned(),
+            field: path.to_owned(),
+        };
+        let mut current = self.named_struct(ty).ok_or_else(no_field)?;
+        let mut offset_bits = 0u32;
+        let mut last = None;
+        for name in path.split('.') {
+            let (bits, member_ty) = self.find_member(&current, name).ok_or_else(no_field)?;
+            offset_bits += bits;
+            last = Some(member_ty.clone());
+            current = member_ty;
+        }
+        if offset_bits % 8 != 0 {
+            return Err(no_field());
+        }
+        if let (Some(expected), Some(t)) = (size, last)
+            && let Some(found) = self.size_of(&t)
+            && found != expected
+        {
+            return Err(BtfError::FieldSize {
+                ty: ty.to_owned(),
+                field: path.to_owned(),
+                found,
+                expected,
+            });
+        }
+        Ok(offset_bits / 8)
+    }
+
+    fn named_struct(&self, name: &str) -> Option<Type> {
+        self.btf
+            .resolve_types_by_name(name)
+            .ok()?
+            .into_iter()
+            .find(|t| matches!(t, Type::Struct(_) | Type::Union(_)))
+    }
+
+    /// Strips typedefs and qualifiers.
+    fn resolve(&self, mut t: Type) -> Option<Type> {
+        loop {
+            t = match &t {
+                Type::Typedef(x) => self.btf.resolve_chained_type(x).ok()?,
+                Type::Const(x) | Type::Volatile(x) | Type::Restrict(x) => {
+                    self.btf.resolve_chained_type(x).ok()?
+                }
+                Type::TypeTag(x) => self.btf.resolve_chained_type(x).ok()?,
+                _ => return Some(t),
+            }
+        }
+    }
+
+    /// Finds `name` among the members of `parent`, descending into anonymous members.
+    /// Returns the member's bit offset from the start of `parent` and its resolved type.
+    fn find_member(&self, parent: &Type, name: &str) -> Option<(u32, Type)> {
+        let members = match parent {
+            Type::Struct(s) | Type::Union(s) => &s.members,
+            _ => return None,
+        };
+        for m in members {
+            let member_name = self.btf.resolve_name(m).unwrap_or_default();
+            let ty = self.resolve(self.btf.resolve_chained_type(m).ok()?)?;
+            if member_name == name {
+                if m.bitfield_size().is_some_and(|b| b != 0) {
+                    return None;
+                }
+                return Some((m.bit_offset(), ty));
+            }
+            if member_name.is_empty()
+                && let Some((inner, t)) = self.find_member(&ty, name)
+            {
+                return Some((m.bit_offset() + inner, t));
+            }
+        }
+        None
+    }
+
+    fn size_of(&self, t: &Type) -> Option<usize> {
+        match t {
+            Type::Int(i) => Some(i.size()),
+            Type::Ptr(_) => Some(8),
+            Type::Struct(s) | Type::Union(s) => Some(s.size()),
+            Type::Enum(e) => Some(e.size()),
+            Type::Array(a) => {
+                let elem = self.resolve(self.btf.resolve_chained_type(a).ok()?)?;
+                Some(self.size_of(&elem)? * a.len())
+            }
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // These read the running kernel's BTF: the resolver is only meaningful against real
+    // kernel types (anonymous unions, typedef chains, bitfields).
+    fn kernel() -> KernelBtf {
+        KernelBtf::open(Path::new(KERNEL_BTF)).expect("kernel BTF")
+    }
+
+    #[test]
+    fn resolves_every_offset_and_sock_common_sits_first() {
+        let o = kernel().kernel_offsets().unwrap();
+        // struct sock starts with its sock_common; skc_family is in its first 32 bytes.
+        assert!(o.sk_family < 32, "{o:?}");
+        assert!(o.sk_max_ack_backlog > o.sk_family);
+    }
+
+    #[test]
+    fn missing_field_is_named() {
+        let err = kernel()
+            .offset_of("sock", "no_such_field", None)
+            .unwrap_err();
+        assert!(err.to_string().contains("sock.no_such_field"), "{err}");
+    }
+
+    #[test]
+    fn wrong_size_is_rejected() {
+        let err = kernel()
+            .offset_of("sock", "sk_max_ack_backlog", Some(8))
+            .unwrap_err();
+        assert!(matches!(err, BtfError::FieldSize { found: 4, .. }), "{err}");
+    }
+
+    #[test]
+    fn missing_file_names_the_fix() {
+        let err = KernelBtf::open(Path::new("/nonexistent/vmlinux"))
+            .err()
+            .unwrap();
+        assert!(err.to_string().contains("--btf"), "{err}");
+    }
+}

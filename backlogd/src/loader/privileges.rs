@@ -1,0 +1,38 @@
+//! Checks the capabilities loading needs before trying, so the error says what to do.
+
+const CAP_SYS_ADMIN: u32 = 21;
+const CAP_PERFMON: u32 = 38;
+const CAP_BPF: u32 = 39;
+
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "backlogd needs root, or the capabilities CAP_BPF and CAP_PERFMON (plus CAP_SYS_ADMIN on \
+     kernels older than 5.8), to load eBPF programs and attach tracepoints; this process has \
+     effective capabilities {effective:#x}. Fix: run it as root (`sudo backlogd run`), or grant \
+     them, e.g. `setcap cap_bpf,cap_perfmon,cap_sys_admin+ep $(command -v backlogd)`"
+)]
+pub struct MissingPrivileges {
+    pub effective: u64,
+}
+
+/// Effective capability set of this process, from /proc/self/status.
+fn effective_caps() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("CapEff:"))
+                .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+        })
+        .unwrap_or(0)
+}
+
+pub fn check() -> Result<(), MissingPrivileges> {
+    let effective = effective_caps();
+    let has = |cap: u32| effective & (1 << cap) != 0;
+    if has(CAP_SYS_ADMIN) || (has(CAP_BPF) && has(CAP_PERFMON)) {
+        Ok(())
+    } else {
+        Err(MissingPrivileges { effective })
+    }
+}

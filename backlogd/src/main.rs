@@ -1,0 +1,40 @@
+//! backlogd: eBPF-based listen-queue observability daemon and CLI.
+
+mod cli;
+mod daemon;
+mod exporter;
+mod listeners;
+mod loader;
+
+use clap::Parser as _;
+use tracing_subscriber::EnvFilter;
+
+use crate::cli::{Cli, Command};
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(EnvFilter::try_new(&cli.log).unwrap_or_else(|_| EnvFilter::new("info")))
+        .with_writer(std::io::stderr)
+        .init();
+    let result = match cli.command {
+        Command::Run(args) => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .map_err(anyhow::Error::from)
+            .and_then(|rt| {
+                rt.block_on(daemon::run(daemon::RunConfig {
+                    listen: args.listen,
+                    btf: args.btf,
+                }))
+            }),
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("backlogd: error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,142 @@
+//! Project automation: `cargo xtask <command>`.
+//!
+//! `run` and `test` are the README's two commands; both start with `setup`, which installs
+//! what a fresh machine lacks and is a fast no-op on a prepared one.
+
+mod setup;
+
+use std::process::Command;
+
+use anyhow::{Context as _, Result, bail};
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(about = "backlogd build, run and test automation")]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Install the toolchain pieces and Debian packages the build and tests need.
+    Setup,
+    /// Set up, build (eBPF object included) and run the daemon in the foreground.
+    Run {
+        /// Arguments for `backlogd run` (e.g. `-- --listen 127.0.0.1:9851`).
+        #[arg(last = true)]
+        args: Vec<String>,
+    },
+    /// Set up, then run formatting and lint checks, unit tests and the integration suite.
+    Test {
+        /// Only run integration tests whose name contains this filter.
+        filter: Option<String>,
+    },
+    /// Run rustfmt and clippy (-D warnings) on the host crates and the eBPF crate.
+    Lint,
+}
+
+fn main() -> Result<()> {
+    match Cli::parse().command {
+        Cmd::Setup => setup::run(),
+        Cmd::Run { args } => {
+            setup::run()?;
+            cargo(&["build", "--release", "--package", "backlogd"])?;
+            let status = Command::new(workspace_root().join("target/release/backlogd"))
+                .arg("run")
+                .args(args)
+                .status()
+                .context("starting target/release/backlogd")?;
+            if !status.success() {
+                bail!("backlogd exited with {status}");
+            }
+            Ok(())
+        }
+        Cmd::Test { filter } => {
+            setup::run()?;
+            lint()?;
+            test(filter.as_deref())
+        }
+        Cmd::Lint => lint(),
+    }
+}
+
+fn workspace_root() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives one level below the workspace root")
+        .to_path_buf()
+}
+
+fn cargo(args: &[&str]) -> Result<()> {
+    run(Command::new("cargo")
+        .args(args)
+        .current_dir(workspace_root()))
+}
+
+fn run(cmd: &mut Command) -> Result<()> {
+    eprintln!("xtask: {cmd:?}");
+    let status = cmd.status().with_context(|| format!("starting {cmd:?}"))?;
+    if !status.success() {
+        bail!("{cmd:?} failed: {status}");
+    }
+    Ok(())
+}
+
+fn lint() -> Result<()> {
+    cargo(&["fmt", "--all", "--", "--check"])?;
+    // Host crates and the eBPF crate cannot be linted in one invocation: features would
+    // unify across targets.
+    cargo(&[
+        "clippy",
+        "--workspace",
+        "--exclude",
+        "backlogd-ebpf",
+        "--all-targets",
+        "--",
+        "-D",
+        "warnings",
+    ])?;
+    run(Command::new("cargo")
+        .args([
+            "+nightly",
+            "clippy",
+            "--package",
+            "backlogd-ebpf",
+            "--target",
+            "bpfel-unknown-none",
+            "-Z",
+            "build-std=core",
+            "--release",
+            "--",
+            "-D",
+            "warnings",
+        ])
+        .env(
+            "CARGO_TARGET_DIR",
+            workspace_root().join("target/ebpf-clippy"),
+        )
+        .current_dir(workspace_root()))
+}
+
+fn test(filter: Option<&str>) -> Result<()> {
+    // Unit tests of every host crate, then the integration suite against the release
+    // binary the README's run command builds.
+    cargo(&["build", "--release", "--package", "backlogd"])?;
+    cargo(&[
+        "test",
+        "--release",
+        "--workspace",
+        "--exclude",
+        "backlogd-tests",
+    ])?;
+    let bin = workspace_root().join("target/release/backlogd");
+    let mut cmd = Command::new("cargo");
+    cmd.args(["test", "--release", "--package", "backlogd-tests"])
+        .env("BACKLOGD_BIN", &bin)
+        .current_dir(workspace_root());
+    if let Some(filter) = filter {
+        cmd.args(["--", filter]);
+    }
+    run(&mut cmd)
+}
