@@ -47,9 +47,7 @@ fn try_listen_enter(ctx: &TracePointContext) -> Result<()> {
         backlog: backlog as i32,
         _pad: 0,
     };
-    PENDING_LISTEN
-        .insert(bpf_get_current_pid_tgid(), pending, 0)
-        .map_err(|e| e as i32)
+    PENDING_LISTEN.insert(bpf_get_current_pid_tgid(), pending, 0)
 }
 
 #[tracepoint]
@@ -61,10 +59,10 @@ pub fn listen_exit(ctx: TracePointContext) -> u32 {
 fn try_listen_exit(ctx: &TracePointContext) -> Result<()> {
     let id = bpf_get_current_pid_tgid();
     // SAFETY: the entry is only written by this thread's own listen_enter.
-    let Some(pending) = (unsafe { PENDING_LISTEN.get(&id) }).copied() else {
+    let Some(pending) = (unsafe { PENDING_LISTEN.get(id) }).copied() else {
         return Ok(());
     };
-    let _ = PENDING_LISTEN.remove(&id);
+    let _ = PENDING_LISTEN.remove(id);
     let ret: i64 = tp_field(ctx, offset(|o| &o.tp_exit_ret))?;
     if ret != 0 {
         return Ok(());

@@ -12,7 +12,7 @@ use backlogd_common::ListenerEvent;
 use tokio::io::{Interest, unix::AsyncFd};
 
 use crate::{
-    exporter::{http, metrics::BacklogdCollector},
+    exporter::{http, metrics::Metrics},
     listeners::ListenerTable,
     loader::{self, LoadOptions},
 };
@@ -47,10 +47,10 @@ pub async fn run(config: RunConfig) -> anyhow::Result<()> {
         probes.listener_events,
         shared.clone(),
     ));
-    let registry = BacklogdCollector::registry(shared.clone(), probes.listener_events_lost);
+    let metrics = Metrics::new(shared.clone(), probes.listener_events_lost);
     let addr = socket.local_addr()?;
     tracing::info!("serving metrics on http://{addr}/metrics");
-    let server = axum::serve(socket, http::router(registry, shared))
+    let server = axum::serve(socket, http::router(metrics, shared))
         .with_graceful_shutdown(shutdown_signal());
     tokio::select! {
         served = server => served.context("HTTP server failed")?,

@@ -26,13 +26,6 @@ pub struct Listener {
     pub granted: u32,
 }
 
-impl Listener {
-    /// The application asked for more than it got (`net.core.somaxconn` clamp).
-    pub fn clamped(&self) -> bool {
-        i64::from(self.requested) > i64::from(self.granted)
-    }
-}
-
 /// Live listeners keyed by the kernel address of their `struct sock`, which is what the
 /// close event carries.
 #[derive(Debug, Default)]
@@ -55,10 +48,6 @@ impl ListenerTable {
 
     pub fn len(&self) -> usize {
         self.by_sk.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.by_sk.is_empty()
     }
 
     pub fn iter(&self) -> impl Iterator<Item = &Listener> {
@@ -120,13 +109,12 @@ mod tests {
             (l.addr, l.port, l.comm.as_str(), l.pid),
             ("127.0.0.1".parse().unwrap(), 80, "nginx", 42)
         );
-        assert!(l.clamped());
         t.apply(&ListenerEvent {
             kind: event_kind::CLOSE,
             sk: 1,
             ..Default::default()
         });
-        assert!(t.is_empty());
+        assert_eq!(t.len(), 0);
     }
 
     #[test]
@@ -136,7 +124,7 @@ mod tests {
         t.apply(&listen(1, 64, 64));
         assert_eq!(t.len(), 1);
         let l = t.iter().next().unwrap();
-        assert_eq!((l.requested, l.granted, l.clamped()), (64, 64, false));
+        assert_eq!((l.requested, l.granted), (64, 64));
     }
 
     #[test]
@@ -147,8 +135,6 @@ mod tests {
         let mut t = ListenerTable::default();
         t.apply(&e);
         let l = t.iter().next().unwrap();
-        assert_eq!(l.addr, IpAddr::V6(Ipv6Addr::LOCALHOST));
-        // listen(fd, -1) asks for "as much as allowed": not a clamp worth flagging.
-        assert!(!l.clamped());
+        assert_eq!((l.addr, l.requested), (IpAddr::V6(Ipv6Addr::LOCALHOST), -1));
     }
 }

@@ -1,1 +1,14 @@
+//! Helpers for backlogd's integration suite. Everything here is real: network namespaces
+//! made with unshare(2), sockets in them, the backlogd binary as a child process, its
+//! metrics over HTTP, and the kernel's own view through `ss`.
+//!
+//! Tests panic with context rather than return errors (as aya's own suite does).
 
+pub mod daemon;
+pub mod netns;
+pub mod prom;
+pub mod sockets;
+
+pub use daemon::Daemon;
+pub use netns::Netns;
+pub use prom::Scrape;

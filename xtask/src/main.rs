@@ -123,20 +123,76 @@ fn test(filter: Option<&str>) -> Result<()> {
     // Unit tests of every host crate, then the integration suite against the release
     // binary the README's run command builds.
     cargo(&["build", "--release", "--package", "backlogd"])?;
-    cargo(&[
-        "test",
-        "--release",
-        "--workspace",
-        "--exclude",
-        "backlogd-tests",
-    ])?;
+    let mut totals = Totals::default();
+    let unit = cargo_test(
+        Command::new("cargo").args([
+            "test",
+            "--release",
+            "--workspace",
+            "--exclude",
+            "backlogd-tests",
+            "--exclude",
+            "backlogd-ebpf",
+        ]),
+        &mut totals,
+    );
     let bin = workspace_root().join("target/release/backlogd");
     let mut cmd = Command::new("cargo");
     cmd.args(["test", "--release", "--package", "backlogd-tests"])
-        .env("BACKLOGD_BIN", &bin)
-        .current_dir(workspace_root());
+        .env("BACKLOGD_BIN", &bin);
     if let Some(filter) = filter {
         cmd.args(["--", filter]);
     }
-    run(&mut cmd)
+    let integration = if unit.is_ok() {
+        cargo_test(&mut cmd, &mut totals)
+    } else {
+        Ok(())
+    };
+    // One closing line for the whole run, so a log reader sees the total at the end.
+    println!(
+        "tests: {} passed, {} failed, {} skipped",
+        totals.passed, totals.failed, totals.ignored
+    );
+    unit.and(integration)
+}
+
+#[derive(Default)]
+struct Totals {
+    passed: u64,
+    failed: u64,
+    ignored: u64,
+}
+
+/// Runs a `cargo test` command, echoing its output and adding up its `test result:` lines.
+fn cargo_test(cmd: &mut Command, totals: &mut Totals) -> Result<()> {
+    use std::io::BufRead as _;
+    cmd.current_dir(workspace_root())
+        .stdout(std::process::Stdio::piped());
+    eprintln!("xtask: {cmd:?}");
+    let mut child = cmd.spawn().with_context(|| format!("starting {cmd:?}"))?;
+    let stdout = child.stdout.take().expect("piped stdout");
+    for line in std::io::BufReader::new(stdout).lines() {
+        let line = line?;
+        println!("{line}");
+        if let Some(rest) = line.strip_prefix("test result: ") {
+            for part in rest.split(';') {
+                let mut words = part.split_whitespace().rev();
+                let (Some(what), Some(n)) = (words.next(), words.next()) else {
+                    continue;
+                };
+                let n: u64 = n.parse().unwrap_or(0);
+                match what {
+                    "passed" => totals.passed += n,
+                    "failed" => totals.failed += n,
+                    "ignored" => totals.ignored += n,
+                    _ => {}
+                }
+            }
+        }
+    }
+    let status = child.wait()?;
+    if !status.success() {
+        bail!("{cmd:?} failed: {status}");
+    }
+    Ok(())
 }

@@ -5,9 +5,9 @@ use std::{net::SocketAddr, sync::Arc};
 use axum::{
     Json, Router, extract::State, http::header::CONTENT_TYPE, response::IntoResponse, routing::get,
 };
-use prometheus_client::{encoding::text::encode_registry, registry::Registry};
 use tokio::net::TcpListener;
 
+use super::{metrics::Metrics, text};
 use crate::{daemon::Shared, listeners::Listener};
 
 #[derive(Debug, thiserror::Error)]
@@ -37,39 +37,32 @@ pub async fn bind(addr: SocketAddr) -> Result<TcpListener, BindError> {
 }
 
 struct AppState {
-    registry: Registry,
+    metrics: Metrics,
     shared: Arc<Shared>,
 }
 
-pub fn router(registry: Registry, shared: Arc<Shared>) -> Router {
+pub fn router(metrics: Metrics, shared: Arc<Shared>) -> Router {
     Router::new()
         .route("/", get(index))
-        .route("/metrics", get(metrics))
+        .route("/metrics", get(serve_metrics))
         .route("/healthz", get(healthz))
-        .route("/api/v1/listeners", get(listeners))
-        .with_state(Arc::new(AppState { registry, shared }))
+        .route("/api/v1/listeners", get(serve_listeners))
+        .with_state(Arc::new(AppState { metrics, shared }))
 }
 
 async fn index() -> &'static str {
     "backlogd: per-listener TCP listen-queue metrics\n\n/metrics           Prometheus metrics\n/healthz           liveness\n/api/v1/listeners  listening sockets as JSON\n"
 }
 
-async fn metrics(State(state): State<Arc<AppState>>) -> impl IntoResponse {
-    let mut body = String::with_capacity(16 * 1024);
-    if let Err(e) = encode_registry(&mut body, &state.registry) {
-        tracing::error!(error = %e, "encoding metrics");
-    }
-    (
-        [(CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
-        body,
-    )
+async fn serve_metrics(State(state): State<Arc<AppState>>) -> impl IntoResponse {
+    ([(CONTENT_TYPE, text::CONTENT_TYPE)], state.metrics.render())
 }
 
 async fn healthz() -> &'static str {
     "ok\n"
 }
 
-async fn listeners(State(state): State<Arc<AppState>>) -> Json<Vec<Listener>> {
+async fn serve_listeners(State(state): State<Arc<AppState>>) -> Json<Vec<Listener>> {
     let mut all: Vec<Listener> = state.shared.listeners().iter().cloned().collect();
     all.sort_by_key(|l| (l.netns, l.port, l.inode));
     Json(all)

@@ -1,39 +1,26 @@
-//! Prometheus exposition, read from the live tables at scrape time (no copies to keep in
-//! sync). Every metric here is documented in docs/metrics.md.
+//! `/metrics`: rendered from the live tables at scrape time, so there are no copies to
+//! keep in sync and closed listeners cannot leave stale series. Every metric here is
+//! documented in docs/metrics.md.
 
 use std::sync::{Arc, Mutex};
 
 use aya::maps::{MapData, PerCpuArray};
-use prometheus_client::{
-    collector::Collector,
-    encoding::{DescriptorEncoder, EncodeMetric},
-    metrics::{MetricType, counter::ConstCounter, gauge::ConstGauge},
-    registry::Registry,
-};
 
+use super::text::{Exposition, Kind};
 use crate::{daemon::Shared, listeners::Listener};
 
-/// Reads the daemon's shared state on every scrape.
-pub struct BacklogdCollector {
+pub struct Metrics {
     shared: Arc<Shared>,
     /// Per-CPU count of lifecycle events the ring buffer had no room for.
     events_lost: Mutex<PerCpuArray<MapData, u64>>,
 }
 
-impl std::fmt::Debug for BacklogdCollector {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("BacklogdCollector").finish_non_exhaustive()
-    }
-}
-
-impl BacklogdCollector {
-    pub fn registry(shared: Arc<Shared>, events_lost: PerCpuArray<MapData, u64>) -> Registry {
-        let mut registry = Registry::default();
-        registry.register_collector(Box::new(Self {
+impl Metrics {
+    pub fn new(shared: Arc<Shared>, events_lost: PerCpuArray<MapData, u64>) -> Self {
+        Self {
             shared,
             events_lost: Mutex::new(events_lost),
-        }));
-        registry
+        }
     }
 
     fn events_lost(&self) -> u64 {
@@ -45,71 +32,79 @@ impl BacklogdCollector {
                 0
             })
     }
+
+    pub fn render(&self) -> String {
+        let listeners = self.shared.listeners();
+        let mut e = Exposition::with_capacity(512 + listeners.len() * 400);
+        let rows: Vec<([String; 6], &Listener)> =
+            listeners.iter().map(|l| (label_values(l), l)).collect();
+
+        for (name, help, value) in [
+            (
+                "backlogd_listen_backlog_requested",
+                "Backlog the application passed to listen(2) on this socket.",
+                (|l: &Listener| i64::from(l.requested)) as fn(&Listener) -> i64,
+            ),
+            (
+                "backlogd_listen_backlog_granted",
+                "Accept-queue capacity the kernel granted (sk_max_ack_backlog): the requested \
+                 backlog clamped to net.core.somaxconn of the socket's network namespace.",
+                |l: &Listener| i64::from(l.granted),
+            ),
+        ] {
+            e.family(name, Kind::Gauge, help);
+            for (values, l) in &rows {
+                e.sample(name, &labels(values), value(l));
+            }
+        }
+
+        e.family(
+            "backlogd_listeners",
+            Kind::Gauge,
+            "Listening TCP sockets backlogd is tracking.",
+        );
+        e.sample("backlogd_listeners", &[], listeners.len());
+        drop(rows);
+        drop(listeners);
+
+        e.family(
+            "backlogd_listener_events_lost_total",
+            Kind::Counter,
+            "Listener lifecycle events dropped because the kernel ring buffer was full.",
+        );
+        e.sample(
+            "backlogd_listener_events_lost_total",
+            &[],
+            self.events_lost(),
+        );
+
+        e.family(
+            "backlogd_build_info",
+            Kind::Gauge,
+            "Always 1; the labels describe the running backlogd build.",
+        );
+        e.sample(
+            "backlogd_build_info",
+            &[("version", env!("CARGO_PKG_VERSION"))],
+            1,
+        );
+        e.finish()
+    }
 }
 
-type Labels = [(&'static str, String); 6];
+const LABELS: [&str; 6] = ["netns", "address", "port", "socket", "pid", "comm"];
 
-fn listener_labels(l: &Listener) -> Labels {
+fn label_values(l: &Listener) -> [String; 6] {
     [
-        ("netns", l.netns.to_string()),
-        ("address", l.addr.to_string()),
-        ("port", l.port.to_string()),
-        ("socket", l.inode.to_string()),
-        ("pid", l.pid.to_string()),
-        ("comm", l.comm.clone()),
+        l.netns.to_string(),
+        l.addr.to_string(),
+        l.port.to_string(),
+        l.inode.to_string(),
+        l.pid.to_string(),
+        l.comm.clone(),
     ]
 }
 
-impl Collector for BacklogdCollector {
-    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let listeners = self.shared.listeners();
-        let rows: Vec<(Labels, &Listener)> =
-            listeners.iter().map(|l| (listener_labels(l), l)).collect();
-
-        let mut family = encoder.encode_descriptor(
-            "backlogd_listen_backlog_requested",
-            "Backlog the application passed to listen(2) on this socket.",
-            None,
-            MetricType::Gauge,
-        )?;
-        for (labels, l) in &rows {
-            ConstGauge::new(i64::from(l.requested)).encode(family.encode_family(labels)?)?;
-        }
-
-        let mut family = encoder.encode_descriptor(
-            "backlogd_listen_backlog_granted",
-            "Accept-queue capacity the kernel granted (sk_max_ack_backlog): the requested \
-             backlog clamped to net.core.somaxconn of the socket's network namespace.",
-            None,
-            MetricType::Gauge,
-        )?;
-        for (labels, l) in &rows {
-            ConstGauge::new(i64::from(l.granted)).encode(family.encode_family(labels)?)?;
-        }
-
-        ConstGauge::new(listeners.len() as i64).encode(encoder.encode_descriptor(
-            "backlogd_listeners",
-            "Listening TCP sockets backlogd is tracking.",
-            None,
-            MetricType::Gauge,
-        )?)?;
-        drop(listeners);
-
-        ConstCounter::new(self.events_lost()).encode(encoder.encode_descriptor(
-            "backlogd_listener_events_lost",
-            "Listener lifecycle events dropped because the kernel ring buffer was full.",
-            None,
-            MetricType::Counter,
-        )?)?;
-
-        let mut family = encoder.encode_descriptor(
-            "backlogd_build_info",
-            "Always 1; the labels describe the running backlogd build.",
-            None,
-            MetricType::Gauge,
-        )?;
-        ConstGauge::new(1i64)
-            .encode(family.encode_family(&[("version", env!("CARGO_PKG_VERSION"))])?)?;
-        Ok(())
-    }
+fn labels(values: &[String; 6]) -> [(&'static str, &str); 6] {
+    std::array::from_fn(|i| (LABELS[i], values[i].as_str()))
 }

@@ -2,3 +2,4 @@
 
 pub mod http;
 pub mod metrics;
+pub mod text;

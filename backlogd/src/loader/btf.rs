@@ -99,7 +99,7 @@ impl KernelBtf {
             last = Some(member_ty.clone());
             current = member_ty;
         }
-        if offset_bits % 8 != 0 {
+        if !offset_bits.is_multiple_of(8) {
             return Err(no_field());
         }
         if let (Some(expected), Some(t)) = (size, last)

@@ -1,0 +1,166 @@
+//! The backlogd binary under test, as a child process.
+
+use std::{
+    io::{BufRead as _, BufReader, Read as _, Write as _},
+    net::{SocketAddr, TcpStream},
+    path::PathBuf,
+    process::{Child, Command, Output, Stdio},
+    sync::{Arc, Mutex, mpsc},
+    time::{Duration, Instant},
+};
+
+use crate::Scrape;
+
+/// Path of the binary under test: `BACKLOGD_BIN` (set by `cargo xtask test`), else the
+/// workspace's release build.
+pub fn binary() -> PathBuf {
+    let path = std::env::var_os("BACKLOGD_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/release/backlogd")
+        });
+    assert!(
+        path.exists(),
+        "backlogd binary not found at {}: run the suite with `cargo xtask test`",
+        path.display()
+    );
+    path
+}
+
+/// Runs `backlogd ARGS` to completion (for CLI and error-path tests).
+pub fn run_to_end(args: &[&str]) -> Output {
+    Command::new(binary())
+        .args(args)
+        .output()
+        .expect("running backlogd")
+}
+
+pub struct Daemon {
+    child: Child,
+    pub addr: SocketAddr,
+    log: Arc<Mutex<String>>,
+}
+
+impl Daemon {
+    /// `backlogd run --listen 127.0.0.1:0`, waiting until it serves.
+    pub fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    pub fn start_with(extra: &[&str]) -> Self {
+        let mut child = Command::new(binary())
+            .args(["run", "--listen", "127.0.0.1:0"])
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .env("NO_COLOR", "1")
+            .spawn()
+            .expect("starting backlogd");
+        let log = Arc::new(Mutex::new(String::new()));
+        let (addr_tx, addr_rx) = mpsc::channel();
+        let stderr = child.stderr.take().expect("piped stderr");
+        let sink = log.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Some(addr) = line
+                    .split("serving metrics on http://")
+                    .nth(1)
+                    .and_then(|rest| rest.split('/').next())
+                    .and_then(|a| a.parse::<SocketAddr>().ok())
+                {
+                    addr_tx.send(addr).ok();
+                }
+                let mut log = sink.lock().unwrap();
+                log.push_str(&line);
+                log.push('\n');
+            }
+        });
+        let addr = match addr_rx.recv_timeout(Duration::from_secs(30)) {
+            Ok(addr) => addr,
+            Err(_) => {
+                let status = child.try_wait();
+                panic!(
+                    "backlogd did not start serving within 30 s (exit: {status:?}); log:\n{}",
+                    log.lock().unwrap()
+                );
+            }
+        };
+        Self { child, addr, log }
+    }
+
+    pub fn log(&self) -> String {
+        self.log.lock().unwrap().clone()
+    }
+
+    /// `GET path`, returning (status, body).
+    pub fn get(&self, path: &str) -> (u16, String) {
+        http_get(self.addr, path)
+    }
+
+    pub fn scrape(&self) -> Scrape {
+        let (status, body) = self.get("/metrics");
+        assert_eq!(status, 200, "GET /metrics: {body}");
+        Scrape::parse(&body)
+    }
+
+    /// Scrapes until `f` returns `Some`, for up to 10 s; panics with the last scrape and
+    /// the daemon's log otherwise.
+    pub fn wait_for<T>(&self, what: &str, f: impl Fn(&Scrape) -> Option<T>) -> T {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let scrape = self.scrape();
+            if let Some(v) = f(&scrape) {
+                return v;
+            }
+            if Instant::now() > deadline {
+                panic!(
+                    "timed out waiting for {what}; last scrape:\n{}\nlog:\n{}",
+                    scrape.text,
+                    self.log()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        // SAFETY: plain kill(2) on our own child's pid.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.child.kill().ok();
+        self.child.wait().ok();
+    }
+}
+
+/// Minimal HTTP/1.1 GET with `Connection: close`.
+pub fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5))
+        .unwrap_or_else(|e| panic!("connecting to backlogd at {addr}: {e}"));
+    stream.set_read_timeout(Some(Duration::from_secs(10))).ok();
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .expect("sending request");
+    let mut response = String::new();
+    stream
+        .read_to_string(&mut response)
+        .expect("reading response");
+    let (head, body) = response
+        .split_once("\r\n\r\n")
+        .unwrap_or_else(|| panic!("malformed response: {response:?}"));
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no status in {head:?}"));
+    (status, body.to_owned())
+}

@@ -1,0 +1,133 @@
+//! A network namespace owned by one helper thread.
+//!
+//! The thread unshares its network namespace; sockets it creates, `/proc/sys/net` writes it
+//! makes and processes it spawns all live there. When the `Netns` is dropped the thread
+//! exits, and the kernel frees the namespace once its last socket is closed: nothing to
+//! clean up, even when a test panics.
+
+use std::{
+    os::unix::fs::MetadataExt as _,
+    process::Command,
+    sync::mpsc,
+    thread::{self, JoinHandle},
+};
+
+type Job = Box<dyn FnOnce() + Send>;
+
+/// Name of the helper thread; backlogd reports it as the listener's `comm`.
+pub const THREAD_NAME: &str = "backlogd-netns";
+
+pub struct Netns {
+    jobs: Option<mpsc::Sender<Job>>,
+    thread: Option<JoinHandle<()>>,
+    inode: u64,
+}
+
+impl Netns {
+    /// A fresh namespace with loopback up.
+    pub fn new() -> Self {
+        let (jobs, rx) = mpsc::channel::<Job>();
+        let (ready_tx, ready) = mpsc::channel();
+        let thread = thread::Builder::new()
+            .name(THREAD_NAME.into())
+            .spawn(move || {
+                // SAFETY: plain syscall; affects only this thread.
+                if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
+                    let err = std::io::Error::last_os_error();
+                    ready_tx
+                        .send(Err(format!(
+                            "unshare(CLONE_NEWNET): {err} (tests need root)"
+                        )))
+                        .ok();
+                    return;
+                }
+                let up = Command::new("ip")
+                    .args(["link", "set", "lo", "up"])
+                    .status();
+                if !matches!(up, Ok(s) if s.success()) {
+                    ready_tx
+                        .send(Err(format!("`ip link set lo up` failed: {up:?}")))
+                        .ok();
+                    return;
+                }
+                let inode = std::fs::metadata("/proc/thread-self/ns/net")
+                    .map(|m| m.ino())
+                    .map_err(|e| e.to_string());
+                ready_tx.send(inode).ok();
+                for job in rx {
+                    job();
+                }
+            })
+            .expect("spawning netns thread");
+        let inode = ready
+            .recv()
+            .expect("netns thread died")
+            .unwrap_or_else(|e| panic!("creating a network namespace: {e}"));
+        Self {
+            jobs: Some(jobs),
+            thread: Some(thread),
+            inode,
+        }
+    }
+
+    /// Inode of the namespace (`readlink /proc/PID/ns/net`), as backlogd labels it.
+    pub fn inode(&self) -> u64 {
+        self.inode
+    }
+
+    /// Runs `f` inside the namespace and returns its result.
+    pub fn run<R: Send + 'static>(&self, f: impl FnOnce() -> R + Send + 'static) -> R {
+        let (tx, rx) = mpsc::channel();
+        self.jobs
+            .as_ref()
+            .expect("netns alive")
+            .send(Box::new(move || {
+                tx.send(f()).ok();
+            }))
+            .expect("netns thread gone");
+        rx.recv().expect("job panicked inside the netns thread")
+    }
+
+    /// Sets a namespaced sysctl, e.g. `net.core.somaxconn`.
+    pub fn sysctl(&self, key: &str, value: &str) {
+        let path = format!("/proc/sys/{}", key.replace('.', "/"));
+        let value = value.to_owned();
+        self.run(move || {
+            std::fs::write(&path, &value).unwrap_or_else(|e| panic!("writing {path}: {e}"))
+        });
+    }
+
+    /// Runs a command inside the namespace and returns its stdout; panics on failure.
+    pub fn command(&self, program: &str, args: &[&str]) -> String {
+        let program = program.to_owned();
+        let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        self.run(move || {
+            let out = Command::new(&program)
+                .args(&args)
+                .output()
+                .unwrap_or_else(|e| panic!("starting {program}: {e}"));
+            assert!(
+                out.status.success(),
+                "{program} {args:?}: {}\n{}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            );
+            String::from_utf8(out.stdout).expect("utf-8 output")
+        })
+    }
+}
+
+impl Default for Netns {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        drop(self.jobs.take());
+        if let Some(t) = self.thread.take() {
+            t.join().ok();
+        }
+    }
+}

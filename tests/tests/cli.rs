@@ -1,0 +1,132 @@
+//! The daemon's command line, HTTP surface and its errors, run as real processes.
+
+use std::{process::Command, process::Output};
+
+use backlogd_tests::{
+    Daemon, Netns,
+    daemon::{binary, run_to_end},
+    sockets::Listener,
+};
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn run_help_documents_the_flags() {
+    let out = run_to_end(&["run", "--help"]);
+    assert!(out.status.success());
+    let help = String::from_utf8_lossy(&out.stdout);
+    for flag in ["--listen", "--btf", "--log"] {
+        assert!(help.contains(flag), "{flag} missing from:\n{help}");
+    }
+}
+
+#[test]
+fn unprivileged_user_is_told_what_privileges_are_needed() {
+    // setpriv drops to nobody; changing uid away from 0 clears the effective capabilities.
+    let out = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(binary())
+        .args(["run", "--listen", "127.0.0.1:0"])
+        .output()
+        .expect("running setpriv (util-linux)");
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(err.contains("needs root"), "{err}");
+    assert!(
+        err.contains("CAP_BPF") && err.contains("CAP_PERFMON"),
+        "{err}"
+    );
+}
+
+#[test]
+fn missing_btf_names_the_kernel_option_and_the_flag() {
+    let out = run_to_end(&[
+        "run",
+        "--listen",
+        "127.0.0.1:0",
+        "--btf",
+        "/nonexistent/vmlinux",
+    ]);
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(err.contains("CONFIG_DEBUG_INFO_BTF"), "{err}");
+    assert!(err.contains("--btf FILE"), "{err}");
+}
+
+#[test]
+fn garbage_btf_is_rejected_with_the_path() {
+    let path = std::env::temp_dir().join(format!("backlogd-bad-btf-{}", std::process::id()));
+    std::fs::write(&path, b"not BTF at all").unwrap();
+    let out = run_to_end(&[
+        "run",
+        "--listen",
+        "127.0.0.1:0",
+        "--btf",
+        path.to_str().unwrap(),
+    ]);
+    std::fs::remove_file(&path).ok();
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(
+        err.contains("cannot read BTF from") && err.contains(path.to_str().unwrap()),
+        "{err}"
+    );
+}
+
+#[test]
+fn address_in_use_names_the_fix() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let out = run_to_end(&["run", "--listen", &addr]);
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(
+        err.contains("already in use") && err.contains("--listen"),
+        "{err}"
+    );
+}
+
+#[test]
+fn exposition_passes_promtool_and_unknown_paths_are_404() {
+    let daemon = Daemon::start();
+    let ns = Netns::new();
+    ns.sysctl("net.core.somaxconn", "128");
+    let listener = Listener::open(&ns, "127.0.0.1:0", 511);
+    let inode = listener.inode.to_string();
+    let scrape = daemon.wait_for("a listener series", |s| {
+        (!s.find("backlogd_listen_backlog_granted", &[("socket", &inode)])
+            .is_empty())
+        .then(|| s.clone())
+    });
+
+    let mut promtool = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("promtool (Debian package prometheus; `cargo xtask setup` installs it)");
+    use std::io::Write as _;
+    promtool
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(scrape.text.as_bytes())
+        .unwrap();
+    let out = promtool.wait_with_output().unwrap();
+    assert!(
+        out.status.success() && out.stdout.is_empty() && out.stderr.is_empty(),
+        "promtool check metrics: {}\n{}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    assert_eq!(daemon.get("/healthz"), (200, "ok\n".to_string()));
+    assert_eq!(daemon.get("/nope").0, 404);
+    let (status, json) = daemon.get("/api/v1/listeners");
+    assert_eq!(status, 200);
+    assert!(json.contains(&format!("\"inode\":{inode}")), "{json}");
+}

@@ -1,0 +1,123 @@
+//! Requested vs granted backlog per listener, checked against the kernel's own view.
+
+use backlogd_tests::{
+    Daemon, Netns, Scrape,
+    netns::THREAD_NAME,
+    sockets::{Listener, kernel_queue},
+};
+
+const REQUESTED: &str = "backlogd_listen_backlog_requested";
+const GRANTED: &str = "backlogd_listen_backlog_granted";
+
+/// The single series of `metric` for this listener, found by socket inode.
+fn series(scrape: &Scrape, metric: &str, l: &Listener) -> Option<f64> {
+    scrape.value(metric, &[("socket", &l.inode.to_string())])
+}
+
+#[test]
+fn clamped_backlog_shows_asked_511_granted_128_then_vanishes_on_close() {
+    let daemon = Daemon::start();
+    let ns = Netns::new();
+    ns.sysctl("net.core.somaxconn", "128");
+    let listener = Listener::open(&ns, "127.0.0.1:0", 511);
+
+    let scrape = daemon.wait_for("the listener's series", |s| {
+        series(s, GRANTED, &listener).map(|_| s.clone())
+    });
+    let labels = [
+        ("netns", ns.inode().to_string()),
+        ("address", "127.0.0.1".to_string()),
+        ("port", listener.addr.port().to_string()),
+        ("socket", listener.inode.to_string()),
+        ("pid", std::process::id().to_string()),
+        ("comm", THREAD_NAME.to_string()),
+    ];
+    let labels: Vec<(&str, &str)> = labels.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    assert_eq!(
+        scrape.value(REQUESTED, &labels),
+        Some(511.0),
+        "{}",
+        scrape.text
+    );
+    assert_eq!(
+        scrape.value(GRANTED, &labels),
+        Some(128.0),
+        "{}",
+        scrape.text
+    );
+    // Exactly that socket: nothing else in this namespace is reported.
+    let in_ns = scrape.find(GRANTED, &[("netns", &ns.inode().to_string())]);
+    assert_eq!(in_ns.len(), 1, "{in_ns:#?}");
+    // The kernel agrees: sock_diag's Send-Q of a listener is sk_max_ack_backlog.
+    assert_eq!(kernel_queue(&ns, &listener).send_q, 128);
+
+    let inode = listener.inode.to_string();
+    drop(listener);
+    daemon.wait_for("the closed listener's series to disappear", |s| {
+        (s.find(REQUESTED, &[("socket", &inode)]).is_empty()
+            && s.find(GRANTED, &[("socket", &inode)]).is_empty())
+        .then_some(())
+    });
+}
+
+#[test]
+fn raised_somaxconn_grants_the_full_backlog_on_ipv6() {
+    let daemon = Daemon::start();
+    let ns = Netns::new();
+    ns.sysctl("net.core.somaxconn", "4096");
+    let listener = Listener::open(&ns, "[::1]:0", 511);
+    let scrape = daemon.wait_for("the listener's series", |s| {
+        series(s, GRANTED, &listener).map(|_| s.clone())
+    });
+    assert_eq!(series(&scrape, REQUESTED, &listener), Some(511.0));
+    assert_eq!(series(&scrape, GRANTED, &listener), Some(511.0));
+    assert_eq!(
+        scrape.find(GRANTED, &[("socket", &listener.inode.to_string())])[0].labels["address"],
+        "::1"
+    );
+    assert_eq!(kernel_queue(&ns, &listener).send_q, 511);
+}
+
+#[test]
+fn repeated_listen_updates_requested_and_granted() {
+    let daemon = Daemon::start();
+    let ns = Netns::new();
+    ns.sysctl("net.core.somaxconn", "128");
+    let listener = Listener::open(&ns, "127.0.0.1:0", 511);
+    daemon.wait_for("the first listen()", |s| series(s, GRANTED, &listener));
+
+    listener.relisten(64);
+    let granted = daemon.wait_for("the second listen()", |s| {
+        series(s, REQUESTED, &listener)
+            .filter(|&r| r == 64.0)
+            .and_then(|_| series(s, GRANTED, &listener))
+    });
+    assert_eq!(granted, 64.0);
+    assert_eq!(kernel_queue(&ns, &listener).send_q, 64);
+}
+
+#[test]
+fn same_port_in_two_namespaces_is_two_series_with_their_own_clamp() {
+    let daemon = Daemon::start();
+    let (small, large) = (Netns::new(), Netns::new());
+    small.sysctl("net.core.somaxconn", "100");
+    large.sysctl("net.core.somaxconn", "1000");
+    let a = Listener::open(&small, "127.0.0.1:8080", 511);
+    let b = Listener::open(&large, "127.0.0.1:8080", 511);
+    let scrape = daemon.wait_for("both listeners", |s| {
+        (series(s, GRANTED, &a).is_some() && series(s, GRANTED, &b).is_some()).then(|| s.clone())
+    });
+    let port = [("port", "8080")];
+    let small_ns = small.inode().to_string();
+    let large_ns = large.inode().to_string();
+    assert_eq!(
+        scrape.value(GRANTED, &[port[0], ("netns", small_ns.as_str())]),
+        Some(100.0)
+    );
+    assert_eq!(
+        scrape.value(GRANTED, &[port[0], ("netns", large_ns.as_str())]),
+        Some(511.0)
+    );
+    assert_eq!(kernel_queue(&small, &a).send_q, 100);
+    assert_eq!(kernel_queue(&large, &b).send_q, 511);
+}
