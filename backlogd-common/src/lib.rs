@@ -21,14 +21,14 @@ pub mod event_kind {
     /// A successful `listen(2)` on a TCP socket: first listen or a repeated one that
     /// changed the backlog.
     pub const LISTEN: u32 = 1;
-    /// A listener left the LISTEN state (close, shutdown, netns teardown).
+    /// A listener left the LISTEN state (close, shutdown). Carries `sk` and `ino`.
     pub const CLOSE: u32 = 2;
 }
 
 /// A listener appeared, changed its backlog, or went away.
 ///
-/// `sk` (the kernel address of the `struct sock`) is the identity of a listener while it
-/// lives; a CLOSE event carries only `kind` and `sk`.
+/// `ino` (the socket inode) is the identity of a listener while it lives, the same key
+/// sock_diag reports; a CLOSE event carries only `kind`, `sk` and `ino`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ListenerEvent {
@@ -70,6 +70,8 @@ pub struct KernelOffsets {
     pub fdtable_fd: u32,
     pub file_private_data: u32,
     pub socket_sk: u32,
+    /// `struct sock` -> its `struct socket`.
+    pub sk_socket: u32,
     /// `offsetof(struct socket_alloc, vfs_inode) + offsetof(struct inode, i_ino)`: the
     /// socket inode sits right after `struct socket` in one allocation.
     pub socket_ino: u32,

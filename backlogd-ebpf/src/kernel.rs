@@ -17,6 +17,7 @@ static OFFSETS: KernelOffsets = KernelOffsets {
     fdtable_fd: 0,
     file_private_data: 0,
     socket_sk: 0,
+    sk_socket: 0,
     socket_ino: 0,
     sk_family: 0,
     sk_state: 0,

@@ -121,10 +121,17 @@ fn try_listener_state(ctx: &TracePointContext) -> Result<()> {
     if protocol != IPPROTO_TCP {
         return Ok(());
     }
-    let sk: u64 = tp_field(ctx, offset(|o| &o.tp_state_skaddr))?;
+    let sk = KPtr(tp_field(ctx, offset(|o| &o.tp_state_skaddr))?);
+    // A listener still has its struct socket when it leaves LISTEN (tcp_close orphans it
+    // only afterwards); if not, ino stays 0 and the daemon's rescan removes the entry.
+    let ino = sk
+        .deref(offset(|o| &o.sk_socket))
+        .and_then(|socket| socket.read(offset(|o| &o.socket_ino)))
+        .unwrap_or(0);
     emit(&ListenerEvent {
         kind: event_kind::CLOSE,
-        sk,
+        sk: sk.0,
+        ino,
         ..ListenerEvent::default()
     });
     Ok(())

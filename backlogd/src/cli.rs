@@ -35,4 +35,9 @@ pub struct RunArgs {
     /// /sys/kernel/btf/vmlinux.
     #[arg(long, value_name = "FILE", default_value = KERNEL_BTF)]
     pub btf: PathBuf,
+    /// Seconds between sock_diag scans of every network namespace. Events report
+    /// listeners as they come and go; the scan finds those that were listening before
+    /// backlogd started and repairs the table if an event was ever lost.
+    #[arg(long, value_name = "SECONDS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
+    pub rescan_interval: u64,
 }

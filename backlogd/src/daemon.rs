@@ -1,9 +1,11 @@
 //! `backlogd run`: load the probes, follow the kernel's events, serve what they say.
 
 use std::{
+    collections::HashSet,
     net::SocketAddr,
     path::PathBuf,
-    sync::{Arc, RwLock, RwLockReadGuard},
+    sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard},
+    time::Duration,
 };
 
 use anyhow::Context as _;
@@ -15,6 +17,7 @@ use crate::{
     exporter::{http, metrics::Metrics},
     listeners::ListenerTable,
     loader::{self, LoadOptions},
+    sampling,
 };
 
 /// State the event loop writes and the exporters read.
@@ -29,11 +32,16 @@ impl Shared {
         // single insert/remove), so a poisoned lock is still good to read.
         self.listeners.read().unwrap_or_else(|e| e.into_inner())
     }
+
+    fn write_listeners(&self) -> RwLockWriteGuard<'_, ListenerTable> {
+        self.listeners.write().unwrap_or_else(|e| e.into_inner())
+    }
 }
 
 pub struct RunConfig {
     pub listen: SocketAddr,
     pub btf: PathBuf,
+    pub rescan_interval: Duration,
 }
 
 pub async fn run(config: RunConfig) -> anyhow::Result<()> {
@@ -47,6 +55,10 @@ pub async fn run(config: RunConfig) -> anyhow::Result<()> {
         probes.listener_events,
         shared.clone(),
     ));
+    // Events are flowing, so a listener cannot slip between the scan and them; after this
+    // first scan the table also holds what was listening before we started.
+    rescan(&shared).await;
+    let rescans = tokio::spawn(rescan_periodically(shared.clone(), config.rescan_interval));
     let metrics = Metrics::new(shared.clone(), probes.listener_events_lost);
     let addr = socket.local_addr()?;
     tracing::info!("serving metrics on http://{addr}/metrics");
@@ -56,6 +68,7 @@ pub async fn run(config: RunConfig) -> anyhow::Result<()> {
         served = server => served.context("HTTP server failed")?,
         followed = events => followed.context("event loop panicked")?.context("event loop failed")?,
     }
+    rescans.abort();
     tracing::info!("shutting down");
     Ok(())
 }
@@ -70,7 +83,7 @@ async fn follow_listener_events(ring: RingBuf<MapData>, shared: Arc<Shared>) -> 
         let mut guard = fd.readable_mut().await?;
         {
             let ring = guard.get_inner_mut();
-            let mut table = shared.listeners.write().unwrap_or_else(|e| e.into_inner());
+            let mut table = shared.write_listeners();
             while let Some(item) = ring.next() {
                 match parse_event(&item) {
                     Some(event) => table.apply(&event),
@@ -79,6 +92,47 @@ async fn follow_listener_events(ring: RingBuf<MapData>, shared: Arc<Shared>) -> 
             }
         }
         guard.clear_ready();
+    }
+}
+
+/// Reconciles the table with the kernel's own list of listeners.
+async fn rescan(shared: &Arc<Shared>) {
+    let generation = shared.write_listeners().begin_scan();
+    let Ok(found) = tokio::task::spawn_blocking(sampling::scan).await else {
+        tracing::warn!("sock_diag scan panicked");
+        return;
+    };
+    let unknown: HashSet<u64> = {
+        let table = shared.listeners();
+        found
+            .iter()
+            .map(|d| d.inode)
+            .filter(|&i| !table.contains(i))
+            .collect()
+    };
+    let owners = tokio::task::spawn_blocking(move || sampling::owners::find(&unknown))
+        .await
+        .unwrap_or_default();
+    let (added, removed) = shared
+        .write_listeners()
+        .finish_scan(generation, &found, &owners);
+    if added + removed > 0 {
+        tracing::info!(
+            added,
+            removed,
+            listeners = found.len(),
+            "sock_diag scan reconciled listeners"
+        );
+    }
+}
+
+async fn rescan_periodically(shared: Arc<Shared>, every: Duration) {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await;
+    loop {
+        tick.tick().await;
+        rescan(&shared).await;
     }
 }
 

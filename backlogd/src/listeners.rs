@@ -1,12 +1,15 @@
-//! The table of live listening sockets, fed by the kernel's lifecycle events.
+//! The table of live listening sockets: fed by the kernel's lifecycle events, completed
+//! and repaired by socket sampling.
 
 use std::{
-    collections::HashMap,
+    collections::{HashMap, HashSet},
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
 };
 
 use backlogd_common::{AF_INET, ListenerEvent, event_kind};
 use serde::Serialize;
+
+use crate::sampling::{DiagListener, owners::Owner};
 
 /// One listening socket as the kernel last described it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -17,60 +20,120 @@ pub struct Listener {
     pub netns: u32,
     pub addr: IpAddr,
     pub port: u16,
-    /// Process that called `listen()` last.
+    /// Process that called `listen()` last (or, for listeners found by sampling, one
+    /// process holding the socket); 0 when none was found.
     pub pid: u32,
     pub comm: String,
-    /// Backlog passed to `listen()`.
-    pub requested: i32,
+    /// Backlog passed to `listen()`; unknown for listeners that were already listening
+    /// when backlogd started, until they call `listen()` again.
+    pub requested: Option<i32>,
     /// Accept-queue capacity the kernel granted (`sk_max_ack_backlog`).
     pub granted: u32,
+    /// Scan generation current when the entry was made (see [`ListenerTable::begin_scan`]).
+    #[serde(skip)]
+    generation: u64,
 }
 
-/// Live listeners keyed by the kernel address of their `struct sock`, which is what the
-/// close event carries.
+/// Live listeners keyed by socket inode.
 #[derive(Debug, Default)]
 pub struct ListenerTable {
-    by_sk: HashMap<u64, Listener>,
+    by_inode: HashMap<u64, Listener>,
+    generation: u64,
+    /// Inodes closed since the current scan began: the scan may still report them.
+    closed_during_scan: HashSet<u64>,
 }
 
 impl ListenerTable {
     pub fn apply(&mut self, event: &ListenerEvent) {
         match event.kind {
             event_kind::LISTEN => {
-                self.by_sk.insert(event.sk, listener_of(event));
+                let listener = self.listener_of(event);
+                self.by_inode.insert(event.ino, listener);
             }
             event_kind::CLOSE => {
-                self.by_sk.remove(&event.sk);
+                self.by_inode.remove(&event.ino);
+                self.closed_during_scan.insert(event.ino);
             }
             other => tracing::warn!(kind = other, "unknown listener event kind"),
         }
     }
 
     pub fn len(&self) -> usize {
-        self.by_sk.len()
+        self.by_inode.len()
+    }
+
+    pub fn contains(&self, inode: u64) -> bool {
+        self.by_inode.contains_key(&inode)
     }
 
     pub fn iter(&self) -> impl Iterator<Item = &Listener> {
-        self.by_sk.values()
+        self.by_inode.values()
     }
-}
 
-fn listener_of(e: &ListenerEvent) -> Listener {
-    let addr = if e.family == AF_INET {
-        IpAddr::V4(Ipv4Addr::new(e.addr[0], e.addr[1], e.addr[2], e.addr[3]))
-    } else {
-        IpAddr::V6(Ipv6Addr::from(e.addr))
-    };
-    let comm_len = e.comm.iter().position(|&b| b == 0).unwrap_or(e.comm.len());
-    Listener {
-        inode: e.ino,
-        netns: e.netns,
-        addr,
-        port: e.port,
-        pid: e.tgid,
-        comm: String::from_utf8_lossy(&e.comm[..comm_len]).into_owned(),
-        requested: e.requested,
-        granted: e.granted,
+    /// Starts a reconciliation with a sock_diag scan; returns the scan's generation.
+    pub fn begin_scan(&mut self) -> u64 {
+        self.generation += 1;
+        self.closed_during_scan.clear();
+        self.generation
+    }
+
+    /// Merges a scan begun with `generation`: adds listeners no event announced (already
+    /// listening at startup), drops entries made before the scan that the kernel no longer
+    /// lists (a lost close event). Returns (added, removed).
+    pub fn finish_scan(
+        &mut self,
+        generation: u64,
+        found: &[DiagListener],
+        owners: &HashMap<u64, Owner>,
+    ) -> (usize, usize) {
+        let present: HashSet<u64> = found.iter().map(|d| d.inode).collect();
+        let before = self.by_inode.len();
+        self.by_inode
+            .retain(|inode, l| l.generation >= generation || present.contains(inode));
+        let removed = before - self.by_inode.len();
+        let mut added = 0;
+        for d in found {
+            if self.by_inode.contains_key(&d.inode) || self.closed_during_scan.contains(&d.inode) {
+                continue;
+            }
+            let owner = owners.get(&d.inode);
+            self.by_inode.insert(
+                d.inode,
+                Listener {
+                    inode: d.inode,
+                    netns: d.netns,
+                    addr: d.addr,
+                    port: d.port,
+                    pid: owner.map_or(0, |o| o.pid),
+                    comm: owner.map(|o| o.comm.clone()).unwrap_or_default(),
+                    requested: None,
+                    granted: d.granted,
+                    generation,
+                },
+            );
+            added += 1;
+        }
+        (added, removed)
+    }
+
+    fn listener_of(&self, e: &ListenerEvent) -> Listener {
+        let addr = if e.family == AF_INET {
+            IpAddr::V4(Ipv4Addr::new(e.addr[0], e.addr[1], e.addr[2], e.addr[3]))
+        } else {
+            IpAddr::V6(Ipv6Addr::from(e.addr))
+        };
+        let comm_len = e.comm.iter().position(|&b| b == 0).unwrap_or(e.comm.len());
+        Listener {
+            inode: e.ino,
+            netns: e.netns,
+            addr,
+            port: e.port,
+            pid: e.tgid,
+            comm: String::from_utf8_lossy(&e.comm[..comm_len]).into_owned(),
+            requested: Some(e.requested),
+            granted: e.granted,
+            generation: self.generation,
+        }
     }
 }
 
@@ -80,15 +143,15 @@ mod tests {
 
     use super::*;
 
-    fn listen(sk: u64, requested: i32, granted: u32) -> ListenerEvent {
+    fn listen(ino: u64, requested: i32, granted: u32) -> ListenerEvent {
         let mut comm = [0u8; 16];
         comm[..5].copy_from_slice(b"nginx");
         ListenerEvent {
             kind: event_kind::LISTEN,
             family: AF_INET,
             port: 80,
-            sk,
-            ino: sk + 1000,
+            sk: 0xffff_0000 + ino,
+            ino,
             netns: 4026531840,
             tgid: 42,
             pid: 43,
@@ -100,20 +163,36 @@ mod tests {
         }
     }
 
+    fn close(ino: u64) -> ListenerEvent {
+        ListenerEvent {
+            kind: event_kind::CLOSE,
+            ino,
+            ..Default::default()
+        }
+    }
+
+    fn diag(inode: u64) -> DiagListener {
+        DiagListener {
+            netns: 7,
+            addr: "0.0.0.0".parse().unwrap(),
+            port: 22,
+            inode,
+            accept_queue: 0,
+            granted: 128,
+            drops: Some(0),
+        }
+    }
+
     #[test]
     fn listen_then_close_leaves_nothing() {
         let mut t = ListenerTable::default();
         t.apply(&listen(1, 511, 128));
         let l = t.iter().next().unwrap();
         assert_eq!(
-            (l.addr, l.port, l.comm.as_str(), l.pid),
-            ("127.0.0.1".parse().unwrap(), 80, "nginx", 42)
+            (l.addr, l.port, l.comm.as_str(), l.pid, l.requested),
+            ("127.0.0.1".parse().unwrap(), 80, "nginx", 42, Some(511))
         );
-        t.apply(&ListenerEvent {
-            kind: event_kind::CLOSE,
-            sk: 1,
-            ..Default::default()
-        });
+        t.apply(&close(1));
         assert_eq!(t.len(), 0);
     }
 
@@ -124,7 +203,7 @@ mod tests {
         t.apply(&listen(1, 64, 64));
         assert_eq!(t.len(), 1);
         let l = t.iter().next().unwrap();
-        assert_eq!((l.requested, l.granted), (64, 64));
+        assert_eq!((l.requested, l.granted), (Some(64), 64));
     }
 
     #[test]
@@ -135,6 +214,53 @@ mod tests {
         let mut t = ListenerTable::default();
         t.apply(&e);
         let l = t.iter().next().unwrap();
-        assert_eq!((l.addr, l.requested), (IpAddr::V6(Ipv6Addr::LOCALHOST), -1));
+        assert_eq!(
+            (l.addr, l.requested),
+            (IpAddr::V6(Ipv6Addr::LOCALHOST), Some(-1))
+        );
+    }
+
+    #[test]
+    fn scan_adds_unknown_listeners_without_a_requested_backlog() {
+        let mut t = ListenerTable::default();
+        t.apply(&listen(1, 511, 128));
+        let g = t.begin_scan();
+        let owners = HashMap::from([(
+            2,
+            Owner {
+                pid: 9,
+                comm: "sshd".into(),
+            },
+        )]);
+        assert_eq!(t.finish_scan(g, &[diag(1), diag(2)], &owners), (1, 0));
+        let sshd = t.iter().find(|l| l.inode == 2).unwrap();
+        assert_eq!(
+            (sshd.requested, sshd.granted, sshd.pid, sshd.comm.as_str()),
+            (None, 128, 9, "sshd")
+        );
+        // The event-fed entry keeps its requested backlog.
+        assert_eq!(
+            t.iter().find(|l| l.inode == 1).unwrap().requested,
+            Some(511)
+        );
+    }
+
+    #[test]
+    fn scan_removes_entries_the_kernel_no_longer_lists_but_not_newer_ones() {
+        let mut t = ListenerTable::default();
+        t.apply(&listen(1, 10, 10)); // its close event was lost
+        let g = t.begin_scan();
+        t.apply(&listen(2, 10, 10)); // appeared while the scan ran
+        assert_eq!(t.finish_scan(g, &[], &HashMap::new()), (0, 1));
+        assert!(!t.contains(1) && t.contains(2));
+    }
+
+    #[test]
+    fn scan_does_not_resurrect_a_listener_closed_while_it_ran() {
+        let mut t = ListenerTable::default();
+        let g = t.begin_scan();
+        t.apply(&close(3));
+        assert_eq!(t.finish_scan(g, &[diag(3)], &HashMap::new()), (0, 0));
+        assert_eq!(t.len(), 0);
     }
 }

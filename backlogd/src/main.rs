@@ -5,6 +5,7 @@ mod daemon;
 mod exporter;
 mod listeners;
 mod loader;
+mod sampling;
 
 use clap::Parser as _;
 use tracing_subscriber::EnvFilter;
@@ -27,6 +28,7 @@ fn main() -> std::process::ExitCode {
                 rt.block_on(daemon::run(daemon::RunConfig {
                     listen: args.listen,
                     btf: args.btf,
+                    rescan_interval: std::time::Duration::from_secs(args.rescan_interval),
                 }))
             }),
     };

@@ -121,3 +121,32 @@ fn same_port_in_two_namespaces_is_two_series_with_their_own_clamp() {
     assert_eq!(kernel_queue(&small, &a).send_q, 100);
     assert_eq!(kernel_queue(&large, &b).send_q, 511);
 }
+
+#[test]
+fn listener_that_predates_the_daemon_is_found_by_the_startup_scan() {
+    let ns = Netns::new();
+    ns.sysctl("net.core.somaxconn", "128");
+    let listener = Listener::open(&ns, "127.0.0.1:0", 511);
+    // The daemon scans every namespace before it reports that it is serving, so the first
+    // scrape already has the listener.
+    let daemon = Daemon::start();
+    let scrape = daemon.scrape();
+    let inode = listener.inode.to_string();
+    let found = scrape.find(GRANTED, &[("socket", &inode)]);
+    assert_eq!(found.len(), 1, "{}", scrape.text);
+    let s = found[0];
+    assert_eq!(s.value, 128.0);
+    assert_eq!(s.labels["netns"], ns.inode().to_string());
+    assert_eq!(s.labels["port"], listener.addr.port().to_string());
+    assert_eq!(s.labels["pid"], std::process::id().to_string());
+    // What the application asked for was said before backlogd was there to see it.
+    assert!(scrape.find(REQUESTED, &[("socket", &inode)]).is_empty());
+    assert_eq!(kernel_queue(&ns, &listener).send_q, 128);
+
+    drop(listener);
+    daemon.wait_for("the closed listener's series to disappear", |s| {
+        s.find(GRANTED, &[("socket", &inode)])
+            .is_empty()
+            .then_some(())
+    });
+}

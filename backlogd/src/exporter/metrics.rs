@@ -39,23 +39,33 @@ impl Metrics {
         let rows: Vec<([String; 6], &Listener)> =
             listeners.iter().map(|l| (label_values(l), l)).collect();
 
-        for (name, help, value) in [
-            (
-                "backlogd_listen_backlog_requested",
-                "Backlog the application passed to listen(2) on this socket.",
-                (|l: &Listener| i64::from(l.requested)) as fn(&Listener) -> i64,
-            ),
-            (
-                "backlogd_listen_backlog_granted",
-                "Accept-queue capacity the kernel granted (sk_max_ack_backlog): the requested \
-                 backlog clamped to net.core.somaxconn of the socket's network namespace.",
-                |l: &Listener| i64::from(l.granted),
-            ),
-        ] {
-            e.family(name, Kind::Gauge, help);
-            for (values, l) in &rows {
-                e.sample(name, &labels(values), value(l));
+        e.family(
+            "backlogd_listen_backlog_requested",
+            Kind::Gauge,
+            "Backlog the application passed to listen(2) on this socket (absent for \
+             listeners already listening when backlogd started).",
+        );
+        for (values, l) in &rows {
+            if let Some(requested) = l.requested {
+                e.sample(
+                    "backlogd_listen_backlog_requested",
+                    &labels(values),
+                    requested,
+                );
             }
+        }
+        e.family(
+            "backlogd_listen_backlog_granted",
+            Kind::Gauge,
+            "Accept-queue capacity the kernel granted (sk_max_ack_backlog): the requested \
+             backlog clamped to net.core.somaxconn of the socket's network namespace.",
+        );
+        for (values, l) in &rows {
+            e.sample(
+                "backlogd_listen_backlog_granted",
+                &labels(values),
+                l.granted,
+            );
         }
 
         e.family(

@@ -68,6 +68,7 @@ impl KernelBtf {
             fdtable_fd: f("fdtable", "fd", 8)?,
             file_private_data: f("file", "private_data", 8)?,
             socket_sk: f("socket", "sk", 8)?,
+            sk_socket: f("sock", "sk_socket", 8)?,
             socket_ino: self.offset_of("socket_alloc", "vfs_inode", None)?
                 + f("inode", "i_ino", 8)?,
             sk_family: f("sock", "__sk_common.skc_family", 2)?,

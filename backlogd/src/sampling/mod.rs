@@ -1,0 +1,32 @@
+//! Socket sampling: the kernel's own list of listeners, read through sock_diag in every
+//! network namespace.
+//!
+//! Events tell backlogd about listeners as they appear; sampling finds the ones that were
+//! already listening when the daemon started, and repairs the table should an event ever
+//! be lost.
+
+pub mod netns;
+pub mod owners;
+pub mod sock_diag;
+
+pub use sock_diag::DiagListener;
+
+/// Every TCP listener in every network namespace the host has.
+pub fn scan() -> Vec<DiagListener> {
+    let mut all = Vec::new();
+    for ns in netns::all() {
+        match netns::run_in(&ns.path, sock_diag::listeners) {
+            Ok(Ok(mut found)) => {
+                for l in &mut found {
+                    l.netns = ns.inode;
+                }
+                all.extend(found);
+            }
+            // Namespaces come and go while we scan; a vanished one has no listeners.
+            Ok(Err(e)) | Err(e) => {
+                tracing::debug!(netns = ns.inode, path = %ns.path.display(), error = %e, "skipping netns");
+            }
+        }
+    }
+    all
+}

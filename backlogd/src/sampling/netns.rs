@@ -1,0 +1,75 @@
+//! Finding network namespaces and running code inside one.
+
+use std::{
+    collections::HashMap,
+    fs::File,
+    os::{fd::AsRawFd as _, unix::fs::MetadataExt as _},
+    path::{Path, PathBuf},
+};
+
+#[derive(Debug, Clone)]
+pub struct Netns {
+    pub inode: u32,
+    /// A path that opens it: `/proc/PID/task/TID/ns/net` or a `/run/netns` bind mount.
+    pub path: PathBuf,
+}
+
+/// Every network namespace some task is in, plus those kept alive by `ip netns` bind
+/// mounts. Threads count: a thread can sit in a namespace its process leader is not in.
+pub fn all() -> Vec<Netns> {
+    let mut by_inode: HashMap<u64, PathBuf> = HashMap::new();
+    let mut add = |path: PathBuf| {
+        if let Ok(meta) = std::fs::metadata(&path) {
+            by_inode.entry(meta.ino()).or_insert(path);
+        }
+    };
+    if let Ok(run) = std::fs::read_dir("/run/netns") {
+        for entry in run.flatten() {
+            add(entry.path());
+        }
+    }
+    for pid in numeric_entries(Path::new("/proc")) {
+        let tasks = Path::new("/proc").join(&pid).join("task");
+        for tid in numeric_entries(&tasks) {
+            add(tasks.join(tid).join("ns/net"));
+        }
+    }
+    by_inode
+        .into_iter()
+        .map(|(inode, path)| Netns {
+            inode: inode as u32,
+            path,
+        })
+        .collect()
+}
+
+fn numeric_entries(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.flatten()
+                .filter_map(|e| e.file_name().into_string().ok())
+                .filter(|n| n.bytes().all(|b| b.is_ascii_digit()))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Runs `f` on a fresh thread that has joined the namespace at `path`; the caller's
+/// threads never change namespace.
+pub fn run_in<T: Send>(
+    path: &Path,
+    f: impl FnOnce() -> std::io::Result<T> + Send,
+) -> std::io::Result<std::io::Result<T>> {
+    let file = File::open(path)?;
+    std::thread::scope(|s| {
+        s.spawn(move || {
+            // SAFETY: setns on an open namespace fd; affects only this thread.
+            if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(f())
+        })
+        .join()
+        .unwrap_or_else(|_| Err(std::io::Error::other("netns worker panicked")))
+    })
+}
