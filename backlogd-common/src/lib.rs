@@ -16,6 +16,68 @@ pub const PENDING_LISTEN_ENTRIES: u32 = 4096;
 /// `listen()`/close), so 256 KiB holds thousands of them between two reads.
 pub const LISTENER_EVENTS_BYTES: u32 = 256 * 1024;
 
+/// Listeners whose SYN-path counters can be kept at once; a full map is counted in
+/// `SYN_STATS_FULL` and logged by the daemon.
+pub const LISTENER_STATS_ENTRIES: u32 = 16384;
+
+/// Per-listener SYN-path counters, keyed by socket inode; one copy per CPU (the daemon
+/// sums them). Drops are split the way the kernel's own counters split them, so that the
+/// sums over a namespace's listeners equal its TcpExt deltas.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ListenerStats {
+    /// SYNs that reached the listener (pure SYN, no ACK).
+    pub syns: u64,
+    /// SYN dropped because the accept queue was full (TcpExt ListenOverflows at SYN).
+    pub drop_accept_queue_full: u64,
+    /// SYN dropped because the SYN queue was full and syncookies were off
+    /// (TcpExt TCPReqQFullDrop).
+    pub drop_syn_queue_full: u64,
+    /// Final ACK of the handshake found the accept queue full (TcpExt ListenOverflows in
+    /// syn_recv_sock): the connection is not created.
+    pub drop_final_ack_overflow: u64,
+    /// Any other listen drop (TcpExt ListenDrops not covered above).
+    pub drop_other: u64,
+    /// SYN answered with a syncookie (TcpExt TCPReqQFullDoCookies).
+    pub syncookies: u64,
+    /// SYN-ACKs retransmitted for this listener's pending connections.
+    pub synack_retransmits: u64,
+}
+
+/// What the cgroup_skb ingress program saw of a segment reaching a listener, held per
+/// CPU until the same skb is freed in the same softirq.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SynStash {
+    /// `struct sk_buff *` of the segment; 0 when the slot is empty.
+    pub skb: u64,
+    /// `struct net *` of the listener.
+    pub net: u64,
+    /// Listener socket inode.
+    pub ino: u64,
+    /// [`segment_kind`].
+    pub kind: u32,
+    pub _pad: u32,
+    /// This CPU's values of the netns MIB counters in [`mib`] order, before processing.
+    pub mib: [u64; 4],
+}
+
+/// Segment kinds in a [`SynStash`].
+pub mod segment_kind {
+    pub const SYN: u32 = 1;
+    /// An ACK handled at the listener: the final ACK of a handshake (or a syncookie ACK).
+    pub const ACK: u32 = 2;
+}
+
+/// Order of the netns MIB counters in [`SynStash::mib`] and [`KernelOffsets::mib_index`].
+pub mod mib {
+    pub const LISTEN_OVERFLOWS: usize = 0;
+    pub const LISTEN_DROPS: usize = 1;
+    pub const REQQ_FULL_DROP: usize = 2;
+    pub const REQQ_FULL_DO_COOKIES: usize = 3;
+    pub const COUNT: usize = 4;
+}
+
 /// Kind of a [`ListenerEvent`].
 pub mod event_kind {
     /// A successful `listen(2)` on a TCP socket: first listen or a repeated one that
@@ -86,6 +148,16 @@ pub struct KernelOffsets {
     pub sk_max_ack_backlog: u32,
     /// `offsetof(struct net, ns) + offsetof(struct ns_common, inum)`
     pub net_inum: u32,
+    pub sk_ack_backlog: u32,
+    /// `struct sock` -> `struct net`'s per-CPU `struct linux_mib *`:
+    /// `offsetof(struct net, mib) + offsetof(struct netns_mib, net_statistics)`.
+    pub net_mib_stats: u32,
+    /// Byte offsets in `struct linux_mib` of the counters in [`mib`] order
+    /// (enum linux_mib_field values from BTF, times 8).
+    pub mib_index: [u32; 4],
+    /// `offsetof(struct bpf_array, pptrs)`: with it a per-CPU array map reveals this
+    /// CPU's per-CPU area offset (kallsyms has no `__per_cpu_offset` on every kernel).
+    pub bpf_array_pptrs: u32,
     // tracepoint records (from /sys/kernel/tracing/events/*/*/format)
     pub tp_listen_fd: u32,
     pub tp_listen_backlog: u32,
@@ -94,6 +166,10 @@ pub struct KernelOffsets {
     pub tp_state_oldstate: u32,
     pub tp_state_newstate: u32,
     pub tp_state_protocol: u32,
+    pub tp_consume_skbaddr: u32,
+    pub tp_kfree_skbaddr: u32,
+    pub tp_synack_skaddr: u32,
+    pub _pad: u32,
 }
 
 /// `listen(2)` arguments parked between syscall entry and exit.
@@ -113,4 +189,8 @@ mod user {
     unsafe impl aya::Pod for super::KernelOffsets {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::PendingListen {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::ListenerStats {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::SynStash {}
 }

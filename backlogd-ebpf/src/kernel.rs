@@ -35,6 +35,14 @@ static OFFSETS: KernelOffsets = KernelOffsets {
     tp_state_oldstate: 0,
     tp_state_newstate: 0,
     tp_state_protocol: 0,
+    sk_ack_backlog: 0,
+    net_mib_stats: 0,
+    mib_index: [0; 4],
+    bpf_array_pptrs: 0,
+    tp_consume_skbaddr: 0,
+    tp_kfree_skbaddr: 0,
+    tp_synack_skaddr: 0,
+    _pad: 0,
 };
 
 /// Errors are the helpers' negative errno values; programs only ever drop them.
@@ -87,6 +95,24 @@ pub fn tp_field<T>(ctx: &TracePointContext, off: usize) -> Result<T> {
     unsafe { ctx.read_at::<T>(off) }
 }
 
+/// Reads one element of an offset array.
+#[inline(always)]
+pub fn offset_at(select: fn(&KernelOffsets) -> &[u32; 4], i: usize) -> usize {
+    let arr = select(&OFFSETS);
+    if i >= arr.len() {
+        return 0;
+    }
+    // SAFETY: in-bounds element of a valid static; volatile only defeats const-folding.
+    (unsafe { core::ptr::read_volatile(&arr[i]) }) as usize
+}
+
+/// Socket inode of a `struct sock *`: `sk->sk_socket` + the inode that follows it.
+#[inline(always)]
+pub fn socket_inode(sk: KPtr) -> Result<u64> {
+    sk.deref(offset(|o| &o.sk_socket))?
+        .read(offset(|o| &o.socket_ino))
+}
+
 /// `struct socket *` behind file descriptor `fd` of the current task:
 /// `current->files->fdt->fd[fd]->private_data`. The caller must know `fd` is a socket
 /// (here: `listen(2)` on it just succeeded).
@@ -97,4 +123,51 @@ pub fn socket_of_fd(fd: u64) -> Result<KPtr> {
     let fd_array = fdt.deref(offset(|o| &o.fdtable_fd))?;
     let file = fd_array.deref((fd as usize) * 8)?;
     file.deref(offset(|o| &o.file_private_data))
+}
+
+/// One u64 per CPU used to turn verifier-tracked pointers into plain numbers.
+#[aya_ebpf::macros::map]
+static LAUNDER: aya_ebpf::maps::PerCpuArray<u64> =
+    aya_ebpf::maps::PerCpuArray::with_max_entries(2, 0);
+
+/// Cached per-CPU area offset of this CPU (0 until first computed).
+#[aya_ebpf::macros::map]
+static CPU_AREA_OFFSET: aya_ebpf::maps::PerCpuArray<u64> =
+    aya_ebpf::maps::PerCpuArray::with_max_entries(1, 0);
+
+/// Returns the numeric value of a pointer the verifier tracks as a typed pointer (socket,
+/// skb context, map), so it can be offset and read with `bpf_probe_read_kernel`. Storing
+/// a pointer into a map value and loading it back yields a scalar; the verifier allows
+/// this for privileged (CAP_PERFMON) loaders, which backlogd requires anyway.
+#[inline(always)]
+pub fn launder(p: *const u8) -> Result<u64> {
+    let slot = LAUNDER.get_ptr_mut(0).ok_or(-2)?;
+    // SAFETY: `slot` is this CPU's element of LAUNDER; volatile keeps LLVM from forwarding
+    // the pointer register past the store.
+    unsafe {
+        core::ptr::write_volatile(slot.cast::<*const u8>(), p);
+        Ok(core::ptr::read_volatile(slot))
+    }
+}
+
+/// This CPU's per-CPU area offset (`__per_cpu_offset[cpu]`): the address a per-CPU array
+/// lookup returns minus the per-CPU pointer stored in the array. Per-CPU kernel data
+/// (such as a netns's MIB counters) for this CPU lives at `percpu_ptr + offset`.
+#[inline(always)]
+pub fn cpu_area_offset() -> Result<u64> {
+    let cached = CPU_AREA_OFFSET.get_ptr_mut(0).ok_or(-2)?;
+    // SAFETY: this CPU's element; programs do not migrate mid-run.
+    let known = unsafe { *cached };
+    if known != 0 {
+        return Ok(known);
+    }
+    let this_cpu = LAUNDER.get_ptr_mut(1).ok_or(-2)?;
+    let this_cpu_addr = launder(this_cpu.cast::<u8>())?;
+    let map_addr = launder(core::ptr::addr_of!(LAUNDER).cast::<u8>())?;
+    // bpf_array.pptrs[1]: the per-CPU pointer of element 1.
+    let pptr: u64 = KPtr(map_addr).read(offset(|o| &o.bpf_array_pptrs) + 8)?;
+    let off = this_cpu_addr.wrapping_sub(pptr);
+    // SAFETY: as above.
+    unsafe { *cached = off };
+    Ok(off)
 }

@@ -1,5 +1,6 @@
 //! backlogd's eBPF programs, one module per hook family.
 //!
+//! - [`syn`]: the SYN path: SYNs, drops by reason, syncookies, SYN-ACK retransmits.
 //! - [`listen`]: listener lifecycle: `listen(2)` (requested vs granted backlog, owner,
 //!   netns, address) and listeners leaving the LISTEN state.
 //!
@@ -10,6 +11,7 @@
 
 mod kernel;
 mod listen;
+mod syn;
 
 #[cfg(not(test))]
 #[panic_handler]

@@ -14,7 +14,10 @@ use backlogd_common::ListenerEvent;
 use tokio::io::{Interest, unix::AsyncFd};
 
 use crate::{
-    exporter::{http, metrics::Metrics},
+    exporter::{
+        http,
+        metrics::{KernelMaps, Metrics},
+    },
     listeners::ListenerTable,
     loader::{self, LoadOptions},
     sampling,
@@ -48,7 +51,10 @@ pub async fn run(config: RunConfig) -> anyhow::Result<()> {
     // Bind first: a taken port should fail before anything touches the kernel.
     let socket = http::bind(config.listen).await?;
     let probes = loader::load(&LoadOptions { btf: config.btf }).context("cannot start")?;
-    tracing::info!("probes attached: listener lifecycle via tracepoints");
+    tracing::info!(
+        "probes attached: listener lifecycle via tracepoints; SYN path in tracepoint mode \
+         (cgroup_skb ingress + skb release tracepoints)"
+    );
 
     let shared = Arc::new(Shared::default());
     let events = tokio::spawn(follow_listener_events(
@@ -59,7 +65,14 @@ pub async fn run(config: RunConfig) -> anyhow::Result<()> {
     // first scan the table also holds what was listening before we started.
     rescan(&shared).await;
     let rescans = tokio::spawn(rescan_periodically(shared.clone(), config.rescan_interval));
-    let metrics = Metrics::new(shared.clone(), probes.listener_events_lost);
+    let metrics = Metrics::new(
+        shared.clone(),
+        KernelMaps {
+            events_lost: probes.listener_events_lost,
+            listener_stats: probes.listener_stats,
+            listener_stats_full: probes.listener_stats_full,
+        },
+    );
     let addr = socket.local_addr()?;
     tracing::info!("serving metrics on http://{addr}/metrics");
     let server = axum::serve(socket, http::router(metrics, shared))

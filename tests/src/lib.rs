@@ -5,6 +5,7 @@
 //! Tests panic with context rather than return errors (as aya's own suite does).
 
 pub mod daemon;
+pub mod kernel;
 pub mod netns;
 pub mod prom;
 pub mod sockets;

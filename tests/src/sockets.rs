@@ -55,21 +55,79 @@ impl Listener {
 pub struct KernelQueue {
     pub recv_q: u64,
     pub send_q: u64,
+    /// `sk_drops` (`ss -m` skmem `d`).
+    pub drops: u64,
 }
 
 pub fn kernel_queue(ns: &Netns, listener: &Listener) -> KernelQueue {
     let out = ns.command(
         "ss",
-        &["-ltnHe", &format!("sport = :{}", listener.addr.port())],
+        &["-ltnHem", &format!("sport = :{}", listener.addr.port())],
     );
     let wanted = format!("ino:{}", listener.inode);
-    let line = out
-        .lines()
-        .find(|l| l.split_whitespace().any(|w| w == wanted))
+    // One record per socket: a line, then tab-indented continuation lines (skmem).
+    let mut records: Vec<String> = Vec::new();
+    for line in out.lines() {
+        match records.last_mut() {
+            Some(r) if line.starts_with(char::is_whitespace) => r.push_str(line),
+            _ => records.push(line.to_owned()),
+        }
+    }
+    let line = records
+        .iter()
+        .find(|r| r.split_whitespace().any(|w| w == wanted))
         .unwrap_or_else(|| panic!("ss shows no socket with {wanted}:\n{out}"));
     let cols: Vec<&str> = line.split_whitespace().collect();
+    let drops = line
+        .split("skmem:(")
+        .nth(1)
+        .and_then(|m| m.split(')').next())
+        .and_then(|m| m.split(',').find_map(|f| f.strip_prefix('d')))
+        .unwrap_or_else(|| panic!("no skmem drops in {line:?}"))
+        .parse()
+        .expect("skmem d");
     KernelQueue {
         recv_q: cols[1].parse().expect("Recv-Q"),
         send_q: cols[2].parse().expect("Send-Q"),
+        drops,
     }
+}
+
+/// Non-blocking `connect()`s from inside `ns`: a burst of real handshakes. The sockets
+/// are returned so the caller decides how long the clients keep retrying.
+pub fn connect_burst(ns: &Netns, to: SocketAddr, count: usize) -> Vec<Socket> {
+    ns.run(move || {
+        (0..count)
+            .map(|_| {
+                let s = Socket::new(Domain::for_address(to), Type::STREAM, None)
+                    .expect("client socket()");
+                s.set_nonblocking(true).expect("non-blocking");
+                match s.connect(&to.into()) {
+                    Ok(()) => {}
+                    Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {}
+                    Err(e) => panic!("connect {to}: {e}"),
+                }
+                s
+            })
+            .collect()
+    })
+}
+
+/// SYNs a client socket has sent: the first plus its retransmissions
+/// (`tcpi_total_retrans` while the handshake is pending).
+pub fn syns_sent(socket: &Socket) -> u64 {
+    let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
+    let mut len = size_of::<libc::tcp_info>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into `info`.
+    let rc = unsafe {
+        libc::getsockopt(
+            socket.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            (&raw mut info).cast(),
+            &mut len,
+        )
+    };
+    assert_eq!(rc, 0, "TCP_INFO: {}", std::io::Error::last_os_error());
+    1 + u64::from(info.tcpi_total_retrans)
 }

@@ -2,38 +2,91 @@
 //! keep in sync and closed listeners cannot leave stale series. Every metric here is
 //! documented in docs/metrics.md.
 
-use std::sync::{Arc, Mutex};
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+};
 
-use aya::maps::{MapData, PerCpuArray};
+use aya::maps::{MapData, PerCpuArray, PerCpuHashMap};
+use backlogd_common::ListenerStats;
 
 use super::text::{Exposition, Kind};
 use crate::{daemon::Shared, listeners::Listener};
 
 pub struct Metrics {
     shared: Arc<Shared>,
-    /// Per-CPU count of lifecycle events the ring buffer had no room for.
-    events_lost: Mutex<PerCpuArray<MapData, u64>>,
+    maps: Mutex<KernelMaps>,
 }
 
+/// The eBPF maps read at scrape time.
+pub struct KernelMaps {
+    /// Per-CPU count of lifecycle events the ring buffer had no room for.
+    pub events_lost: PerCpuArray<MapData, u64>,
+    /// Per-listener SYN-path counters, per CPU, keyed by socket inode.
+    pub listener_stats: PerCpuHashMap<MapData, u64, ListenerStats>,
+    /// Per-CPU count of counter updates that found the listener map full.
+    pub listener_stats_full: PerCpuArray<MapData, u64>,
+}
+
+fn sum(map: &PerCpuArray<MapData, u64>, name: &str) -> u64 {
+    map.get(&0, 0)
+        .map(|per_cpu| per_cpu.iter().sum())
+        .unwrap_or_else(|e| {
+            tracing::warn!(error = %e, map = name, "reading map");
+            0
+        })
+}
+
+/// Per-listener counters summed over CPUs.
+fn listener_stats(map: &PerCpuHashMap<MapData, u64, ListenerStats>) -> HashMap<u64, ListenerStats> {
+    let mut out = HashMap::new();
+    for entry in map.iter() {
+        let Ok((inode, per_cpu)) = entry else {
+            continue;
+        };
+        let mut total = ListenerStats::default();
+        for s in per_cpu.iter() {
+            total.syns += s.syns;
+            total.drop_accept_queue_full += s.drop_accept_queue_full;
+            total.drop_syn_queue_full += s.drop_syn_queue_full;
+            total.drop_final_ack_overflow += s.drop_final_ack_overflow;
+            total.drop_other += s.drop_other;
+            total.syncookies += s.syncookies;
+            total.synack_retransmits += s.synack_retransmits;
+        }
+        out.insert(inode, total);
+    }
+    out
+}
+
+/// Reads one counter of a listener.
+type Field = fn(&ListenerStats) -> u64;
+
+/// Drop reasons, as the `reason` label says them, and where each count lives.
+const DROP_REASONS: [(&str, Field); 4] = [
+    ("accept_queue_full", |s| s.drop_accept_queue_full),
+    ("syn_queue_full", |s| s.drop_syn_queue_full),
+    ("final_ack_overflow", |s| s.drop_final_ack_overflow),
+    ("other", |s| s.drop_other),
+];
+
 impl Metrics {
-    pub fn new(shared: Arc<Shared>, events_lost: PerCpuArray<MapData, u64>) -> Self {
+    pub fn new(shared: Arc<Shared>, maps: KernelMaps) -> Self {
         Self {
             shared,
-            events_lost: Mutex::new(events_lost),
+            maps: Mutex::new(maps),
         }
     }
 
-    fn events_lost(&self) -> u64 {
-        let map = self.events_lost.lock().unwrap_or_else(|e| e.into_inner());
-        map.get(&0, 0)
-            .map(|per_cpu| per_cpu.iter().sum())
-            .unwrap_or_else(|e| {
-                tracing::warn!(error = %e, "reading LISTENER_EVENTS_LOST");
-                0
-            })
-    }
-
     pub fn render(&self) -> String {
+        let (events_lost, stats_full, stats) = {
+            let maps = self.maps.lock().unwrap_or_else(|e| e.into_inner());
+            (
+                sum(&maps.events_lost, "LISTENER_EVENTS_LOST"),
+                sum(&maps.listener_stats_full, "LISTENER_STATS_FULL"),
+                listener_stats(&maps.listener_stats),
+            )
+        };
         let listeners = self.shared.listeners();
         let mut e = Exposition::with_capacity(512 + listeners.len() * 400);
         let rows: Vec<([String; 6], &Listener)> =
@@ -68,6 +121,54 @@ impl Metrics {
             );
         }
 
+        // A listener no SYN has reached yet has no map entry: its counters are zero.
+        let zero = ListenerStats::default();
+        let counters = |l: &Listener| stats.get(&l.inode).unwrap_or(&zero);
+        for (name, help, value) in [
+            (
+                "backlogd_listen_syns_received_total",
+                "SYNs (without ACK) that reached this listener, retransmitted ones included.",
+                (|s: &ListenerStats| s.syns) as Field,
+            ),
+            (
+                "backlogd_listen_syncookies_sent_total",
+                "SYNs answered with a syncookie because the SYN queue was full (the \
+                 listener's share of TcpExt TCPReqQFullDoCookies).",
+                |s| s.syncookies,
+            ),
+            (
+                "backlogd_listen_synack_retransmits_total",
+                "SYN-ACKs retransmitted for this listener's pending connections.",
+                |s| s.synack_retransmits,
+            ),
+        ] {
+            e.family(name, Kind::Counter, help);
+            for (values, l) in &rows {
+                e.sample(name, &labels(values), value(counters(l)));
+            }
+        }
+        e.family(
+            "backlogd_listen_drops_total",
+            Kind::Counter,
+            "Connections this listener dropped, by reason: accept_queue_full (SYN dropped, \
+             accept queue full: ListenOverflows), syn_queue_full (SYN dropped, SYN queue full \
+             with syncookies off: TCPReqQFullDrop), final_ack_overflow (handshake's final ACK \
+             found the accept queue full: ListenOverflows), other (rest of ListenDrops).",
+        );
+        for (values, l) in &rows {
+            let base = labels(values);
+            for (reason, count) in DROP_REASONS {
+                let mut with_reason = [("", ""); 7];
+                with_reason[..6].copy_from_slice(&base);
+                with_reason[6] = ("reason", reason);
+                e.sample(
+                    "backlogd_listen_drops_total",
+                    &with_reason,
+                    count(counters(l)),
+                );
+            }
+        }
+
         e.family(
             "backlogd_listeners",
             Kind::Gauge,
@@ -82,11 +183,13 @@ impl Metrics {
             Kind::Counter,
             "Listener lifecycle events dropped because the kernel ring buffer was full.",
         );
-        e.sample(
-            "backlogd_listener_events_lost_total",
-            &[],
-            self.events_lost(),
+        e.sample("backlogd_listener_events_lost_total", &[], events_lost);
+        e.family(
+            "backlogd_listener_stats_full_total",
+            Kind::Counter,
+            "Per-listener counter updates lost because the kernel map of listeners was full.",
         );
+        e.sample("backlogd_listener_stats_full_total", &[], stats_full);
 
         e.family(
             "backlogd_build_info",

@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 
 use backlogd_common::KernelOffsets;
 use btf_rs::{Btf, Type};
+use fallible_iterator::FallibleIterator as _;
 
 pub const KERNEL_BTF: &str = "/sys/kernel/btf/vmlinux";
 
@@ -80,6 +81,16 @@ impl KernelBtf {
             sk_protocol: f("sock", "sk_protocol", 2)?,
             sk_max_ack_backlog: f("sock", "sk_max_ack_backlog", 4)?,
             net_inum: f("net", "ns.inum", 4)?,
+            sk_ack_backlog: f("sock", "sk_ack_backlog", 4)?,
+            net_mib_stats: self.offset_of("net", "mib", None)?
+                + f("netns_mib", "net_statistics", 8)?,
+            mib_index: [
+                self.mib_offset("LINUX_MIB_LISTENOVERFLOWS")?,
+                self.mib_offset("LINUX_MIB_LISTENDROPS")?,
+                self.mib_offset("LINUX_MIB_TCPREQQFULLDROP")?,
+                self.mib_offset("LINUX_MIB_TCPREQQFULLDOCOOKIES")?,
+            ],
+            bpf_array_pptrs: self.offset_of("bpf_array", "pptrs", None)?,
             ..KernelOffsets::default()
         })
     }
@@ -115,6 +126,26 @@ impl KernelBtf {
             });
         }
         Ok(offset_bits / 8)
+    }
+
+    /// Byte offset in `struct linux_mib` of counter `name` (an enum linux_mib_field
+    /// enumerator; their values shift between kernels).
+    fn mib_offset(&self, name: &str) -> Result<u32, BtfError> {
+        let not_found = || BtfError::NoField {
+            ty: "enum linux_mib_field".into(),
+            field: name.into(),
+        };
+        let mut iter = self.btf.type_iter();
+        while let Ok(Some(t)) = iter.next() {
+            if let Type::Enum(e) = t {
+                for m in &e.members {
+                    if self.btf.resolve_name(m).is_ok_and(|n| n == name) {
+                        return Ok(m.val() * 8);
+                    }
+                }
+            }
+        }
+        Err(not_found())
     }
 
     fn named_struct(&self, name: &str) -> Option<Type> {

@@ -1,23 +1,26 @@
 //! Loading the eBPF object and attaching its programs.
 //!
-//! Listener lifecycle (this module's programs so far) uses tracepoints every kernel has;
-//! the hook-mode choice for the SYN path (fentry, kprobe, tracepoint) builds on this.
+//! Listener lifecycle uses tracepoints every kernel has. The SYN path runs in tracepoint
+//! mode: a cgroup_skb ingress program on the cgroup v2 root plus skb-release tracepoints
+//! (see backlogd-ebpf/src/syn.rs). fentry and kprobe modes are to come.
 
 pub mod btf;
+mod cgroup;
 pub mod privileges;
 pub mod tracefs;
 
-use std::path::PathBuf;
+use std::{os::fd::AsFd as _, path::PathBuf};
 
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{MapData, PerCpuArray, RingBuf},
-    programs::{ProgramError, TracePoint},
+    maps::{MapData, PerCpuArray, PerCpuHashMap, RingBuf},
+    programs::{CgroupSkb, ProgramError, TracePoint},
 };
-use backlogd_common::KernelOffsets;
+use backlogd_common::{KernelOffsets, ListenerStats};
 
 use self::{
     btf::{BtfError, KernelBtf},
+    cgroup::CgroupAttachment,
     privileges::MissingPrivileges,
     tracefs::{Format, TracefsError},
 };
@@ -42,8 +45,25 @@ pub enum LoadError {
         #[source]
         source: ProgramError,
     },
+    #[error("attaching to {hook} failed")]
+    Attach {
+        hook: String,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("eBPF object is missing map `{0}` (build mismatch)")]
     Map(&'static str),
+    #[error(
+        "no cgroup v2 hierarchy is mounted: backlogd's SYN accounting attaches a cgroup_skb \
+         program at its root. Fix: `mount -t cgroup2 none /sys/fs/cgroup` (or boot with \
+         systemd's unified or hybrid cgroup hierarchy)"
+    )]
+    NoCgroup2,
+    #[error("cannot open the cgroup v2 root {path}: {source}")]
+    CgroupRoot {
+        path: String,
+        source: std::io::Error,
+    },
     #[error("map `{name}` has an unexpected type")]
     MapType {
         name: &'static str,
@@ -64,13 +84,19 @@ pub struct Probes {
     _ebpf: Ebpf,
     pub listener_events: RingBuf<MapData>,
     pub listener_events_lost: PerCpuArray<MapData, u64>,
+    pub listener_stats: PerCpuHashMap<MapData, u64, ListenerStats>,
+    pub listener_stats_full: PerCpuArray<MapData, u64>,
+    _cgroup_ingress: CgroupAttachment,
 }
 
-/// Tracepoints used for the listener lifecycle: (program, category, tracepoint).
-const LIFECYCLE: [(&str, &str, &str); 3] = [
+/// Tracepoints: (program, category, tracepoint).
+const TRACEPOINTS: [(&str, &str, &str); 6] = [
     ("listen_enter", "syscalls", "sys_enter_listen"),
     ("listen_exit", "syscalls", "sys_exit_listen"),
     ("listener_state", "sock", "inet_sock_set_state"),
+    ("syn_consumed", "skb", "consume_skb"),
+    ("syn_freed", "skb", "kfree_skb"),
+    ("synack_retransmit", "tcp", "tcp_retransmit_synack"),
 ];
 
 pub fn load(opts: &LoadOptions) -> Result<Probes, LoadError> {
@@ -83,9 +109,11 @@ pub fn load(opts: &LoadOptions) -> Result<Probes, LoadError> {
     let mut ebpf = EbpfLoader::new()
         .override_global("OFFSETS", &offsets, true)
         .load(EBPF_OBJECT)?;
-    for (program, category, name) in LIFECYCLE {
+    // The skb-release hooks first: an ingress stash is only useful once they run.
+    for (program, category, name) in TRACEPOINTS {
         attach_tracepoint(&mut ebpf, program, category, name)?;
     }
+    let cgroup_ingress = attach_cgroup_ingress(&mut ebpf)?;
     let listener_events =
         RingBuf::try_from(take_map(&mut ebpf, "LISTENER_EVENTS")?).map_err(|source| {
             LoadError::MapType {
@@ -98,10 +126,25 @@ pub fn load(opts: &LoadOptions) -> Result<Probes, LoadError> {
             name: "LISTENER_EVENTS_LOST",
             source,
         })?;
+    let listener_stats =
+        PerCpuHashMap::try_from(take_map(&mut ebpf, "LISTENER_STATS")?).map_err(|source| {
+            LoadError::MapType {
+                name: "LISTENER_STATS",
+                source,
+            }
+        })?;
+    let listener_stats_full = PerCpuArray::try_from(take_map(&mut ebpf, "LISTENER_STATS_FULL")?)
+        .map_err(|source| LoadError::MapType {
+            name: "LISTENER_STATS_FULL",
+            source,
+        })?;
     Ok(Probes {
         _ebpf: ebpf,
         listener_events,
         listener_events_lost,
+        listener_stats,
+        listener_stats_full,
+        _cgroup_ingress: cgroup_ingress,
     })
 }
 
@@ -116,7 +159,68 @@ fn tracepoint_offsets(o: &mut KernelOffsets) -> Result<(), TracefsError> {
     o.tp_state_oldstate = state.offset("oldstate")?;
     o.tp_state_newstate = state.offset("newstate")?;
     o.tp_state_protocol = state.offset("protocol")?;
+    o.tp_consume_skbaddr = Format::read(&tracing, "skb", "consume_skb")?.offset("skbaddr")?;
+    o.tp_kfree_skbaddr = Format::read(&tracing, "skb", "kfree_skb")?.offset("skbaddr")?;
+    o.tp_synack_skaddr =
+        Format::read(&tracing, "tcp", "tcp_retransmit_synack")?.offset("skaddr")?;
     Ok(())
+}
+
+/// Mount point of the cgroup v2 hierarchy (`/sys/fs/cgroup` on unified systems,
+/// `/sys/fs/cgroup/unified` on hybrid ones).
+fn cgroup2_root() -> Result<String, LoadError> {
+    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
+    mounts
+        .lines()
+        .find_map(|l| {
+            let mut f = l.split_whitespace();
+            let (_, dir, fstype) = (f.next()?, f.next()?, f.next()?);
+            (fstype == "cgroup2").then(|| dir.to_owned())
+        })
+        .ok_or(LoadError::NoCgroup2)
+}
+
+/// cgroup_skb programs on the root run for every socket in every cgroup below it.
+///
+/// Attached with BPF_PROG_ATTACH and BPF_F_ALLOW_MULTI, so other programs (systemd's IP
+/// accounting, firewalls) keep working. aya 0.14 uses bpf_link_create on kernels >= 5.7,
+/// which this 6.18 CI kernel rejects with EINVAL for cgroup_skb.
+fn attach_cgroup_ingress(ebpf: &mut Ebpf) -> Result<CgroupAttachment, LoadError> {
+    let path = cgroup2_root()?;
+    let cgroup = std::fs::File::open(&path).map_err(|source| LoadError::CgroupRoot {
+        path: path.clone(),
+        source,
+    })?;
+    let program = "listener_ingress";
+    let hook = format!("cgroup_skb/ingress on {path}");
+    let prog: &mut CgroupSkb = ebpf
+        .program_mut(program)
+        .ok_or(LoadError::Map(program))?
+        .try_into()
+        .map_err(|source| LoadError::Program {
+            program,
+            hook: hook.clone(),
+            source,
+        })?;
+    prog.load().map_err(|source| LoadError::Program {
+        program,
+        hook: hook.clone(),
+        source,
+    })?;
+    let prog_fd = prog
+        .fd()
+        .map_err(|source| LoadError::Program {
+            program,
+            hook: hook.clone(),
+            source,
+        })?
+        .as_fd()
+        .try_clone_to_owned()
+        .map_err(|source| LoadError::Attach {
+            hook: hook.clone(),
+            source,
+        })?;
+    CgroupAttachment::attach(cgroup, prog_fd).map_err(|source| LoadError::Attach { hook, source })
 }
 
 fn attach_tracepoint(

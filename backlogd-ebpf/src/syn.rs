@@ -1,0 +1,219 @@
+//! SYN path, tracepoint mode: what happened to each segment that reached a listener.
+//!
+//! The kernel has no tracepoint inside `tcp_conn_request` or `syn_recv_sock`, but it does
+//! count every outcome in per-CPU netns MIB counters (ListenOverflows, ListenDrops,
+//! TCPReqQFullDrop, TCPReqQFullDoCookies). A segment is processed start to finish on one
+//! CPU inside one softirq, so this CPU's counters before and after tell exactly what the
+//! kernel did with *this* segment, regardless of what other CPUs are doing:
+//!
+//! 1. `listener_ingress` (cgroup_skb, root cgroup) runs from `tcp_filter()` for every
+//!    segment delivered to a listener, before `tcp_conn_request`/`tcp_check_req`, and
+//!    stashes the skb, the listener and this CPU's counters.
+//! 2. `syn_consumed` / `syn_freed` (`skb:consume_skb`, `skb:kfree_skb`) fire when that
+//!    skb is released at the end of processing; the counter deltas are the outcome.
+//!
+//! `synack_retransmit` counts `tcp:tcp_retransmit_synack` per listener.
+
+use aya_ebpf::{
+    bindings::__sk_buff,
+    helpers::bpf_skb_load_bytes,
+    macros::{cgroup_skb, map, tracepoint},
+    maps::{PerCpuArray, PerCpuHashMap},
+    programs::{SkBuffContext, TracePointContext},
+};
+use backlogd_common::{
+    LISTENER_STATS_ENTRIES, ListenerStats, SynStash, TCP_LISTEN, mib, segment_kind,
+};
+
+use crate::kernel::{
+    KPtr, Result, cpu_area_offset, launder, offset, offset_at, socket_inode, tp_field,
+};
+
+#[map]
+pub(crate) static LISTENER_STATS: PerCpuHashMap<u64, ListenerStats> =
+    PerCpuHashMap::with_max_entries(LISTENER_STATS_ENTRIES, 0);
+
+/// Updates that found LISTENER_STATS full; the daemon exports and logs it.
+#[map]
+static LISTENER_STATS_FULL: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+
+#[map]
+static STASH: PerCpuArray<SynStash> = PerCpuArray::with_max_entries(1, 0);
+
+const TCP_FLAG_SYN: u8 = 0x02;
+const TCP_FLAG_RST: u8 = 0x04;
+const TCP_FLAG_ACK: u8 = 0x10;
+const IPPROTO_TCP: u8 = 6;
+
+#[cgroup_skb]
+pub fn listener_ingress(ctx: SkBuffContext) -> i32 {
+    let _ = try_listener_ingress(&ctx);
+    1 // never drop: backlogd observes, it does not filter
+}
+
+fn try_listener_ingress(ctx: &SkBuffContext) -> Result<()> {
+    let skb: *mut __sk_buff = ctx.skb.skb;
+    // SAFETY: `skb` is the program's context; the verifier rewrites field loads.
+    let sk = unsafe { (*skb).__bindgen_anon_2.sk };
+    if sk.is_null() {
+        return Ok(());
+    }
+    // SAFETY: non-null socket from the context; rewritten by the verifier.
+    let (state, family) = unsafe { ((*sk).state, (*sk).family) };
+    if state != TCP_LISTEN {
+        return Ok(());
+    }
+    let kind = match tcp_flags(ctx, family)? {
+        f if f & (TCP_FLAG_SYN | TCP_FLAG_ACK | TCP_FLAG_RST) == TCP_FLAG_SYN => segment_kind::SYN,
+        f if f & (TCP_FLAG_SYN | TCP_FLAG_ACK | TCP_FLAG_RST) == TCP_FLAG_ACK => segment_kind::ACK,
+        _ => return Ok(()),
+    };
+    let sk = KPtr(launder(sk.cast::<u8>())?);
+    let ino = socket_inode(sk)?;
+    let net = sk.deref(offset(|o| &o.sk_net))?;
+    let mut stash = SynStash {
+        skb: launder(skb.cast::<u8>())?,
+        net: net.0,
+        ino,
+        kind,
+        _pad: 0,
+        mib: [0; mib::COUNT],
+    };
+    read_mib(net, &mut stash.mib)?;
+    if kind == segment_kind::SYN {
+        update(ino, |s| s.syns += 1);
+    }
+    let slot = STASH.get_ptr_mut(0).ok_or(-2)?;
+    // SAFETY: this CPU's element of STASH.
+    unsafe { *slot = stash };
+    Ok(())
+}
+
+/// TCP flags of the segment; `family` is AF_INET or AF_INET6 and the packet starts at the
+/// network header in cgroup_skb.
+#[inline(always)]
+fn tcp_flags(ctx: &SkBuffContext, family: u32) -> Result<u8> {
+    let tcp = if family == 2 {
+        u32::from(load_u8(ctx, 0)? & 0x0f) * 4
+    } else {
+        if load_u8(ctx, 6)? != IPPROTO_TCP {
+            return Err(-22); // extension headers: not worth parsing for a listener
+        }
+        40
+    };
+    load_u8(ctx, tcp + 13)
+}
+
+/// One packet byte. (SkBuffContext::load_bytes clamps the length to the packet, which the
+/// verifier cannot prove non-zero.)
+#[inline(always)]
+fn load_u8(ctx: &SkBuffContext, offset: u32) -> Result<u8> {
+    let mut b = 0u8;
+    // SAFETY: the helper bounds-checks against the packet and writes one byte to `b`.
+    let rc = unsafe { bpf_skb_load_bytes(ctx.skb.skb.cast(), offset, (&raw mut b).cast(), 1) };
+    if rc < 0 { Err(rc as i32) } else { Ok(b) }
+}
+
+/// This CPU's values of the netns counters backlogd attributes.
+#[inline(always)]
+fn read_mib(net: KPtr, out: &mut [u64; mib::COUNT]) -> Result<()> {
+    let percpu: u64 = net.read(offset(|o| &o.net_mib_stats))?;
+    let here = KPtr(percpu.wrapping_add(cpu_area_offset()?));
+    for (i, v) in out.iter_mut().enumerate() {
+        *v = here.read(offset_at(|o| &o.mib_index, i))?;
+    }
+    Ok(())
+}
+
+#[inline(always)]
+fn update(ino: u64, f: impl FnOnce(&mut ListenerStats)) {
+    let ptr = match LISTENER_STATS.get_ptr_mut(ino) {
+        Some(p) => p,
+        None => {
+            if LISTENER_STATS
+                .insert(ino, ListenerStats::default(), 0)
+                .is_err()
+            {
+                if let Some(full) = LISTENER_STATS_FULL.get_ptr_mut(0) {
+                    // SAFETY: this CPU's counter.
+                    unsafe { *full += 1 };
+                }
+                return;
+            }
+            match LISTENER_STATS.get_ptr_mut(ino) {
+                Some(p) => p,
+                None => return,
+            }
+        }
+    };
+    // SAFETY: this CPU's copy of the listener's counters; no other CPU writes it.
+    f(unsafe { &mut *ptr });
+}
+
+#[tracepoint]
+pub fn syn_consumed(ctx: TracePointContext) -> u32 {
+    let _ = settle(&ctx, offset(|o| &o.tp_consume_skbaddr));
+    0
+}
+
+#[tracepoint]
+pub fn syn_freed(ctx: TracePointContext) -> u32 {
+    let _ = settle(&ctx, offset(|o| &o.tp_kfree_skbaddr));
+    0
+}
+
+/// If the freed skb is the stashed one, attribute the counter deltas to its listener.
+#[inline(always)]
+fn settle(ctx: &TracePointContext, skbaddr_off: usize) -> Result<()> {
+    let slot = STASH.get_ptr_mut(0).ok_or(-2)?;
+    // SAFETY: this CPU's element of STASH.
+    let stash = unsafe { &mut *slot };
+    if stash.skb == 0 {
+        return Ok(());
+    }
+    let skb: u64 = tp_field(ctx, skbaddr_off)?;
+    if skb != stash.skb {
+        return Ok(());
+    }
+    stash.skb = 0;
+    let mut now = [0u64; mib::COUNT];
+    read_mib(KPtr(stash.net), &mut now)?;
+    let d = |i: usize| now[i].wrapping_sub(stash.mib[i]);
+    let (overflows, drops, qfull, cookies) = (
+        d(mib::LISTEN_OVERFLOWS),
+        d(mib::LISTEN_DROPS),
+        d(mib::REQQ_FULL_DROP),
+        d(mib::REQQ_FULL_DO_COOKIES),
+    );
+    if overflows | drops | qfull | cookies == 0 {
+        return Ok(());
+    }
+    let kind = stash.kind;
+    update(stash.ino, |s| {
+        // Every listen drop goes through tcp_listendrop (ListenDrops); the specific
+        // counters say why. What they do not explain is "other".
+        let explained = overflows + qfull;
+        if kind == segment_kind::SYN {
+            s.drop_accept_queue_full += overflows;
+            s.drop_syn_queue_full += qfull;
+            s.syncookies += cookies;
+        } else {
+            s.drop_final_ack_overflow += overflows;
+        }
+        s.drop_other += drops.saturating_sub(explained);
+    });
+    Ok(())
+}
+
+#[tracepoint]
+pub fn synack_retransmit(ctx: TracePointContext) -> u32 {
+    let _ = try_synack_retransmit(&ctx);
+    0
+}
+
+fn try_synack_retransmit(ctx: &TracePointContext) -> Result<()> {
+    let sk = KPtr(tp_field(ctx, offset(|o| &o.tp_synack_skaddr))?);
+    let ino = socket_inode(sk)?;
+    update(ino, |s| s.synack_retransmits += 1);
+    Ok(())
+}

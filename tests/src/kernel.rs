@@ -1,0 +1,53 @@
+//! The kernel's own counters for the same interval backlogd measured.
+
+use std::collections::HashMap;
+
+use crate::Netns;
+
+/// TcpExt counters of the namespace (`/proc/thread-self/net/netstat` read on the
+/// namespace's thread: `/proc/net` would show the process leader's namespace).
+pub fn tcp_ext(ns: &Netns) -> HashMap<String, u64> {
+    ns.run(|| {
+        let text = std::fs::read_to_string("/proc/thread-self/net/netstat")
+            .expect("reading /proc/thread-self/net/netstat");
+        let lines: Vec<&str> = text.lines().collect();
+        let mut out = HashMap::new();
+        for pair in lines.chunks(2) {
+            let (Some(keys), Some(values)) = (pair.first(), pair.get(1)) else {
+                continue;
+            };
+            if !keys.starts_with("TcpExt:") {
+                continue;
+            }
+            for (k, v) in keys
+                .split_whitespace()
+                .zip(values.split_whitespace())
+                .skip(1)
+            {
+                out.insert(k.to_owned(), v.parse().expect("counter value"));
+            }
+        }
+        out
+    })
+}
+
+/// The difference of two [`tcp_ext`] snapshots for the counters backlogd attributes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ListenCounters {
+    pub listen_overflows: u64,
+    pub listen_drops: u64,
+    pub reqq_full_drop: u64,
+    pub reqq_full_do_cookies: u64,
+}
+
+impl ListenCounters {
+    pub fn delta(before: &HashMap<String, u64>, after: &HashMap<String, u64>) -> Self {
+        let d = |k: &str| after[k] - before[k];
+        Self {
+            listen_overflows: d("ListenOverflows"),
+            listen_drops: d("ListenDrops"),
+            reqq_full_drop: d("TCPReqQFullDrop"),
+            reqq_full_do_cookies: d("TCPReqQFullDoCookies"),
+        }
+    }
+}

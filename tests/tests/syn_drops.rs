@@ -1,0 +1,97 @@
+//! SYN-path accounting per listener, checked against the kernel for the same interval:
+//! the namespace's TcpExt deltas, the socket's own `sk_drops` and queue, and what the
+//! clients themselves sent. Each test owns its namespace, so the namespace's counters are
+//! this listener's alone.
+
+use std::time::Duration;
+
+use backlogd_tests::{
+    Daemon, Netns, Scrape,
+    kernel::{ListenCounters, tcp_ext},
+    sockets::{Listener, connect_burst, kernel_queue, syns_sent},
+};
+
+fn counter(scrape: &Scrape, name: &str, l: &Listener, extra: &[(&str, &str)]) -> u64 {
+    let inode = l.inode.to_string();
+    let mut labels = vec![("socket", inode.as_str())];
+    labels.extend_from_slice(extra);
+    scrape
+        .value(name, &labels)
+        .unwrap_or_else(|| panic!("no {name} {labels:?} in:\n{}", scrape.text)) as u64
+}
+
+fn drops(scrape: &Scrape, l: &Listener, reason: &str) -> u64 {
+    counter(
+        scrape,
+        "backlogd_listen_drops_total",
+        l,
+        &[("reason", reason)],
+    )
+}
+
+#[test]
+fn accept_queue_full_drops_equal_listen_overflows_and_sk_drops() {
+    let daemon = Daemon::start();
+    let ns = Netns::new();
+    ns.sysctl("net.ipv4.tcp_syncookies", "0");
+    // Backlog 4, never accept(): five handshakes complete (the queue is full only above
+    // the backlog), every later SYN is dropped.
+    let listener = Listener::open(&ns, "127.0.0.1:0", 4);
+    daemon.wait_for("the listener", |s| {
+        (!s.find(
+            "backlogd_listen_backlog_granted",
+            &[("socket", &listener.inode.to_string())],
+        )
+        .is_empty())
+        .then_some(())
+    });
+
+    let before = tcp_ext(&ns);
+    let clients = connect_burst(&ns, listener.addr, 30);
+    // Long enough for the first SYN retransmission (1 s) to be dropped too.
+    std::thread::sleep(Duration::from_millis(1500));
+    let sent: u64 = clients.iter().map(syns_sent).sum();
+    drop(clients); // no more SYNs: the interval is closed
+    std::thread::sleep(Duration::from_millis(100));
+    let kernel = ListenCounters::delta(&before, &tcp_ext(&ns));
+    let queue = kernel_queue(&ns, &listener);
+    let scrape = daemon.scrape();
+
+    // The scenario did what it is for.
+    assert!(kernel.listen_overflows >= 25, "{kernel:?}");
+    assert_eq!(queue.recv_q, 5, "accept queue holds backlog + 1");
+
+    let accept_full = drops(&scrape, &listener, "accept_queue_full");
+    assert_eq!(
+        accept_full, kernel.listen_overflows,
+        "{kernel:?}\n{}",
+        scrape.text
+    );
+    assert_eq!(drops(&scrape, &listener, "final_ack_overflow"), 0);
+    assert_eq!(
+        drops(&scrape, &listener, "syn_queue_full"),
+        kernel.reqq_full_drop
+    );
+    assert_eq!(drops(&scrape, &listener, "other"), 0);
+    assert_eq!(accept_full, kernel.listen_drops);
+    assert_eq!(accept_full, queue.drops, "sk_drops");
+    assert_eq!(
+        counter(
+            &scrape,
+            "backlogd_listen_syncookies_sent_total",
+            &listener,
+            &[]
+        ),
+        kernel.reqq_full_do_cookies
+    );
+    // Every SYN the clients sent reached the listener.
+    assert_eq!(
+        counter(
+            &scrape,
+            "backlogd_listen_syns_received_total",
+            &listener,
+            &[]
+        ),
+        sent
+    );
+}
