@@ -166,10 +166,7 @@ pub struct KernelOffsets {
     pub tp_state_oldstate: u32,
     pub tp_state_newstate: u32,
     pub tp_state_protocol: u32,
-    pub tp_consume_skbaddr: u32,
-    pub tp_kfree_skbaddr: u32,
     pub tp_synack_skaddr: u32,
-    pub _pad: u32,
 }
 
 /// `listen(2)` arguments parked between syscall entry and exit.

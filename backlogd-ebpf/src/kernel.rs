@@ -39,10 +39,7 @@ static OFFSETS: KernelOffsets = KernelOffsets {
     net_mib_stats: 0,
     mib_index: [0; 4],
     bpf_array_pptrs: 0,
-    tp_consume_skbaddr: 0,
-    tp_kfree_skbaddr: 0,
     tp_synack_skaddr: 0,
-    _pad: 0,
 };
 
 /// Errors are the helpers' negative errno values; programs only ever drop them.

@@ -9,17 +9,21 @@
 //! 1. `listener_ingress` (cgroup_skb, root cgroup) runs from `tcp_filter()` for every
 //!    segment delivered to a listener, before `tcp_conn_request`/`tcp_check_req`, and
 //!    stashes the skb, the listener and this CPU's counters.
-//! 2. `syn_consumed` / `syn_freed` (`skb:consume_skb`, `skb:kfree_skb`) fire when that
+//! 2. `syn_consumed` / `syn_freed` (tp_btf `consume_skb`, `kfree_skb`) fire when that
 //!    skb is released at the end of processing; the counter deltas are the outcome.
+//! 3. A stash still pending at the next ingress on the CPU is settled there. Nothing else
+//!    on this CPU moves these counters without passing ingress first, so the deltas are
+//!    still exactly that segment's outcome. This covers skbs released without a
+//!    tracepoint (`__kfree_skb`) and release hooks the kernel skipped for recursion.
 //!
 //! `synack_retransmit` counts `tcp:tcp_retransmit_synack` per listener.
 
 use aya_ebpf::{
     bindings::__sk_buff,
     helpers::bpf_skb_load_bytes,
-    macros::{cgroup_skb, map, tracepoint},
+    macros::{btf_tracepoint, cgroup_skb, map, tracepoint},
     maps::{PerCpuArray, PerCpuHashMap},
-    programs::{SkBuffContext, TracePointContext},
+    programs::{BtfTracePointContext, SkBuffContext, TracePointContext},
 };
 use backlogd_common::{
     LISTENER_STATS_ENTRIES, ListenerStats, SynStash, TCP_LISTEN, mib, segment_kind,
@@ -84,8 +88,12 @@ fn try_listener_ingress(ctx: &SkBuffContext) -> Result<()> {
         update(ino, |s| s.syns += 1);
     }
     let slot = STASH.get_ptr_mut(0).ok_or(-2)?;
-    // SAFETY: this CPU's element of STASH.
-    unsafe { *slot = stash };
+    // SAFETY: this CPU's element of STASH. Ingress runs in softirq, so none of our
+    // release hooks can interleave with it on this CPU.
+    let previous = unsafe { core::mem::replace(&mut *slot, stash) };
+    if previous.skb != 0 {
+        let _ = settle(&previous);
+    }
     Ok(())
 }
 
@@ -150,32 +158,37 @@ fn update(ino: u64, f: impl FnOnce(&mut ListenerStats)) {
     f(unsafe { &mut *ptr });
 }
 
-#[tracepoint]
-pub fn syn_consumed(ctx: TracePointContext) -> u32 {
-    let _ = settle(&ctx, offset(|o| &o.tp_consume_skbaddr));
+#[btf_tracepoint(function = "consume_skb")]
+pub fn syn_consumed(ctx: BtfTracePointContext) -> i32 {
+    let _ = released(ctx.arg::<u64>(0));
     0
 }
 
-#[tracepoint]
-pub fn syn_freed(ctx: TracePointContext) -> u32 {
-    let _ = settle(&ctx, offset(|o| &o.tp_kfree_skbaddr));
+#[btf_tracepoint(function = "kfree_skb")]
+pub fn syn_freed(ctx: BtfTracePointContext) -> i32 {
+    let _ = released(ctx.arg::<u64>(0));
     0
 }
 
-/// If the freed skb is the stashed one, attribute the counter deltas to its listener.
+/// An skb was released: if it is the stashed one, take the stash and settle it.
 #[inline(always)]
-fn settle(ctx: &TracePointContext, skbaddr_off: usize) -> Result<()> {
+fn released(skb: u64) -> Result<()> {
     let slot = STASH.get_ptr_mut(0).ok_or(-2)?;
     // SAFETY: this CPU's element of STASH.
     let stash = unsafe { &mut *slot };
-    if stash.skb == 0 {
+    if skb == 0 || stash.skb != skb {
         return Ok(());
     }
-    let skb: u64 = tp_field(ctx, skbaddr_off)?;
-    if skb != stash.skb {
-        return Ok(());
-    }
+    // Take a copy before clearing: an ingress interrupting us after the clear sees an
+    // empty slot and leaves this segment to us.
+    let taken = *stash;
     stash.skb = 0;
+    settle(&taken)
+}
+
+/// Attributes the counter deltas since `stash` to its listener.
+#[inline(always)]
+fn settle(stash: &SynStash) -> Result<()> {
     let mut now = [0u64; mib::COUNT];
     read_mib(KPtr(stash.net), &mut now)?;
     let d = |i: usize| now[i].wrapping_sub(stash.mib[i]);

@@ -88,6 +88,16 @@ impl Daemon {
         Self { child, addr, log }
     }
 
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// SIGKILL, no chance to clean up.
+    pub fn kill_hard(mut self) {
+        self.child.kill().expect("SIGKILL");
+        self.child.wait().expect("reaping backlogd");
+    }
+
     pub fn log(&self) -> String {
         self.log.lock().unwrap().clone()
     }

@@ -117,6 +117,38 @@ impl Netns {
     }
 }
 
+impl Netns {
+    /// Drops segments with exactly the given TCP flags (e.g. `"syn|ack"`) as they arrive
+    /// at this namespace's sockets: handshakes then stay pending on the listener side.
+    pub fn drop_incoming(&self, flags: &str) {
+        self.command("nft", &["add", "table", "inet", "backlogd_test"]);
+        self.command(
+            "nft",
+            &[
+                "add",
+                "chain",
+                "inet",
+                "backlogd_test",
+                "input",
+                "{ type filter hook input priority 0; }",
+            ],
+        );
+        let rule = format!("tcp flags & (syn|ack|rst|fin) == {flags} drop");
+        self.command(
+            "nft",
+            &["add", "rule", "inet", "backlogd_test", "input"]
+                .into_iter()
+                .chain(rule.split(' '))
+                .collect::<Vec<_>>(),
+        );
+    }
+
+    /// Removes every rule [`Netns::drop_incoming`] added.
+    pub fn stop_dropping(&self) {
+        self.command("nft", &["delete", "table", "inet", "backlogd_test"]);
+    }
+}
+
 impl Default for Netns {
     fn default() -> Self {
         Self::new()

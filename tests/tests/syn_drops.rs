@@ -95,3 +95,123 @@ fn accept_queue_full_drops_equal_listen_overflows_and_sk_drops() {
         sent
     );
 }
+
+/// A burst whose SYN-ACKs never reach the clients: the listener's requests stay in its
+/// SYN queue, which fills at `sk_max_ack_backlog` (the backlog) pending requests.
+fn syn_queue_burst(syncookies: &str) -> (Daemon, Netns, Listener, ListenCounters, Scrape, u64) {
+    let daemon = Daemon::start();
+    let ns = Netns::new();
+    ns.sysctl("net.ipv4.tcp_syncookies", syncookies);
+    ns.sysctl("net.ipv4.tcp_max_syn_backlog", "1024");
+    let listener = Listener::open(&ns, "127.0.0.1:0", 8);
+    daemon.wait_for("the listener", |s| {
+        (!s.find(
+            "backlogd_listen_backlog_granted",
+            &[("socket", &listener.inode.to_string())],
+        )
+        .is_empty())
+        .then_some(())
+    });
+    ns.drop_incoming("syn|ack");
+
+    let before = tcp_ext(&ns);
+    let clients = connect_burst(&ns, listener.addr, 40);
+    std::thread::sleep(Duration::from_millis(1500));
+    let sent: u64 = clients.iter().map(syns_sent).sum();
+    drop(clients);
+    std::thread::sleep(Duration::from_millis(100));
+    let kernel = ListenCounters::delta(&before, &tcp_ext(&ns));
+    let scrape = daemon.scrape();
+    (daemon, ns, listener, kernel, scrape, sent)
+}
+
+#[test]
+fn syn_queue_full_with_syncookies_off_equals_reqq_full_drop() {
+    let (_daemon, _ns, listener, kernel, scrape, sent) = syn_queue_burst("0");
+    assert!(kernel.reqq_full_drop >= 30, "{kernel:?}");
+    assert_eq!(kernel.reqq_full_do_cookies, 0);
+
+    let syn_full = drops(&scrape, &listener, "syn_queue_full");
+    assert_eq!(
+        syn_full, kernel.reqq_full_drop,
+        "{kernel:?}\n{}",
+        scrape.text
+    );
+    assert_eq!(
+        drops(&scrape, &listener, "accept_queue_full"),
+        kernel.listen_overflows
+    );
+    let all: u64 = [
+        "accept_queue_full",
+        "syn_queue_full",
+        "final_ack_overflow",
+        "other",
+    ]
+    .iter()
+    .map(|r| drops(&scrape, &listener, r))
+    .sum();
+    assert_eq!(all, kernel.listen_drops);
+    assert_eq!(
+        counter(
+            &scrape,
+            "backlogd_listen_syncookies_sent_total",
+            &listener,
+            &[]
+        ),
+        0
+    );
+    assert_eq!(
+        counter(
+            &scrape,
+            "backlogd_listen_syns_received_total",
+            &listener,
+            &[]
+        ),
+        sent
+    );
+}
+
+#[test]
+fn syncookies_sent_equal_reqq_full_do_cookies() {
+    let (_daemon, _ns, listener, kernel, scrape, sent) = syn_queue_burst("1");
+    assert!(kernel.reqq_full_do_cookies >= 30, "{kernel:?}");
+
+    assert_eq!(
+        counter(
+            &scrape,
+            "backlogd_listen_syncookies_sent_total",
+            &listener,
+            &[]
+        ),
+        kernel.reqq_full_do_cookies,
+        "{kernel:?}\n{}",
+        scrape.text
+    );
+    assert_eq!(
+        drops(&scrape, &listener, "syn_queue_full"),
+        kernel.reqq_full_drop
+    );
+    assert_eq!(
+        drops(&scrape, &listener, "accept_queue_full"),
+        kernel.listen_overflows
+    );
+    let all: u64 = [
+        "accept_queue_full",
+        "syn_queue_full",
+        "final_ack_overflow",
+        "other",
+    ]
+    .iter()
+    .map(|r| drops(&scrape, &listener, r))
+    .sum();
+    assert_eq!(all, kernel.listen_drops);
+    assert_eq!(
+        counter(
+            &scrape,
+            "backlogd_listen_syns_received_total",
+            &listener,
+            &[]
+        ),
+        sent
+    );
+}

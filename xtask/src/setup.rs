@@ -7,8 +7,14 @@ use std::{path::PathBuf, process::Command};
 use anyhow::{Context as _, Result, bail};
 
 /// Debian packages the build or the tests run: `ip`/`ss` (iproute2), `setpriv`
-/// (util-linux), `promtool` (prometheus).
-const DEBIAN_PACKAGES: &[&str] = &["iproute2", "util-linux", "prometheus"];
+/// (util-linux), `promtool` (prometheus), `nft` (nftables: tests hold handshakes open), `bpftool`.
+const DEBIAN_PACKAGES: &[&str] = &[
+    "iproute2",
+    "util-linux",
+    "prometheus",
+    "nftables",
+    "bpftool",
+];
 
 const BPF_LINKER_VERSION: &str = "0.13.0";
 

@@ -1,68 +1,58 @@
-//! BPF_PROG_ATTACH / BPF_PROG_DETACH of a cgroup_skb ingress program, detached on drop.
+//! A cgroup_skb ingress program attached to a cgroup through a BPF link.
+//!
+//! A link lives exactly as long as its fd: if the daemon dies, even by SIGKILL, the kernel
+//! detaches the program. (BPF_PROG_ATTACH attachments outlive their process and pile up
+//! until the cgroup's 64-program limit is hit.) aya 0.14 creates the same kind of link
+//! but its attach returns EINVAL on the 6.18 CI kernel, so the syscall is made here.
 
 use std::{
     fs::File,
-    os::fd::{AsRawFd as _, OwnedFd},
+    os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
 };
 
-const BPF_PROG_ATTACH: libc::c_long = 8;
-const BPF_PROG_DETACH: libc::c_long = 9;
+const BPF_LINK_CREATE: libc::c_long = 28;
 const BPF_CGROUP_INET_INGRESS: u32 = 0;
-const BPF_F_ALLOW_MULTI: u32 = 1 << 1;
 
-/// The prefix of `union bpf_attr` used by BPF_PROG_ATTACH/DETACH (uapi, stable).
+/// The prefix of `union bpf_attr` that BPF_LINK_CREATE reads for cgroup links (uapi,
+/// stable); the kernel treats the omitted tail as zero.
 #[repr(C)]
 #[derive(Default)]
-struct AttachAttr {
+struct LinkCreateAttr {
+    prog_fd: u32,
     target_fd: u32,
-    attach_bpf_fd: u32,
     attach_type: u32,
-    attach_flags: u32,
-    replace_bpf_fd: u32,
-    _rest: [u32; 11],
+    flags: u32,
+    _rest: [u32; 12],
 }
 
-/// A program attached to a cgroup; detaches (only itself) when dropped.
+/// Holds the link; dropping it (or the process dying) detaches the program.
 pub struct CgroupAttachment {
-    cgroup: File,
-    prog: OwnedFd,
+    _link: OwnedFd,
 }
 
 impl CgroupAttachment {
     pub fn attach(cgroup: File, prog: OwnedFd) -> std::io::Result<Self> {
-        bpf(BPF_PROG_ATTACH, &cgroup, &prog)?;
-        Ok(Self { cgroup, prog })
-    }
-}
-
-impl Drop for CgroupAttachment {
-    fn drop(&mut self) {
-        if let Err(e) = bpf(BPF_PROG_DETACH, &self.cgroup, &self.prog) {
-            tracing::warn!(error = %e, "detaching cgroup_skb program");
+        let attr = LinkCreateAttr {
+            prog_fd: prog.as_raw_fd() as u32,
+            target_fd: cgroup.as_raw_fd() as u32,
+            attach_type: BPF_CGROUP_INET_INGRESS,
+            ..Default::default()
+        };
+        // SAFETY: bpf(2) reads `size_of::<LinkCreateAttr>()` bytes of an initialised
+        // struct and returns a new fd or -1.
+        let fd = unsafe {
+            libc::syscall(
+                libc::SYS_bpf,
+                BPF_LINK_CREATE,
+                &raw const attr,
+                size_of::<LinkCreateAttr>() as libc::c_uint,
+            )
+        };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
         }
-    }
-}
-
-fn bpf(cmd: libc::c_long, cgroup: &File, prog: &OwnedFd) -> std::io::Result<()> {
-    let attr = AttachAttr {
-        target_fd: cgroup.as_raw_fd() as u32,
-        attach_bpf_fd: prog.as_raw_fd() as u32,
-        attach_type: BPF_CGROUP_INET_INGRESS,
-        attach_flags: BPF_F_ALLOW_MULTI,
-        ..Default::default()
-    };
-    // SAFETY: bpf(2) reads `size_of::<AttachAttr>()` bytes from a valid, initialised struct.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            cmd,
-            &raw const attr,
-            size_of::<AttachAttr>() as libc::c_uint,
-        )
-    };
-    if rc < 0 {
-        Err(std::io::Error::last_os_error())
-    } else {
-        Ok(())
+        // SAFETY: the kernel just returned this fd and nothing else owns it.
+        let link = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+        Ok(Self { _link: link })
     }
 }

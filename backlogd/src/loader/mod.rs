@@ -14,7 +14,7 @@ use std::{os::fd::AsFd as _, path::PathBuf};
 use aya::{
     Ebpf, EbpfLoader,
     maps::{MapData, PerCpuArray, PerCpuHashMap, RingBuf},
-    programs::{CgroupSkb, ProgramError, TracePoint},
+    programs::{BtfTracePoint, CgroupSkb, ProgramError, TracePoint},
 };
 use backlogd_common::{KernelOffsets, ListenerStats};
 
@@ -90,12 +90,10 @@ pub struct Probes {
 }
 
 /// Tracepoints: (program, category, tracepoint).
-const TRACEPOINTS: [(&str, &str, &str); 6] = [
+const TRACEPOINTS: [(&str, &str, &str); 4] = [
     ("listen_enter", "syscalls", "sys_enter_listen"),
     ("listen_exit", "syscalls", "sys_exit_listen"),
     ("listener_state", "sock", "inet_sock_set_state"),
-    ("syn_consumed", "skb", "consume_skb"),
-    ("syn_freed", "skb", "kfree_skb"),
     ("synack_retransmit", "tcp", "tcp_retransmit_synack"),
 ];
 
@@ -112,6 +110,17 @@ pub fn load(opts: &LoadOptions) -> Result<Probes, LoadError> {
     // The skb-release hooks first: an ingress stash is only useful once they run.
     for (program, category, name) in TRACEPOINTS {
         attach_tracepoint(&mut ebpf, program, category, name)?;
+    }
+    // BTF tracepoints: per-program recursion protection (classic tracepoints skip a BPF
+    // program whenever any other tracing program is running on the CPU).
+    let kernel_btf = aya::Btf::parse_file(&opts.btf, aya::Endianness::default()).map_err(|e| {
+        BtfError::Unreadable {
+            path: opts.btf.clone(),
+            reason: e.to_string(),
+        }
+    })?;
+    for (program, function) in [("syn_consumed", "consume_skb"), ("syn_freed", "kfree_skb")] {
+        attach_btf_tracepoint(&mut ebpf, &kernel_btf, program, function)?;
     }
     let cgroup_ingress = attach_cgroup_ingress(&mut ebpf)?;
     let listener_events =
@@ -159,8 +168,6 @@ fn tracepoint_offsets(o: &mut KernelOffsets) -> Result<(), TracefsError> {
     o.tp_state_oldstate = state.offset("oldstate")?;
     o.tp_state_newstate = state.offset("newstate")?;
     o.tp_state_protocol = state.offset("protocol")?;
-    o.tp_consume_skbaddr = Format::read(&tracing, "skb", "consume_skb")?.offset("skbaddr")?;
-    o.tp_kfree_skbaddr = Format::read(&tracing, "skb", "kfree_skb")?.offset("skbaddr")?;
     o.tp_synack_skaddr =
         Format::read(&tracing, "tcp", "tcp_retransmit_synack")?.offset("skaddr")?;
     Ok(())
@@ -181,10 +188,8 @@ fn cgroup2_root() -> Result<String, LoadError> {
 }
 
 /// cgroup_skb programs on the root run for every socket in every cgroup below it.
-///
-/// Attached with BPF_PROG_ATTACH and BPF_F_ALLOW_MULTI, so other programs (systemd's IP
-/// accounting, firewalls) keep working. aya 0.14 uses bpf_link_create on kernels >= 5.7,
-/// which this 6.18 CI kernel rejects with EINVAL for cgroup_skb.
+/// Attached through a BPF link (see `cgroup.rs`): other programs on the cgroup keep
+/// working, and the kernel detaches ours when the daemon exits, however it exits.
 fn attach_cgroup_ingress(ebpf: &mut Ebpf) -> Result<CgroupAttachment, LoadError> {
     let path = cgroup2_root()?;
     let cgroup = std::fs::File::open(&path).map_err(|source| LoadError::CgroupRoot {
@@ -241,6 +246,27 @@ fn attach_tracepoint(
         .map_err(err)?;
     prog.load().map_err(err)?;
     prog.attach(category, name).map_err(err)?;
+    Ok(())
+}
+
+fn attach_btf_tracepoint(
+    ebpf: &mut Ebpf,
+    btf: &aya::Btf,
+    program: &'static str,
+    function: &str,
+) -> Result<(), LoadError> {
+    let err = |source| LoadError::Program {
+        program,
+        hook: format!("tp_btf/{function}"),
+        source,
+    };
+    let prog: &mut BtfTracePoint = ebpf
+        .program_mut(program)
+        .ok_or(LoadError::Map(program))?
+        .try_into()
+        .map_err(err)?;
+    prog.load(function, btf).map_err(err)?;
+    prog.attach().map_err(err)?;
     Ok(())
 }
 

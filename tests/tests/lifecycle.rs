@@ -1,0 +1,61 @@
+//! What the daemon leaves behind in the kernel when it goes away.
+
+use std::{collections::HashSet, process::Command, time::Duration};
+
+use backlogd_tests::Daemon;
+
+/// IDs of the BPF programs process `pid` holds fds for (`prog_id:` in fdinfo).
+fn programs_of(pid: u32) -> HashSet<u64> {
+    let dir = format!("/proc/{pid}/fdinfo");
+    std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{dir}: {e}"))
+        .flatten()
+        .filter_map(|fd| std::fs::read_to_string(fd.path()).ok())
+        .filter_map(|info| {
+            info.lines()
+                .find_map(|l| l.strip_prefix("prog_id:"))
+                .and_then(|id| id.trim().parse().ok())
+        })
+        .collect()
+}
+
+/// Every program the kernel has loaded.
+fn loaded_programs() -> HashSet<u64> {
+    let out = Command::new("bpftool")
+        .args(["--json", "prog", "show"])
+        .output()
+        .expect("bpftool (Debian package; `cargo xtask setup` installs it)");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .split("{\"id\":")
+        .skip(1)
+        .filter_map(|prog| prog.split(',').next()?.parse().ok())
+        .collect()
+}
+
+#[test]
+fn sigkill_leaves_no_program_attached_or_loaded() {
+    let daemon = Daemon::start();
+    let ours = programs_of(daemon.pid());
+    // listener lifecycle (3) + SYN path (ingress, 2 release hooks, SYN-ACK retransmit)
+    assert_eq!(ours.len(), 7, "programs held by backlogd: {ours:?}");
+
+    daemon.kill_hard();
+    // Links and programs are released as the dead process's fds are closed.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let left: HashSet<u64> = loaded_programs().intersection(&ours).copied().collect();
+        if left.is_empty() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "programs still loaded 5 s after SIGKILL: {left:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
