@@ -38,6 +38,8 @@ pub struct ListenCounters {
     pub listen_drops: u64,
     pub reqq_full_drop: u64,
     pub reqq_full_do_cookies: u64,
+    /// SYN and SYN-ACK retransmissions in the namespace.
+    pub syn_retrans: u64,
 }
 
 impl ListenCounters {
@@ -48,6 +50,7 @@ impl ListenCounters {
             listen_drops: d("ListenDrops"),
             reqq_full_drop: d("TCPReqQFullDrop"),
             reqq_full_do_cookies: d("TCPReqQFullDoCookies"),
+            syn_retrans: d("TCPSynRetrans"),
         }
     }
 }

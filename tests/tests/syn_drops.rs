@@ -215,3 +215,94 @@ fn syncookies_sent_equal_reqq_full_do_cookies() {
         sent
     );
 }
+
+/// Handshakes held at the final ACK, then released together into an accept queue with
+/// room for only some of them.
+fn final_ack_overflow(abort_on_overflow: &str) {
+    let daemon = Daemon::start();
+    let ns = Netns::new();
+    ns.sysctl("net.ipv4.tcp_syncookies", "0");
+    ns.sysctl("net.ipv4.tcp_abort_on_overflow", abort_on_overflow);
+    // Backlog 8: the accept queue holds 9, the SYN queue 8 pending requests.
+    let listener = Listener::open(&ns, "127.0.0.1:0", 8);
+    daemon.wait_for("the listener", |s| {
+        (!s.find(
+            "backlogd_listen_backlog_granted",
+            &[("socket", &listener.inode.to_string())],
+        )
+        .is_empty())
+        .then_some(())
+    });
+    let before = tcp_ext(&ns);
+    let queued = connect_burst(&ns, listener.addr, 5);
+    std::thread::sleep(Duration::from_millis(200));
+    ns.drop_incoming("ack");
+    let held = connect_burst(&ns, listener.addr, 8);
+    std::thread::sleep(Duration::from_millis(200));
+    ns.stop_dropping();
+    // The listener retransmits its SYN-ACKs after 1 s; the clients' ACKs then arrive
+    // together: 4 fit, 4 overflow.
+    std::thread::sleep(Duration::from_millis(1800));
+    let kernel = ListenCounters::delta(&before, &tcp_ext(&ns));
+    let queue = kernel_queue(&ns, &listener);
+    let scrape = daemon.scrape();
+    drop((queued, held));
+    eprintln!(
+        "final ACK overflow (abort_on_overflow={abort_on_overflow}): kernel {kernel:?}, \
+         sk_drops {}, backlogd final_ack_overflow {}",
+        queue.drops,
+        drops(&scrape, &listener, "final_ack_overflow")
+    );
+
+    assert!(kernel.listen_overflows >= 4, "{kernel:?}");
+    assert_eq!(queue.recv_q, 9, "accept queue full");
+    assert_eq!(
+        drops(&scrape, &listener, "final_ack_overflow"),
+        kernel.listen_overflows,
+        "{kernel:?}\n{}",
+        scrape.text
+    );
+    assert_eq!(drops(&scrape, &listener, "accept_queue_full"), 0);
+    assert_eq!(
+        drops(&scrape, &listener, "syn_queue_full"),
+        kernel.reqq_full_drop
+    );
+    let all: u64 = [
+        "accept_queue_full",
+        "syn_queue_full",
+        "final_ack_overflow",
+        "other",
+    ]
+    .iter()
+    .map(|r| drops(&scrape, &listener, r))
+    .sum();
+    assert_eq!(all, kernel.listen_drops);
+    // The socket's own sk_drops counts a final-ACK overflow twice: tcp_listendrop() in
+    // syn_recv_sock, then the discard path of tcp_v4_rcv (docs/metrics.md).
+    assert_eq!(
+        queue.drops,
+        all + drops(&scrape, &listener, "final_ack_overflow"),
+        "sk_drops"
+    );
+    // No client retransmitted a SYN (all got SYN-ACKs): every TCPSynRetrans is ours.
+    assert_eq!(
+        counter(
+            &scrape,
+            "backlogd_listen_synack_retransmits_total",
+            &listener,
+            &[]
+        ),
+        kernel.syn_retrans
+    );
+    assert!(kernel.syn_retrans >= 8, "{kernel:?}");
+}
+
+#[test]
+fn final_ack_overflow_equals_listen_overflows_and_synack_retransmits() {
+    final_ack_overflow("0");
+}
+
+#[test]
+fn final_ack_overflow_with_abort_on_overflow_is_counted_the_same() {
+    final_ack_overflow("1");
+}
