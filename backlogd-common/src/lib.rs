@@ -42,6 +42,52 @@ pub struct ListenerStats {
     pub syncookies: u64,
     /// SYN-ACKs retransmitted for this listener's pending connections.
     pub synack_retransmits: u64,
+    /// Connections put on the accept queue (handshake complete).
+    pub queued: u64,
+    /// Connections taken off the accept queue by accept()/accept4().
+    pub accepted: u64,
+    /// Sum of accept-queue waits of accepted connections, nanoseconds.
+    pub accept_wait_sum_ns: u64,
+    /// Accept-queue waits: `accept_wait[i]` counts waits below `2^i` microseconds
+    /// (i < ACCEPT_WAIT_BUCKETS); the last slot counts longer ones.
+    pub accept_wait: [u64; ACCEPT_WAIT_BUCKETS + 1],
+}
+
+impl ListenerStats {
+    /// Adds another CPU's counters.
+    pub fn add(&mut self, o: &Self) {
+        self.syns += o.syns;
+        self.drop_accept_queue_full += o.drop_accept_queue_full;
+        self.drop_syn_queue_full += o.drop_syn_queue_full;
+        self.drop_final_ack_overflow += o.drop_final_ack_overflow;
+        self.drop_other += o.drop_other;
+        self.syncookies += o.syncookies;
+        self.synack_retransmits += o.synack_retransmits;
+        self.queued += o.queued;
+        self.accepted += o.accepted;
+        self.accept_wait_sum_ns += o.accept_wait_sum_ns;
+        for (a, b) in self.accept_wait.iter_mut().zip(o.accept_wait.iter()) {
+            *a += b;
+        }
+    }
+}
+
+/// Finite buckets of the accept-wait histogram: 1 µs, 2 µs, ... 2^23 µs (8.4 s).
+pub const ACCEPT_WAIT_BUCKETS: usize = 24;
+
+/// Queue depths of one listener as last observed by the kernel-side programs (at SYN
+/// ingress, when a connection is queued, when one is accepted). Not per CPU: the latest
+/// write is the current depth.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QueueState {
+    /// `sk_ack_backlog`: connections waiting for accept().
+    pub accept_depth: u32,
+    /// Highest `sk_ack_backlog` seen since the daemon last sampled this entry.
+    pub accept_hwm: u32,
+    /// Highest SYN-queue length (`icsk_accept_queue.qlen`) seen since the last sample.
+    pub syn_hwm: u32,
+    pub _pad: u32,
 }
 
 /// What the cgroup_skb ingress program saw of a segment reaching a listener, held per
@@ -49,6 +95,8 @@ pub struct ListenerStats {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SynStash {
+    /// `struct sock *` of the listener.
+    pub sk: u64,
     /// `struct sk_buff *` of the segment; 0 when the slot is empty.
     pub skb: u64,
     /// `struct net *` of the listener.
@@ -158,6 +206,13 @@ pub struct KernelOffsets {
     /// `offsetof(struct bpf_array, pptrs)`: with it a per-CPU array map reveals this
     /// CPU's per-CPU area offset (kallsyms has no `__per_cpu_offset` on every kernel).
     pub bpf_array_pptrs: u32,
+    /// `offsetof(struct inet_connection_sock, icsk_accept_queue)` +
+    /// `offsetof(struct request_sock_queue, rskq_accept_tail)`.
+    pub icsk_accept_tail: u32,
+    /// ... + `offsetof(struct request_sock_queue, qlen)`: the SYN queue length.
+    pub icsk_syn_qlen: u32,
+    /// `offsetof(struct request_sock, sk)`: the child socket of a queued request.
+    pub request_sock_sk: u32,
     // tracepoint records (from /sys/kernel/tracing/events/*/*/format)
     pub tp_listen_fd: u32,
     pub tp_listen_backlog: u32,
@@ -167,6 +222,9 @@ pub struct KernelOffsets {
     pub tp_state_newstate: u32,
     pub tp_state_protocol: u32,
     pub tp_synack_skaddr: u32,
+    pub tp_data_ready_skaddr: u32,
+    /// `fd` of sys_enter_accept and sys_enter_accept4 (the daemon checks they agree).
+    pub tp_accept_fd: u32,
 }
 
 /// `listen(2)` arguments parked between syscall entry and exit.
@@ -190,4 +248,6 @@ mod user {
     unsafe impl aya::Pod for super::ListenerStats {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::SynStash {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::QueueState {}
 }

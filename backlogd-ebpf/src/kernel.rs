@@ -40,6 +40,11 @@ static OFFSETS: KernelOffsets = KernelOffsets {
     mib_index: [0; 4],
     bpf_array_pptrs: 0,
     tp_synack_skaddr: 0,
+    icsk_accept_tail: 0,
+    icsk_syn_qlen: 0,
+    request_sock_sk: 0,
+    tp_data_ready_skaddr: 0,
+    tp_accept_fd: 0,
 };
 
 /// Errors are the helpers' negative errno values; programs only ever drop them.

@@ -130,6 +130,7 @@ fn try_listener_state(ctx: &TracePointContext) -> Result<()> {
         .unwrap_or(0);
     // A closed listener's counters go with it: the map stays bounded by live listeners.
     let _ = crate::syn::LISTENER_STATS.remove(ino);
+    let _ = crate::accept::LISTENER_QUEUES.remove(ino);
     emit(&ListenerEvent {
         kind: event_kind::CLOSE,
         sk: sk.0,

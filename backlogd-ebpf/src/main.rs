@@ -1,6 +1,7 @@
 //! backlogd's eBPF programs, one module per hook family.
 //!
 //! - [`syn`]: the SYN path: SYNs, drops by reason, syncookies, SYN-ACK retransmits.
+//! - [`accept`]: the accept queue: queued, accepted, accept wait, queue depths.
 //! - [`listen`]: listener lifecycle: `listen(2)` (requested vs granted backlog, owner,
 //!   netns, address) and listeners leaving the LISTEN state.
 //!
@@ -9,6 +10,7 @@
 #![no_std]
 #![no_main]
 
+mod accept;
 mod kernel;
 mod listen;
 mod syn;

@@ -75,7 +75,9 @@ fn try_listener_ingress(ctx: &SkBuffContext) -> Result<()> {
     let sk = KPtr(launder(sk.cast::<u8>())?);
     let ino = socket_inode(sk)?;
     let net = sk.deref(offset(|o| &o.sk_net))?;
+    let _ = crate::accept::observe_queues(sk, ino);
     let mut stash = SynStash {
+        sk: sk.0,
         skb: launder(skb.cast::<u8>())?,
         net: net.0,
         ino,
@@ -134,7 +136,7 @@ fn read_mib(net: KPtr, out: &mut [u64; mib::COUNT]) -> Result<()> {
 }
 
 #[inline(always)]
-fn update(ino: u64, f: impl FnOnce(&mut ListenerStats)) {
+pub(crate) fn update(ino: u64, f: impl FnOnce(&mut ListenerStats)) {
     let ptr = match LISTENER_STATS.get_ptr_mut(ino) {
         Some(p) => p,
         None => {
@@ -202,6 +204,10 @@ fn settle(stash: &SynStash) -> Result<()> {
         return Ok(());
     }
     let kind = stash.kind;
+    if kind == segment_kind::SYN {
+        // The SYN queue grew (or the SYN was refused because it was full).
+        let _ = crate::accept::observe_queues(KPtr(stash.sk), stash.ino);
+    }
     update(stash.ino, |s| {
         // Every listen drop goes through tcp_listendrop (ListenDrops); the specific
         // counters say why. What they do not explain is "other".

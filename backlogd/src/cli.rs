@@ -40,4 +40,9 @@ pub struct RunArgs {
     /// backlogd started and repairs the table if an event was ever lost.
     #[arg(long, value_name = "SECONDS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
     pub rescan_interval: u64,
+    /// Seconds over which queue high-water marks are reported: a queue that filled for
+    /// 50 ms stays visible in `*_max_length` for this long. Keep it at least as long as
+    /// the scrape interval.
+    #[arg(long, value_name = "SECONDS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
+    pub hwm_window: u64,
 }

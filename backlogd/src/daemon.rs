@@ -4,7 +4,7 @@ use std::{
     collections::HashSet,
     net::SocketAddr,
     path::PathBuf,
-    sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard},
+    sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard},
     time::Duration,
 };
 
@@ -16,10 +16,11 @@ use tokio::io::{Interest, unix::AsyncFd};
 use crate::{
     exporter::{
         http,
-        metrics::{KernelMaps, Metrics},
+        metrics::{KernelMaps, Metrics, SharedMaps},
     },
     listeners::ListenerTable,
     loader::{self, LoadOptions},
+    queues::QueueWindows,
     sampling,
 };
 
@@ -45,6 +46,7 @@ pub struct RunConfig {
     pub listen: SocketAddr,
     pub btf: PathBuf,
     pub rescan_interval: Duration,
+    pub hwm_window: Duration,
 }
 
 pub async fn run(config: RunConfig) -> anyhow::Result<()> {
@@ -65,14 +67,15 @@ pub async fn run(config: RunConfig) -> anyhow::Result<()> {
     // first scan the table also holds what was listening before we started.
     rescan(&shared).await;
     let rescans = tokio::spawn(rescan_periodically(shared.clone(), config.rescan_interval));
-    let metrics = Metrics::new(
-        shared.clone(),
-        KernelMaps {
-            events_lost: probes.listener_events_lost,
-            listener_stats: probes.listener_stats,
-            listener_stats_full: probes.listener_stats_full,
-        },
-    );
+    let maps = Arc::new(Mutex::new(KernelMaps {
+        events_lost: probes.listener_events_lost,
+        listener_stats: probes.listener_stats,
+        listener_stats_full: probes.listener_stats_full,
+        listener_queues: probes.listener_queues,
+    }));
+    let windows = Arc::new(Mutex::new(QueueWindows::new(config.hwm_window)));
+    let sampler = tokio::spawn(sample_queues(maps.clone(), windows.clone()));
+    let metrics = Metrics::new(shared.clone(), maps, windows);
     let addr = socket.local_addr()?;
     tracing::info!("serving metrics on http://{addr}/metrics");
     let server = axum::serve(socket, http::router(metrics, shared))
@@ -82,6 +85,7 @@ pub async fn run(config: RunConfig) -> anyhow::Result<()> {
         followed = events => followed.context("event loop panicked")?.context("event loop failed")?,
     }
     rescans.abort();
+    sampler.abort();
     tracing::info!("shutting down");
     Ok(())
 }
@@ -136,6 +140,18 @@ async fn rescan(shared: &Arc<Shared>) {
             listeners = found.len(),
             "sock_diag scan reconciled listeners"
         );
+    }
+}
+
+/// Every second, moves the kernel's queue maxima into the high-water-mark windows.
+async fn sample_queues(maps: SharedMaps, windows: Arc<Mutex<QueueWindows>>) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let mut maps = maps.lock().unwrap_or_else(|e| e.into_inner());
+        let mut windows = windows.lock().unwrap_or_else(|e| e.into_inner());
+        windows.sample(&mut maps.listener_queues, std::time::Instant::now());
     }
 }
 

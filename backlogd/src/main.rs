@@ -5,6 +5,7 @@ mod daemon;
 mod exporter;
 mod listeners;
 mod loader;
+mod queues;
 mod sampling;
 
 use clap::Parser as _;
@@ -29,6 +30,7 @@ fn main() -> std::process::ExitCode {
                     listen: args.listen,
                     btf: args.btf,
                     rescan_interval: std::time::Duration::from_secs(args.rescan_interval),
+                    hwm_window: std::time::Duration::from_secs(args.hwm_window),
                 }))
             }),
     };

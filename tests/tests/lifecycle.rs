@@ -19,8 +19,8 @@ fn programs_of(pid: u32) -> HashSet<u64> {
         .collect()
 }
 
-/// Every program the kernel has loaded.
-fn loaded_programs() -> HashSet<u64> {
+/// Every program the kernel has loaded, with its type.
+fn loaded_programs() -> Vec<(u64, String)> {
     let out = Command::new("bpftool")
         .args(["--json", "prog", "show"])
         .output()
@@ -33,7 +33,11 @@ fn loaded_programs() -> HashSet<u64> {
     String::from_utf8_lossy(&out.stdout)
         .split("{\"id\":")
         .skip(1)
-        .filter_map(|prog| prog.split(',').next()?.parse().ok())
+        .filter_map(|prog| {
+            let id = prog.split(',').next()?.parse().ok()?;
+            let ty = prog.split("\"type\":\"").nth(1)?.split('"').next()?;
+            Some((id, ty.to_owned()))
+        })
         .collect()
 }
 
@@ -41,14 +45,23 @@ fn loaded_programs() -> HashSet<u64> {
 fn sigkill_leaves_no_program_attached_or_loaded() {
     let daemon = Daemon::start();
     let ours = programs_of(daemon.pid());
-    // listener lifecycle (3) + SYN path (ingress, 2 release hooks, SYN-ACK retransmit)
-    assert_eq!(ours.len(), 7, "programs held by backlogd: {ours:?}");
+    // The cgroup_skb program is the one a non-link attachment would keep alive.
+    let cgroup_skb: Vec<u64> = loaded_programs()
+        .into_iter()
+        .filter(|(id, ty)| ours.contains(id) && ty == "cgroup_skb")
+        .map(|(id, _)| id)
+        .collect();
+    assert_eq!(cgroup_skb.len(), 1, "backlogd's programs: {ours:?}");
 
     daemon.kill_hard();
     // Links and programs are released as the dead process's fds are closed.
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
     loop {
-        let left: HashSet<u64> = loaded_programs().intersection(&ours).copied().collect();
+        let left: Vec<u64> = loaded_programs()
+            .into_iter()
+            .map(|(id, _)| id)
+            .filter(|id| ours.contains(id))
+            .collect();
         if left.is_empty() {
             break;
         }

@@ -1,31 +1,40 @@
-//! `/metrics`: rendered from the live tables at scrape time, so there are no copies to
-//! keep in sync and closed listeners cannot leave stale series. Every metric here is
-//! documented in docs/metrics.md.
+//! `/metrics`: rendered from the live tables and the kernel maps at scrape time, so there
+//! are no copies to keep in sync and closed listeners cannot leave stale series. Every
+//! metric here is documented in docs/metrics.md.
 
 use std::{
     collections::HashMap,
     sync::{Arc, Mutex},
 };
 
-use aya::maps::{MapData, PerCpuArray, PerCpuHashMap};
-use backlogd_common::ListenerStats;
+use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, PerCpuHashMap};
+use backlogd_common::{ACCEPT_WAIT_BUCKETS, ListenerStats, QueueState};
 
 use super::text::{Exposition, Kind};
-use crate::{daemon::Shared, listeners::Listener};
+use crate::{
+    daemon::Shared,
+    listeners::Listener,
+    queues::{QueueFigures, QueueWindows},
+};
 
-pub struct Metrics {
-    shared: Arc<Shared>,
-    maps: Mutex<KernelMaps>,
-}
-
-/// The eBPF maps read at scrape time.
+/// The eBPF maps read at scrape time (and by the queue sampler).
 pub struct KernelMaps {
     /// Per-CPU count of lifecycle events the ring buffer had no room for.
     pub events_lost: PerCpuArray<MapData, u64>,
-    /// Per-listener SYN-path counters, per CPU, keyed by socket inode.
+    /// Per-listener SYN-path and accept counters, per CPU, keyed by socket inode.
     pub listener_stats: PerCpuHashMap<MapData, u64, ListenerStats>,
     /// Per-CPU count of counter updates that found the listener map full.
     pub listener_stats_full: PerCpuArray<MapData, u64>,
+    /// Queue depths and not-yet-sampled maxima, keyed by socket inode.
+    pub listener_queues: BpfHashMap<MapData, u64, QueueState>,
+}
+
+pub type SharedMaps = Arc<Mutex<KernelMaps>>;
+
+pub struct Metrics {
+    shared: Arc<Shared>,
+    maps: SharedMaps,
+    windows: Arc<Mutex<QueueWindows>>,
 }
 
 fn sum(map: &PerCpuArray<MapData, u64>, name: &str) -> u64 {
@@ -39,24 +48,14 @@ fn sum(map: &PerCpuArray<MapData, u64>, name: &str) -> u64 {
 
 /// Per-listener counters summed over CPUs.
 fn listener_stats(map: &PerCpuHashMap<MapData, u64, ListenerStats>) -> HashMap<u64, ListenerStats> {
-    let mut out = HashMap::new();
-    for entry in map.iter() {
-        let Ok((inode, per_cpu)) = entry else {
-            continue;
-        };
-        let mut total = ListenerStats::default();
-        for s in per_cpu.iter() {
-            total.syns += s.syns;
-            total.drop_accept_queue_full += s.drop_accept_queue_full;
-            total.drop_syn_queue_full += s.drop_syn_queue_full;
-            total.drop_final_ack_overflow += s.drop_final_ack_overflow;
-            total.drop_other += s.drop_other;
-            total.syncookies += s.syncookies;
-            total.synack_retransmits += s.synack_retransmits;
-        }
-        out.insert(inode, total);
-    }
-    out
+    map.iter()
+        .filter_map(Result::ok)
+        .map(|(inode, per_cpu)| {
+            let mut total = ListenerStats::default();
+            per_cpu.iter().for_each(|s| total.add(s));
+            (inode, total)
+        })
+        .collect()
 }
 
 /// Reads one counter of a listener.
@@ -70,25 +69,76 @@ const DROP_REASONS: [(&str, Field); 4] = [
     ("other", |s| s.drop_other),
 ];
 
+const COUNTERS: [(&str, &str, Field); 5] = [
+    (
+        "backlogd_listen_syns_received_total",
+        "SYNs (without ACK) that reached this listener, retransmitted ones included.",
+        |s| s.syns,
+    ),
+    (
+        "backlogd_listen_syncookies_sent_total",
+        "SYNs answered with a syncookie because the SYN queue was full (the listener's \
+         share of TcpExt TCPReqQFullDoCookies).",
+        |s| s.syncookies,
+    ),
+    (
+        "backlogd_listen_synack_retransmits_total",
+        "SYN-ACKs retransmitted for this listener's pending connections.",
+        |s| s.synack_retransmits,
+    ),
+    (
+        "backlogd_listen_queued_total",
+        "Connections whose handshake completed and that were put on the accept queue.",
+        |s| s.queued,
+    ),
+    (
+        "backlogd_listen_accepted_total",
+        "Connections taken off the accept queue by accept()/accept4().",
+        |s| s.accepted,
+    ),
+];
+
+/// Upper bounds of the accept-wait buckets in seconds: 2^i microseconds.
+fn accept_wait_bounds() -> [f64; ACCEPT_WAIT_BUCKETS] {
+    std::array::from_fn(|i| (1u64 << i) as f64 / 1e6)
+}
+
 impl Metrics {
-    pub fn new(shared: Arc<Shared>, maps: KernelMaps) -> Self {
+    pub fn new(shared: Arc<Shared>, maps: SharedMaps, windows: Arc<Mutex<QueueWindows>>) -> Self {
         Self {
             shared,
-            maps: Mutex::new(maps),
+            maps,
+            windows,
         }
     }
 
     pub fn render(&self) -> String {
-        let (events_lost, stats_full, stats) = {
+        let (events_lost, stats_full, stats, queue_states) = {
             let maps = self.maps.lock().unwrap_or_else(|e| e.into_inner());
             (
                 sum(&maps.events_lost, "LISTENER_EVENTS_LOST"),
                 sum(&maps.listener_stats_full, "LISTENER_STATS_FULL"),
                 listener_stats(&maps.listener_stats),
+                maps.listener_queues
+                    .iter()
+                    .filter_map(Result::ok)
+                    .collect::<HashMap<u64, QueueState>>(),
             )
         };
+        let queues: HashMap<u64, QueueFigures> = {
+            let windows = self.windows.lock().unwrap_or_else(|e| e.into_inner());
+            self.shared
+                .listeners()
+                .iter()
+                .map(|l| {
+                    let current = queue_states.get(&l.inode).copied();
+                    (l.inode, windows.figures(l.inode, current))
+                })
+                .collect()
+        };
+
         let listeners = self.shared.listeners();
-        let mut e = Exposition::with_capacity(512 + listeners.len() * 400);
+        let mut e = Exposition::with_capacity(1024 + listeners.len() * 6000);
         let rows: Vec<([String; 6], &Listener)> =
             listeners.iter().map(|l| (label_values(l), l)).collect();
 
@@ -111,7 +161,8 @@ impl Metrics {
             "backlogd_listen_backlog_granted",
             Kind::Gauge,
             "Accept-queue capacity the kernel granted (sk_max_ack_backlog): the requested \
-             backlog clamped to net.core.somaxconn of the socket's network namespace.",
+             backlog clamped to net.core.somaxconn of the socket's network namespace. It is \
+             also the SYN queue's limit.",
         );
         for (values, l) in &rows {
             e.sample(
@@ -124,24 +175,7 @@ impl Metrics {
         // A listener no SYN has reached yet has no map entry: its counters are zero.
         let zero = ListenerStats::default();
         let counters = |l: &Listener| stats.get(&l.inode).unwrap_or(&zero);
-        for (name, help, value) in [
-            (
-                "backlogd_listen_syns_received_total",
-                "SYNs (without ACK) that reached this listener, retransmitted ones included.",
-                (|s: &ListenerStats| s.syns) as Field,
-            ),
-            (
-                "backlogd_listen_syncookies_sent_total",
-                "SYNs answered with a syncookie because the SYN queue was full (the \
-                 listener's share of TcpExt TCPReqQFullDoCookies).",
-                |s| s.syncookies,
-            ),
-            (
-                "backlogd_listen_synack_retransmits_total",
-                "SYN-ACKs retransmitted for this listener's pending connections.",
-                |s| s.synack_retransmits,
-            ),
-        ] {
+        for (name, help, value) in COUNTERS {
             e.family(name, Kind::Counter, help);
             for (values, l) in &rows {
                 e.sample(name, &labels(values), value(counters(l)));
@@ -167,6 +201,52 @@ impl Metrics {
                     count(counters(l)),
                 );
             }
+        }
+
+        let no_queue = QueueFigures::default();
+        let queue = |l: &Listener| *queues.get(&l.inode).unwrap_or(&no_queue);
+        for (name, help, value) in [
+            (
+                "backlogd_listen_accept_queue_length",
+                "Connections waiting for accept() (sk_ack_backlog), as last observed when a \
+                 SYN arrived or a connection was queued or accepted.",
+                (|q: QueueFigures| q.accept_depth) as fn(QueueFigures) -> u32,
+            ),
+            (
+                "backlogd_listen_accept_queue_max_length",
+                "Highest accept-queue length over the last --hwm-window seconds. The queue \
+                 is full above backlogd_listen_backlog_granted.",
+                |q| q.accept_max,
+            ),
+            (
+                "backlogd_listen_syn_queue_max_length",
+                "Highest SYN-queue length (pending handshakes) over the last --hwm-window \
+                 seconds. The SYN queue is full above backlogd_listen_backlog_granted.",
+                |q| q.syn_max,
+            ),
+        ] {
+            e.family(name, Kind::Gauge, help);
+            for (values, l) in &rows {
+                e.sample(name, &labels(values), value(queue(l)));
+            }
+        }
+
+        e.family(
+            "backlogd_listen_accept_wait_seconds",
+            Kind::Histogram,
+            "Time accepted connections waited on the accept queue, from handshake completion \
+             to accept() returning.",
+        );
+        let bounds = accept_wait_bounds();
+        for (values, l) in &rows {
+            let s = counters(l);
+            e.histogram(
+                "backlogd_listen_accept_wait_seconds",
+                &labels(values),
+                &bounds,
+                &s.accept_wait,
+                s.accept_wait_sum_ns as f64 / 1e9,
+            );
         }
 
         e.family(

@@ -13,6 +13,7 @@ pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 pub enum Kind {
     Counter,
     Gauge,
+    Histogram,
 }
 
 #[derive(Debug, Default)]
@@ -29,10 +30,11 @@ impl Exposition {
 
     /// Starts a metric family. Counter names must end in `_total`.
     pub fn family(&mut self, name: &str, kind: Kind, help: &str) {
-        debug_assert!(matches!(kind, Kind::Gauge) || name.ends_with("_total"));
+        debug_assert!(!matches!(kind, Kind::Counter) || name.ends_with("_total"));
         let kind = match kind {
             Kind::Counter => "counter",
             Kind::Gauge => "gauge",
+            Kind::Histogram => "histogram",
         };
         let _ = writeln!(self.out, "# HELP {name} {}", escape(help, false));
         let _ = writeln!(self.out, "# TYPE {name} {kind}");
@@ -51,6 +53,33 @@ impl Exposition {
             self.out.push('}');
         }
         let _ = writeln!(self.out, " {value}");
+    }
+
+    /// One histogram series: cumulative `_bucket{le}` samples from per-bucket counts
+    /// (`counts[i]` below `bounds[i]`, the last count above every bound), `_sum`, `_count`.
+    pub fn histogram(
+        &mut self,
+        name: &str,
+        labels: &[(&str, &str)],
+        bounds: &[f64],
+        counts: &[u64],
+        sum: f64,
+    ) {
+        let bucket = format!("{name}_bucket");
+        let les: Vec<String> = bounds.iter().map(|b| b.to_string()).collect();
+        let mut with_le: Vec<(&str, &str)> = labels.to_vec();
+        let mut cumulative = 0;
+        for (i, le) in les.iter().enumerate() {
+            cumulative += counts.get(i).copied().unwrap_or(0);
+            with_le.push(("le", le));
+            self.sample(&bucket, &with_le, cumulative);
+            with_le.pop();
+        }
+        let total: u64 = counts.iter().sum();
+        with_le.push(("le", "+Inf"));
+        self.sample(&bucket, &with_le, total);
+        self.sample(&format!("{name}_sum"), labels, sum);
+        self.sample(&format!("{name}_count"), labels, total);
     }
 
     pub fn finish(self) -> String {
@@ -88,6 +117,17 @@ mod tests {
             e.finish(),
             "# HELP x_total a \\\\ b\\nc\n# TYPE x_total counter\n\
              x_total{comm=\"we\\\"ird\\\\\\n\"} 3\nx_total 1\n"
+        );
+    }
+
+    #[test]
+    fn histogram_buckets_are_cumulative() {
+        let mut e = Exposition::default();
+        e.histogram("h", &[("a", "b")], &[0.5, 1.0], &[1, 2, 3], 4.5);
+        assert_eq!(
+            e.finish(),
+            "h_bucket{a=\"b\",le=\"0.5\"} 1\nh_bucket{a=\"b\",le=\"1\"} 3\n\
+             h_bucket{a=\"b\",le=\"+Inf\"} 6\nh_sum{a=\"b\"} 4.5\nh_count{a=\"b\"} 6\n"
         );
     }
 }

@@ -91,6 +91,11 @@ impl KernelBtf {
                 self.mib_offset("LINUX_MIB_TCPREQQFULLDOCOOKIES")?,
             ],
             bpf_array_pptrs: self.offset_of("bpf_array", "pptrs", None)?,
+            icsk_accept_tail: self.offset_of("inet_connection_sock", "icsk_accept_queue", None)?
+                + f("request_sock_queue", "rskq_accept_tail", 8)?,
+            icsk_syn_qlen: self.offset_of("inet_connection_sock", "icsk_accept_queue", None)?
+                + f("request_sock_queue", "qlen", 4)?,
+            request_sock_sk: f("request_sock", "sk", 8)?,
             ..KernelOffsets::default()
         })
     }

@@ -13,10 +13,10 @@ use std::{os::fd::AsFd as _, path::PathBuf};
 
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{MapData, PerCpuArray, PerCpuHashMap, RingBuf},
+    maps::{HashMap, MapData, PerCpuArray, PerCpuHashMap, RingBuf},
     programs::{BtfTracePoint, CgroupSkb, ProgramError, TracePoint},
 };
-use backlogd_common::{KernelOffsets, ListenerStats};
+use backlogd_common::{KernelOffsets, ListenerStats, QueueState};
 
 use self::{
     btf::{BtfError, KernelBtf},
@@ -86,15 +86,31 @@ pub struct Probes {
     pub listener_events_lost: PerCpuArray<MapData, u64>,
     pub listener_stats: PerCpuHashMap<MapData, u64, ListenerStats>,
     pub listener_stats_full: PerCpuArray<MapData, u64>,
+    pub listener_queues: HashMap<MapData, u64, QueueState>,
     _cgroup_ingress: CgroupAttachment,
 }
 
-/// Tracepoints: (program, category, tracepoint).
-const TRACEPOINTS: [(&str, &str, &str); 4] = [
-    ("listen_enter", "syscalls", "sys_enter_listen"),
-    ("listen_exit", "syscalls", "sys_exit_listen"),
-    ("listener_state", "sock", "inet_sock_set_state"),
-    ("synack_retransmit", "tcp", "tcp_retransmit_synack"),
+/// Tracepoints: (program, [(category, tracepoint)]).
+const TRACEPOINTS: [(&str, &[(&str, &str)]); 7] = [
+    ("listen_enter", &[("syscalls", "sys_enter_listen")]),
+    ("listen_exit", &[("syscalls", "sys_exit_listen")]),
+    ("listener_state", &[("sock", "inet_sock_set_state")]),
+    ("synack_retransmit", &[("tcp", "tcp_retransmit_synack")]),
+    ("queued", &[("sock", "sk_data_ready")]),
+    (
+        "accept_enter",
+        &[
+            ("syscalls", "sys_enter_accept4"),
+            ("syscalls", "sys_enter_accept"),
+        ],
+    ),
+    (
+        "accept_exit",
+        &[
+            ("syscalls", "sys_exit_accept4"),
+            ("syscalls", "sys_exit_accept"),
+        ],
+    ),
 ];
 
 pub fn load(opts: &LoadOptions) -> Result<Probes, LoadError> {
@@ -108,8 +124,8 @@ pub fn load(opts: &LoadOptions) -> Result<Probes, LoadError> {
         .override_global("OFFSETS", &offsets, true)
         .load(EBPF_OBJECT)?;
     // The skb-release hooks first: an ingress stash is only useful once they run.
-    for (program, category, name) in TRACEPOINTS {
-        attach_tracepoint(&mut ebpf, program, category, name)?;
+    for (program, hooks) in TRACEPOINTS {
+        attach_tracepoint(&mut ebpf, program, hooks)?;
     }
     // BTF tracepoints: per-program recursion protection (classic tracepoints skip a BPF
     // program whenever any other tracing program is running on the CPU).
@@ -147,7 +163,15 @@ pub fn load(opts: &LoadOptions) -> Result<Probes, LoadError> {
             name: "LISTENER_STATS_FULL",
             source,
         })?;
+    let listener_queues =
+        HashMap::try_from(take_map(&mut ebpf, "LISTENER_QUEUES")?).map_err(|source| {
+            LoadError::MapType {
+                name: "LISTENER_QUEUES",
+                source,
+            }
+        })?;
     Ok(Probes {
+        listener_queues,
         _ebpf: ebpf,
         listener_events,
         listener_events_lost,
@@ -170,6 +194,18 @@ fn tracepoint_offsets(o: &mut KernelOffsets) -> Result<(), TracefsError> {
     o.tp_state_protocol = state.offset("protocol")?;
     o.tp_synack_skaddr =
         Format::read(&tracing, "tcp", "tcp_retransmit_synack")?.offset("skaddr")?;
+    o.tp_data_ready_skaddr = Format::read(&tracing, "sock", "sk_data_ready")?.offset("skaddr")?;
+    o.tp_accept_fd = Format::read(&tracing, "syscalls", "sys_enter_accept4")?.offset("fd")?;
+    let accept_fd = Format::read(&tracing, "syscalls", "sys_enter_accept")?.offset("fd")?;
+    // One program serves both syscalls; its single offset must fit both records.
+    if accept_fd != o.tp_accept_fd {
+        return Err(TracefsError::NoField {
+            category: "syscalls".into(),
+            name: "sys_enter_accept".into(),
+            field: format!("fd at offset {} (as in sys_enter_accept4)", o.tp_accept_fd),
+            path: "events/syscalls/sys_enter_accept/format".into(),
+        });
+    }
     Ok(())
 }
 
@@ -231,21 +267,25 @@ fn attach_cgroup_ingress(ebpf: &mut Ebpf) -> Result<CgroupAttachment, LoadError>
 fn attach_tracepoint(
     ebpf: &mut Ebpf,
     program: &'static str,
-    category: &str,
-    name: &str,
+    hooks: &[(&str, &str)],
 ) -> Result<(), LoadError> {
-    let err = |source| LoadError::Program {
-        program,
-        hook: format!("tracepoint {category}:{name}"),
-        source,
+    let err = |hook: String| {
+        move |source| LoadError::Program {
+            program,
+            hook,
+            source,
+        }
     };
     let prog: &mut TracePoint = ebpf
         .program_mut(program)
         .ok_or(LoadError::Map(program))?
         .try_into()
-        .map_err(err)?;
-    prog.load().map_err(err)?;
-    prog.attach(category, name).map_err(err)?;
+        .map_err(err(program.to_owned()))?;
+    prog.load().map_err(err(program.to_owned()))?;
+    for (category, name) in hooks {
+        prog.attach(category, name)
+            .map_err(err(format!("tracepoint {category}:{name}")))?;
+    }
     Ok(())
 }
 

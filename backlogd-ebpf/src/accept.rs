@@ -1,0 +1,147 @@
+//! The accept queue: connections queued for accept(), taken by accept(), how long they
+//! waited, and queue depths.
+//!
+//! `sock:sk_data_ready` fires on the listener right after the kernel appends a finished
+//! handshake to its accept queue, so the queue's tail is the new child: its enqueue time
+//! is recorded under the child's address. accept()/accept4() exit then finds the child
+//! behind the returned fd and the wait is the difference. (io_uring accepts do not pass
+//! these syscalls and are not counted as accepted.)
+
+use aya_ebpf::{
+    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns},
+    macros::{map, tracepoint},
+    maps::{HashMap, LruHashMap},
+    programs::TracePointContext,
+};
+use backlogd_common::{ACCEPT_WAIT_BUCKETS, LISTENER_STATS_ENTRIES, QueueState, TCP_LISTEN};
+
+use crate::{
+    kernel::{KPtr, Result, offset, socket_inode, socket_of_fd, tp_field},
+    syn::update,
+};
+
+/// Queue depths per listener inode.
+#[map]
+pub(crate) static LISTENER_QUEUES: HashMap<u64, QueueState> =
+    HashMap::with_max_entries(LISTENER_STATS_ENTRIES, 0);
+
+/// Enqueue time (ns) of children still on an accept queue, by child `struct sock *`.
+#[map]
+static QUEUED_AT: LruHashMap<u64, u64> = LruHashMap::with_max_entries(65536, 0);
+
+/// accept() fd parked between syscall entry and exit, by thread.
+#[map]
+static PENDING_ACCEPT: LruHashMap<u64, u64> = LruHashMap::with_max_entries(4096, 0);
+
+/// Records the listener's current queue lengths and raises its high-water marks.
+#[inline(always)]
+pub(crate) fn observe_queues(sk: KPtr, ino: u64) -> Result<()> {
+    let accept: u32 = sk.read(offset(|o| &o.sk_ack_backlog))?;
+    let syn: u32 = sk.read(offset(|o| &o.icsk_syn_qlen))?;
+    match LISTENER_QUEUES.get_ptr_mut(ino) {
+        Some(q) => {
+            // SAFETY: a valid map value; concurrent writers can only lose a max update,
+            // never corrupt the entry (plain u32 stores).
+            let q = unsafe { &mut *q };
+            q.accept_depth = accept;
+            q.accept_hwm = q.accept_hwm.max(accept);
+            q.syn_hwm = q.syn_hwm.max(syn);
+        }
+        None => {
+            let state = QueueState {
+                accept_depth: accept,
+                accept_hwm: accept,
+                syn_hwm: syn,
+                _pad: 0,
+            };
+            LISTENER_QUEUES.insert(ino, state, 0)?;
+        }
+    }
+    Ok(())
+}
+
+#[tracepoint]
+pub fn queued(ctx: TracePointContext) -> u32 {
+    let _ = try_queued(&ctx);
+    0
+}
+
+fn try_queued(ctx: &TracePointContext) -> Result<()> {
+    let sk = KPtr(tp_field(ctx, offset(|o| &o.tp_data_ready_skaddr))?);
+    let state: u8 = sk.read(offset(|o| &o.sk_state))?;
+    if u32::from(state) != TCP_LISTEN {
+        return Ok(());
+    }
+    let ino = socket_inode(sk)?;
+    if let Ok(child) = sk
+        .deref(offset(|o| &o.icsk_accept_tail))
+        .and_then(|req| req.deref(offset(|o| &o.request_sock_sk)))
+    {
+        // SAFETY: the helper takes no arguments.
+        let now = unsafe { bpf_ktime_get_ns() };
+        let _ = QUEUED_AT.insert(child.0, now, 0);
+    }
+    update(ino, |s| s.queued += 1);
+    observe_queues(sk, ino)
+}
+
+#[tracepoint]
+pub fn accept_enter(ctx: TracePointContext) -> u32 {
+    if let Ok(fd) = tp_field::<u64>(&ctx, offset(|o| &o.tp_accept_fd)) {
+        let _ = PENDING_ACCEPT.insert(bpf_get_current_pid_tgid(), fd, 0);
+    }
+    0
+}
+
+#[tracepoint]
+pub fn accept_exit(ctx: TracePointContext) -> u32 {
+    let _ = try_accept_exit(&ctx);
+    0
+}
+
+fn try_accept_exit(ctx: &TracePointContext) -> Result<()> {
+    let id = bpf_get_current_pid_tgid();
+    // SAFETY: only this thread's accept_enter writes the entry.
+    let Some(fd) = (unsafe { PENDING_ACCEPT.get(id) }).copied() else {
+        return Ok(());
+    };
+    let _ = PENDING_ACCEPT.remove(id);
+    let ret: i64 = tp_field(ctx, offset(|o| &o.tp_exit_ret))?;
+    if ret < 0 {
+        return Ok(());
+    }
+    let listener = socket_of_fd(fd)?.deref(offset(|o| &o.socket_sk))?;
+    let state: u8 = listener.read(offset(|o| &o.sk_state))?;
+    if u32::from(state) != TCP_LISTEN {
+        return Ok(());
+    }
+    let ino = socket_inode(listener)?;
+    let child = socket_of_fd(ret as u64)?.deref(offset(|o| &o.socket_sk))?;
+    // SAFETY: the helper takes no arguments.
+    let now = unsafe { bpf_ktime_get_ns() };
+    // SAFETY: a plain u64 value.
+    let waited = (unsafe { QUEUED_AT.get(child.0) }).map(|&t| now.saturating_sub(t));
+    let _ = QUEUED_AT.remove(child.0);
+    update(ino, |s| {
+        s.accepted += 1;
+        if let Some(ns) = waited {
+            s.accept_wait_sum_ns += ns;
+            let slot = bucket(ns / 1000);
+            if let Some(b) = s.accept_wait.get_mut(slot) {
+                *b += 1;
+            }
+        }
+    });
+    observe_queues(listener, ino)
+}
+
+/// Index of the first bucket whose bound (2^i µs) exceeds `us`.
+#[inline(always)]
+fn bucket(us: u64) -> usize {
+    let bits = (64 - us.leading_zeros()) as usize; // us < 2^bits
+    if bits > ACCEPT_WAIT_BUCKETS - 1 {
+        ACCEPT_WAIT_BUCKETS
+    } else {
+        bits
+    }
+}
