@@ -20,9 +20,21 @@ pub struct Listener {
 impl Listener {
     /// `socket(); bind(addr); listen(backlog)` inside `ns`.
     pub fn open(ns: &Netns, addr: &str, backlog: i32) -> Self {
+        Self::open_with(ns, addr, backlog, false)
+    }
+
+    /// As [`Listener::open`] with SO_REUSEPORT, to form a group on one address and port.
+    pub fn open_reuseport(ns: &Netns, addr: &str, backlog: i32) -> Self {
+        Self::open_with(ns, addr, backlog, true)
+    }
+
+    fn open_with(ns: &Netns, addr: &str, backlog: i32, reuseport: bool) -> Self {
         let addr: SocketAddr = addr.parse().expect("socket address");
         let socket = ns.run(move || {
             let s = Socket::new(Domain::for_address(addr), Type::STREAM, None).expect("socket()");
+            if reuseport {
+                s.set_reuse_port(true).expect("SO_REUSEPORT");
+            }
             s.bind(&addr.into())
                 .unwrap_or_else(|e| panic!("bind {addr}: {e}"));
             s.listen(backlog).expect("listen()");

@@ -31,12 +31,21 @@ fn drops(scrape: &Scrape, l: &Listener, reason: &str) -> u64 {
 
 #[test]
 fn accept_queue_full_drops_equal_listen_overflows_and_sk_drops() {
+    accept_queue_full("127.0.0.1:0");
+}
+
+#[test]
+fn accept_queue_full_on_ipv6_is_counted_the_same() {
+    accept_queue_full("[::1]:0");
+}
+
+fn accept_queue_full(bind: &str) {
     let daemon = Daemon::start();
     let ns = Netns::new();
     ns.sysctl("net.ipv4.tcp_syncookies", "0");
     // Backlog 4, never accept(): five handshakes complete (the queue is full only above
     // the backlog), every later SYN is dropped.
-    let listener = Listener::open(&ns, "127.0.0.1:0", 4);
+    let listener = Listener::open(&ns, bind, 4);
     daemon.wait_for("the listener", |s| {
         (!s.find(
             "backlogd_listen_backlog_granted",

@@ -3,7 +3,7 @@
 //! metric here is documented in docs/metrics.md.
 
 use std::{
-    collections::HashMap,
+    collections::{BTreeMap, HashMap},
     sync::{Arc, Mutex},
 };
 
@@ -249,6 +249,8 @@ impl Metrics {
             );
         }
 
+        aggregates(&mut e, &rows, &stats, &queues);
+
         e.family(
             "backlogd_listeners",
             Kind::Gauge,
@@ -282,6 +284,107 @@ impl Metrics {
             1,
         );
         e.finish()
+    }
+}
+
+/// Per SO_REUSEPORT group (sockets sharing netns, address and port; a lone listener is a
+/// group of one) and per owning process: sums of the per-socket figures, so a stalled
+/// member or worker stands out against its siblings.
+fn aggregates(
+    e: &mut Exposition,
+    rows: &[([String; 6], &Listener)],
+    stats: &HashMap<u64, ListenerStats>,
+    queues: &HashMap<u64, QueueFigures>,
+) {
+    #[derive(Default)]
+    struct Sum {
+        sockets: u64,
+        stats: ListenerStats,
+        accept_depth: u64,
+    }
+    // Label values by aggregate: group (netns, address, port) and process (pid, comm).
+    let mut groups: BTreeMap<Vec<(&str, &str)>, Sum> = BTreeMap::new();
+    let mut processes: BTreeMap<Vec<(&str, &str)>, Sum> = BTreeMap::new();
+    for (v, l) in rows {
+        let group = vec![
+            ("netns", v[0].as_str()),
+            ("address", &v[1]),
+            ("port", &v[2]),
+        ];
+        let process = vec![("pid", v[4].as_str()), ("comm", &v[5])];
+        for sum in [
+            groups.entry(group).or_default(),
+            processes.entry(process).or_default(),
+        ] {
+            sum.sockets += 1;
+            if let Some(s) = stats.get(&l.inode) {
+                sum.stats.add(s);
+            }
+            sum.accept_depth += u64::from(queues.get(&l.inode).map_or(0, |q| q.accept_depth));
+        }
+    }
+    for (prefix, what, sums) in [
+        (
+            "backlogd_listen_group",
+            "SO_REUSEPORT group (listeners sharing netns, address and port)",
+            &groups,
+        ),
+        ("backlogd_process", "process", &processes),
+    ] {
+        let name = format!("{prefix}_listeners");
+        e.family(
+            &name,
+            Kind::Gauge,
+            &format!("Listening sockets of the {what}."),
+        );
+        for (labels, sum) in sums {
+            e.sample(&name, labels, sum.sockets);
+        }
+        let name = format!("{prefix}_accept_queue_length");
+        e.family(
+            &name,
+            Kind::Gauge,
+            &format!("Connections waiting for accept() on the listening sockets of the {what}."),
+        );
+        for (labels, sum) in sums {
+            e.sample(&name, labels, sum.accept_depth);
+        }
+        for (suffix, help, field) in [
+            (
+                "syns_received_total",
+                "SYNs that reached",
+                (|s: &ListenerStats| s.syns) as Field,
+            ),
+            ("accepted_total", "Connections accepted from", |s| {
+                s.accepted
+            }),
+        ] {
+            let name = format!("{prefix}_{suffix}");
+            e.family(
+                &name,
+                Kind::Counter,
+                &format!("{help} the listening sockets of the {what}."),
+            );
+            for (labels, sum) in sums {
+                e.sample(&name, labels, field(&sum.stats));
+            }
+        }
+        let name = format!("{prefix}_drops_total");
+        e.family(
+            &name,
+            Kind::Counter,
+            &format!(
+                "Connections dropped by the listening sockets of the {what}, by reason (as in \
+                 backlogd_listen_drops_total)."
+            ),
+        );
+        for (labels, sum) in sums {
+            for (reason, field) in DROP_REASONS {
+                let mut with_reason = labels.clone();
+                with_reason.push(("reason", reason));
+                e.sample(&name, &with_reason, field(&sum.stats));
+            }
+        }
     }
 }
 
