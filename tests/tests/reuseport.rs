@@ -92,7 +92,10 @@ fn stalled_member_of_a_four_socket_group_stands_out_and_matches_the_kernel() {
             as u64
     };
     // The stalled member filled its queue and dropped; the others dropped nothing.
-    assert_eq!(queues[0].recv_q, 33, "stalled member's accept queue is full");
+    assert_eq!(
+        queues[0].recv_q, 33,
+        "stalled member's accept queue is full"
+    );
     let stalled = drops(&inodes[0], "accept_queue_full");
     assert!(stalled > 0, "{kernel:?}");
     for (i, inode) in inodes.iter().enumerate() {
