@@ -4,7 +4,7 @@ use std::{net::SocketAddr, path::PathBuf};
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::loader::btf::KERNEL_BTF;
+use crate::loader::{btf::KERNEL_BTF, modes::HookModeArg};
 
 /// Per-listener TCP listen-queue observability: requested vs granted backlogs, SYN and
 /// accept-queue drops and why, served as Prometheus metrics.
@@ -45,4 +45,8 @@ pub struct RunArgs {
     /// the scrape interval.
     #[arg(long, value_name = "SECONDS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
     pub hwm_window: u64,
+    /// How the SYN path is hooked. `auto` picks the best mode the kernel and this build
+    /// support and logs the choice; it is exported as backlogd_hook_mode.
+    #[arg(long, value_enum, default_value_t = HookModeArg::Auto)]
+    pub hook_mode: HookModeArg,
 }

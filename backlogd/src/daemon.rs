@@ -19,7 +19,7 @@ use crate::{
         metrics::{KernelMaps, Metrics, SharedMaps},
     },
     listeners::ListenerTable,
-    loader::{self, LoadOptions},
+    loader::{self, LoadOptions, modes::HookModeArg},
     queues::QueueWindows,
     sampling,
 };
@@ -47,15 +47,24 @@ pub struct RunConfig {
     pub btf: PathBuf,
     pub rescan_interval: Duration,
     pub hwm_window: Duration,
+    pub hook_mode: HookModeArg,
 }
 
 pub async fn run(config: RunConfig) -> anyhow::Result<()> {
     // Bind first: a taken port should fail before anything touches the kernel.
     let socket = http::bind(config.listen).await?;
-    let probes = loader::load(&LoadOptions { btf: config.btf }).context("cannot start")?;
+    let probes = loader::load(&LoadOptions {
+        btf: config.btf,
+        hook_mode: config.hook_mode,
+    })
+    .context("cannot start")?;
     tracing::info!(
-        "probes attached: listener lifecycle via tracepoints; SYN path in tracepoint mode \
-         (cgroup_skb ingress + skb release tracepoints)"
+        mode = probes.mode.name(),
+        kernel_fentry = probes.kernel.fentry,
+        kernel_kprobe = probes.kernel.kprobe,
+        "probes attached: listener lifecycle via tracepoints; SYN path in {} mode \
+         (cgroup_skb ingress + skb release tracepoints)",
+        probes.mode.name()
     );
 
     let shared = Arc::new(Shared::default());
@@ -75,7 +84,7 @@ pub async fn run(config: RunConfig) -> anyhow::Result<()> {
     }));
     let windows = Arc::new(Mutex::new(QueueWindows::new(config.hwm_window)));
     let sampler = tokio::spawn(sample_queues(maps.clone(), windows.clone()));
-    let metrics = Metrics::new(shared.clone(), maps, windows);
+    let metrics = Metrics::new(shared.clone(), maps, windows, probes.mode, probes.kernel);
     let addr = socket.local_addr()?;
     tracing::info!("serving metrics on http://{addr}/metrics");
     let server = axum::serve(socket, http::router(metrics, shared))

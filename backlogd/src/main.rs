@@ -31,6 +31,7 @@ fn main() -> std::process::ExitCode {
                     btf: args.btf,
                     rescan_interval: std::time::Duration::from_secs(args.rescan_interval),
                     hwm_window: std::time::Duration::from_secs(args.hwm_window),
+                    hook_mode: args.hook_mode,
                 }))
             }),
     };

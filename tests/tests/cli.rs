@@ -130,3 +130,37 @@ fn exposition_passes_promtool_and_unknown_paths_are_404() {
     assert_eq!(status, 200);
     assert!(json.contains(&format!("\"inode\":{inode}")), "{json}");
 }
+
+#[test]
+fn hook_mode_backlogd_cannot_use_is_refused_with_the_fix() {
+    for mode in ["kprobe", "fentry"] {
+        let out = run_to_end(&["run", "--listen", "127.0.0.1:0", "--hook-mode", mode]);
+        assert!(!out.status.success(), "--hook-mode {mode} started");
+        let err = stderr(&out);
+        assert!(
+            err.contains(&format!("--hook-mode {mode}")) && err.contains("--hook-mode auto"),
+            "{err}"
+        );
+    }
+}
+
+#[test]
+fn hook_mode_in_use_and_kernel_support_are_exported() {
+    let daemon = Daemon::start_with(&["--hook-mode", "auto"]);
+    let scrape = daemon.scrape();
+    assert_eq!(
+        scrape.value("backlogd_hook_mode", &[("mode", "tracepoint")]),
+        Some(1.0)
+    );
+    let kprobe_pmu = std::path::Path::new("/sys/bus/event_source/devices/kprobe").exists();
+    assert_eq!(
+        scrape.value("backlogd_kernel_hook_supported", &[("mode", "kprobe")]),
+        Some(if kprobe_pmu { 1.0 } else { 0.0 })
+    );
+    // The choice is logged too.
+    assert!(
+        daemon.log().contains("mode=\"tracepoint\""),
+        "{}",
+        daemon.log()
+    );
+}

@@ -14,6 +14,7 @@ use super::text::{Exposition, Kind};
 use crate::{
     daemon::Shared,
     listeners::Listener,
+    loader::modes::{HookMode, KernelSupport},
     queues::{QueueFigures, QueueWindows},
 };
 
@@ -35,6 +36,8 @@ pub struct Metrics {
     shared: Arc<Shared>,
     maps: SharedMaps,
     windows: Arc<Mutex<QueueWindows>>,
+    mode: HookMode,
+    kernel: KernelSupport,
 }
 
 fn sum(map: &PerCpuArray<MapData, u64>, name: &str) -> u64 {
@@ -104,11 +107,19 @@ fn accept_wait_bounds() -> [f64; ACCEPT_WAIT_BUCKETS] {
 }
 
 impl Metrics {
-    pub fn new(shared: Arc<Shared>, maps: SharedMaps, windows: Arc<Mutex<QueueWindows>>) -> Self {
+    pub fn new(
+        shared: Arc<Shared>,
+        maps: SharedMaps,
+        windows: Arc<Mutex<QueueWindows>>,
+        mode: HookMode,
+        kernel: KernelSupport,
+    ) -> Self {
         Self {
             shared,
             maps,
             windows,
+            mode,
+            kernel,
         }
     }
 
@@ -272,6 +283,33 @@ impl Metrics {
             "Per-listener counter updates lost because the kernel map of listeners was full.",
         );
         e.sample("backlogd_listener_stats_full_total", &[], stats_full);
+
+        e.family(
+            "backlogd_hook_mode",
+            Kind::Gauge,
+            "1 for the hook mode the SYN path runs in (fentry, kprobe or tracepoint).",
+        );
+        e.sample("backlogd_hook_mode", &[("mode", self.mode.name())], 1);
+        e.family(
+            "backlogd_kernel_hook_supported",
+            Kind::Gauge,
+            "1 if the running kernel supports the hook mechanism (probed at startup).",
+        );
+        e.sample(
+            "backlogd_kernel_hook_supported",
+            &[("mode", "fentry")],
+            u8::from(self.kernel.fentry),
+        );
+        e.sample(
+            "backlogd_kernel_hook_supported",
+            &[("mode", "kprobe")],
+            u8::from(self.kernel.kprobe),
+        );
+        e.sample(
+            "backlogd_kernel_hook_supported",
+            &[("mode", "tracepoint")],
+            1,
+        );
 
         e.family(
             "backlogd_build_info",

@@ -6,6 +6,7 @@
 
 pub mod btf;
 mod cgroup;
+pub mod modes;
 pub mod privileges;
 pub mod tracefs;
 
@@ -21,6 +22,7 @@ use backlogd_common::{KernelOffsets, ListenerStats, QueueState};
 use self::{
     btf::{BtfError, KernelBtf},
     cgroup::CgroupAttachment,
+    modes::{HookMode, HookModeArg, KernelSupport, ModeError},
     privileges::MissingPrivileges,
     tracefs::{Format, TracefsError},
 };
@@ -36,6 +38,8 @@ pub enum LoadError {
     Btf(#[from] BtfError),
     #[error(transparent)]
     Tracefs(#[from] TracefsError),
+    #[error(transparent)]
+    Mode(#[from] ModeError),
     #[error("loading backlogd's eBPF object into the kernel failed")]
     Ebpf(#[from] aya::EbpfError),
     #[error("eBPF program `{program}` could not be loaded or attached to {hook}")]
@@ -76,6 +80,7 @@ pub enum LoadError {
 pub struct LoadOptions {
     /// Where to read the kernel's BTF from.
     pub btf: PathBuf,
+    pub hook_mode: HookModeArg,
 }
 
 /// Loaded and attached programs plus the maps userspace reads.
@@ -88,6 +93,8 @@ pub struct Probes {
     pub listener_stats_full: PerCpuArray<MapData, u64>,
     pub listener_queues: HashMap<MapData, u64, QueueState>,
     _cgroup_ingress: CgroupAttachment,
+    pub mode: HookMode,
+    pub kernel: KernelSupport,
 }
 
 /// Tracepoints: (program, [(category, tracepoint)]).
@@ -115,6 +122,8 @@ const TRACEPOINTS: [(&str, &[(&str, &str)]); 7] = [
 
 pub fn load(opts: &LoadOptions) -> Result<Probes, LoadError> {
     privileges::check()?;
+    let kernel = KernelSupport::probe();
+    let mode = modes::choose(opts.hook_mode, kernel)?;
     let btf = KernelBtf::open(&opts.btf)?;
     let mut offsets = btf.kernel_offsets()?;
     tracepoint_offsets(&mut offsets)?;
@@ -171,6 +180,8 @@ pub fn load(opts: &LoadOptions) -> Result<Probes, LoadError> {
             }
         })?;
     Ok(Probes {
+        mode,
+        kernel,
         listener_queues,
         _ebpf: ebpf,
         listener_events,
