@@ -1,7 +1,7 @@
 //! `backlogd run`: load the probes, follow the kernel's events, serve what they say.
 
 use std::{
-    collections::HashSet,
+    collections::{HashMap, HashSet},
     net::SocketAddr,
     path::PathBuf,
     sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard},
@@ -21,13 +21,15 @@ use crate::{
     listeners::ListenerTable,
     loader::{self, LoadOptions, modes::HookModeArg},
     queues::QueueWindows,
-    sampling,
+    sampling::{self, tcpext},
 };
 
 /// State the event loop writes and the exporters read.
 #[derive(Debug, Default)]
 pub struct Shared {
     listeners: RwLock<ListenerTable>,
+    /// How to read each network namespace's TcpExt counters, by netns inode.
+    netns_sources: Mutex<HashMap<u32, tcpext::Source>>,
 }
 
 impl Shared {
@@ -39,6 +41,26 @@ impl Shared {
 
     fn write_listeners(&self) -> RwLockWriteGuard<'_, ListenerTable> {
         self.listeners.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// TcpExt counters of every namespace that has listeners. A namespace whose known
+    /// source no longer leads to it is skipped until the next scan finds another.
+    pub fn netns_counters(&self) -> Vec<(u32, HashMap<String, u64>)> {
+        let wanted: HashSet<u32> = self.listeners().iter().map(|l| l.netns).collect();
+        let sources = self.netns_sources.lock().unwrap_or_else(|e| e.into_inner());
+        let mut out: Vec<(u32, HashMap<String, u64>)> = wanted
+            .into_iter()
+            .filter_map(|ns| Some((ns, sources.get(&ns)?.read(ns)?)))
+            .collect();
+        out.sort_by_key(|(ns, _)| *ns);
+        out
+    }
+
+    fn note_netns(&self, netns: u32, source: tcpext::Source) {
+        self.netns_sources
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(netns, source);
     }
 }
 
@@ -112,7 +134,20 @@ async fn follow_listener_events(ring: RingBuf<MapData>, shared: Arc<Shared>) -> 
             let mut table = shared.write_listeners();
             while let Some(item) = ring.next() {
                 match parse_event(&item) {
-                    Some(event) => table.apply(&event),
+                    Some(event) => {
+                        if event.kind == backlogd_common::event_kind::LISTEN {
+                            // The listening thread is in the socket's namespace: a cheap
+                            // way to read that namespace's counters until a scan.
+                            shared.note_netns(
+                                event.netns,
+                                tcpext::Source::Task {
+                                    pid: event.tgid,
+                                    tid: event.pid,
+                                },
+                            );
+                        }
+                        table.apply(&event)
+                    }
                     None => tracing::warn!(len = item.len(), "short listener event"),
                 }
             }
@@ -124,10 +159,23 @@ async fn follow_listener_events(ring: RingBuf<MapData>, shared: Arc<Shared>) -> 
 /// Reconciles the table with the kernel's own list of listeners.
 async fn rescan(shared: &Arc<Shared>) {
     let generation = shared.write_listeners().begin_scan();
-    let Ok(found) = tokio::task::spawn_blocking(sampling::scan).await else {
+    let Ok(scan) = tokio::task::spawn_blocking(sampling::scan).await else {
         tracing::warn!("sock_diag scan panicked");
         return;
     };
+    {
+        // Scan results replace older sources; sources noted from events for namespaces
+        // the scan did not see stay while listeners live there.
+        let in_use: HashSet<u32> = shared.listeners().iter().map(|l| l.netns).collect();
+        let scanned: HashSet<u32> = scan.netns.iter().map(|(ns, _)| *ns).collect();
+        let mut sources = shared
+            .netns_sources
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        sources.retain(|ns, _| scanned.contains(ns) || in_use.contains(ns));
+        sources.extend(scan.netns);
+    }
+    let found = scan.listeners;
     let unknown: HashSet<u64> = {
         let table = shared.listeners();
         found

@@ -103,6 +103,25 @@ fn accept_queue_full(bind: &str) {
         ),
         sent
     );
+    // The namespace's own counters are exported alongside, read at scrape time.
+    let now = tcp_ext(&ns);
+    let netns = ns.inode().to_string();
+    for (metric, name) in [
+        ("backlogd_netns_listen_overflows_total", "ListenOverflows"),
+        ("backlogd_netns_listen_drops_total", "ListenDrops"),
+        ("backlogd_netns_reqq_full_drops_total", "TCPReqQFullDrop"),
+        (
+            "backlogd_netns_reqq_full_do_cookies_total",
+            "TCPReqQFullDoCookies",
+        ),
+        ("backlogd_netns_syn_retransmits_total", "TCPSynRetrans"),
+    ] {
+        assert_eq!(
+            scrape.value(metric, &[("netns", &netns)]),
+            Some(now[name] as f64),
+            "{metric}"
+        );
+    }
 }
 
 /// A burst whose SYN-ACKs never reach the clients: the listener's requests stay in its

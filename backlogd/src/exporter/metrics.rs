@@ -16,6 +16,7 @@ use crate::{
     listeners::Listener,
     loader::modes::{HookMode, KernelSupport},
     queues::{QueueFigures, QueueWindows},
+    sampling::tcpext,
 };
 
 /// The eBPF maps read at scrape time (and by the queue sampler).
@@ -262,6 +263,8 @@ impl Metrics {
 
         aggregates(&mut e, &rows, &stats, &queues);
 
+        netns_counters(&mut e, &self.shared.netns_counters());
+
         e.family(
             "backlogd_listeners",
             Kind::Gauge,
@@ -322,6 +325,31 @@ impl Metrics {
             1,
         );
         e.finish()
+    }
+}
+
+/// The namespaces' own TcpExt counters, next to backlogd's per-socket figures.
+fn netns_counters(e: &mut Exposition, namespaces: &[(u32, HashMap<String, u64>)]) {
+    for (counter, metric) in tcpext::COUNTERS.iter().zip([
+        "backlogd_netns_listen_overflows_total",
+        "backlogd_netns_listen_drops_total",
+        "backlogd_netns_reqq_full_drops_total",
+        "backlogd_netns_reqq_full_do_cookies_total",
+        "backlogd_netns_syn_retransmits_total",
+    ]) {
+        e.family(
+            metric,
+            Kind::Counter,
+            &format!(
+                "The network namespace's own TcpExt {counter} counter (/proc/net/netstat), \
+                 for every namespace with listeners."
+            ),
+        );
+        for (netns, values) in namespaces {
+            if let Some(v) = values.get(*counter) {
+                e.sample(metric, &[("netns", &netns.to_string())], v);
+            }
+        }
     }
 }
 

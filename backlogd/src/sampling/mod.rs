@@ -8,13 +8,24 @@
 pub mod netns;
 pub mod owners;
 pub mod sock_diag;
+pub mod tcpext;
 
 pub use sock_diag::DiagListener;
 
+/// What a scan found.
+#[derive(Debug, Default)]
+pub struct Scan {
+    pub listeners: Vec<DiagListener>,
+    /// A way to read each namespace's TcpExt counters.
+    pub netns: Vec<(u32, tcpext::Source)>,
+}
+
 /// Every TCP listener in every network namespace the host has.
-pub fn scan() -> Vec<DiagListener> {
+pub fn scan() -> Scan {
     let mut all = Vec::new();
+    let mut sources = Vec::new();
     for ns in netns::all() {
+        sources.push((ns.inode, tcpext::Source::from_ns_path(&ns.path)));
         match netns::run_in(&ns.path, sock_diag::listeners) {
             Ok(Ok(mut found)) => {
                 for l in &mut found {
@@ -28,5 +39,8 @@ pub fn scan() -> Vec<DiagListener> {
             }
         }
     }
-    all
+    Scan {
+        listeners: all,
+        netns: sources,
+    }
 }
