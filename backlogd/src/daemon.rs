@@ -106,7 +106,14 @@ pub async fn run(config: RunConfig) -> anyhow::Result<()> {
     }));
     let windows = Arc::new(Mutex::new(QueueWindows::new(config.hwm_window)));
     let sampler = tokio::spawn(sample_queues(maps.clone(), windows.clone()));
-    let metrics = Metrics::new(shared.clone(), maps, windows, probes.mode, probes.kernel);
+    let metrics = Metrics::new(
+        shared.clone(),
+        maps,
+        windows,
+        probes.mode,
+        probes.kernel,
+        probes.enqueue_events,
+    );
     let addr = socket.local_addr()?;
     tracing::info!("serving metrics on http://{addr}/metrics");
     let server = axum::serve(socket, http::router(metrics, shared))

@@ -108,4 +108,23 @@ fn slow_acceptor_depth_peak_counts_and_wait_match_kernel_and_application() {
     };
     assert_eq!(le("0.016384"), 0.0);
     assert_eq!(le("0.262144"), 5.0);
+
+    // The JSON API (what `backlogd top` reads) carries the same figures.
+    let (status, body) = daemon.get("/api/v1/snapshot");
+    assert_eq!(status, 200, "{body}");
+    let snapshot: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+    assert_eq!(snapshot["hook_mode"], "tracepoint");
+    let me = snapshot["listeners"]
+        .as_array()
+        .expect("listeners")
+        .iter()
+        .find(|l| l["inode"] == listener.inode)
+        .unwrap_or_else(|| panic!("listener {} not in {body}", listener.inode));
+    assert_eq!(me["queued"], 12);
+    assert_eq!(me["accepted"], 5);
+    assert_eq!(me["queues"]["accept_depth"], 7);
+    assert_eq!(me["queues"]["accept_max"], 12);
+    assert_eq!(me["accept_wait"]["count"], 5);
+    assert_eq!(me["granted"], 64);
+    assert_eq!(me["drops"]["accept_queue_full"], 0);
 }

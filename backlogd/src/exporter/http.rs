@@ -7,7 +7,10 @@ use axum::{
 };
 use tokio::net::TcpListener;
 
-use super::{metrics::Metrics, text};
+use super::{
+    metrics::{Metrics, Snapshot},
+    text,
+};
 use crate::{daemon::Shared, listeners::Listener};
 
 #[derive(Debug, thiserror::Error)]
@@ -47,15 +50,22 @@ pub fn router(metrics: Metrics, shared: Arc<Shared>) -> Router {
         .route("/metrics", get(serve_metrics))
         .route("/healthz", get(healthz))
         .route("/api/v1/listeners", get(serve_listeners))
+        .route("/api/v1/snapshot", get(serve_snapshot))
         .with_state(Arc::new(AppState { metrics, shared }))
 }
 
 async fn index() -> &'static str {
-    "backlogd: per-listener TCP listen-queue metrics\n\n/metrics           Prometheus metrics\n/healthz           liveness\n/api/v1/listeners  listening sockets as JSON\n"
+    "backlogd: per-listener TCP listen-queue metrics\n\n/metrics           Prometheus metrics\n/healthz           liveness\n/api/v1/listeners  listening sockets as JSON\n/api/v1/snapshot   listeners with counters and queues, as JSON\n"
 }
 
 async fn serve_metrics(State(state): State<Arc<AppState>>) -> impl IntoResponse {
     ([(CONTENT_TYPE, text::CONTENT_TYPE)], state.metrics.render())
+}
+
+/// Every listener with its counters and queue figures, plus the daemon's hook mode:
+/// what `/metrics` shows, shaped for programs (`backlogd top`).
+async fn serve_snapshot(State(state): State<Arc<AppState>>) -> Json<Snapshot> {
+    Json(state.metrics.snapshot())
 }
 
 async fn healthz() -> &'static str {

@@ -9,6 +9,7 @@ use std::{
 
 use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, PerCpuHashMap};
 use backlogd_common::{ACCEPT_WAIT_BUCKETS, ListenerStats, QueueState};
+use serde::Serialize;
 
 use super::text::{Exposition, Kind};
 use crate::{
@@ -39,6 +40,8 @@ pub struct Metrics {
     windows: Arc<Mutex<QueueWindows>>,
     mode: HookMode,
     kernel: KernelSupport,
+    /// Queued counts and accept waits are only exported when enqueue events are seen.
+    enqueue_events: bool,
 }
 
 fn sum(map: &PerCpuArray<MapData, u64>, name: &str) -> u64 {
@@ -60,6 +63,60 @@ fn listener_stats(map: &PerCpuHashMap<MapData, u64, ListenerStats>) -> HashMap<u
             (inode, total)
         })
         .collect()
+}
+
+struct Gathered {
+    events_lost: u64,
+    stats_full: u64,
+    stats: HashMap<u64, ListenerStats>,
+    queues: HashMap<u64, QueueFigures>,
+}
+
+/// `GET /api/v1/snapshot`.
+#[derive(Debug, Serialize)]
+pub struct Snapshot {
+    pub version: &'static str,
+    pub hook_mode: &'static str,
+    pub kernel: KernelSupport,
+    pub events_lost: u64,
+    pub stats_full: u64,
+    pub listeners: Vec<ListenerSnapshot>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ListenerSnapshot {
+    #[serde(flatten)]
+    pub listener: Listener,
+    pub syns_received: u64,
+    pub drops: Drops,
+    pub syncookies_sent: u64,
+    pub synack_retransmits: u64,
+    pub queued: u64,
+    pub accepted: u64,
+    pub queues: QueueFigures,
+    pub accept_wait: AcceptWait,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Drops {
+    pub accept_queue_full: u64,
+    pub syn_queue_full: u64,
+    pub final_ack_overflow: u64,
+    pub other: u64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct AcceptWait {
+    pub count: u64,
+    pub sum_seconds: f64,
+    /// Per-bucket (not cumulative) counts; `le` in seconds, null for the last bucket.
+    pub buckets: Vec<Bucket>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Bucket {
+    pub le: Option<f64>,
+    pub count: u64,
 }
 
 /// Reads one counter of a listener.
@@ -114,6 +171,7 @@ impl Metrics {
         windows: Arc<Mutex<QueueWindows>>,
         mode: HookMode,
         kernel: KernelSupport,
+        enqueue_events: bool,
     ) -> Self {
         Self {
             shared,
@@ -121,10 +179,12 @@ impl Metrics {
             windows,
             mode,
             kernel,
+            enqueue_events,
         }
     }
 
-    pub fn render(&self) -> String {
+    /// Reads the kernel maps and the high-water-mark windows once.
+    fn gather(&self) -> Gathered {
         let (events_lost, stats_full, stats, queue_states) = {
             let maps = self.maps.lock().unwrap_or_else(|e| e.into_inner());
             (
@@ -137,7 +197,7 @@ impl Metrics {
                     .collect::<HashMap<u64, QueueState>>(),
             )
         };
-        let queues: HashMap<u64, QueueFigures> = {
+        let queues = {
             let windows = self.windows.lock().unwrap_or_else(|e| e.into_inner());
             self.shared
                 .listeners()
@@ -148,6 +208,76 @@ impl Metrics {
                 })
                 .collect()
         };
+        Gathered {
+            events_lost,
+            stats_full,
+            stats,
+            queues,
+        }
+    }
+
+    /// Everything `/metrics` shows per listener, for the JSON API (`backlogd top`).
+    pub fn snapshot(&self) -> Snapshot {
+        let Gathered {
+            events_lost,
+            stats_full,
+            stats,
+            queues,
+        } = self.gather();
+        let bounds = accept_wait_bounds();
+        let mut listeners: Vec<ListenerSnapshot> = self
+            .shared
+            .listeners()
+            .iter()
+            .map(|l| {
+                let s = stats.get(&l.inode).copied().unwrap_or_default();
+                ListenerSnapshot {
+                    listener: l.clone(),
+                    syns_received: s.syns,
+                    drops: Drops {
+                        accept_queue_full: s.drop_accept_queue_full,
+                        syn_queue_full: s.drop_syn_queue_full,
+                        final_ack_overflow: s.drop_final_ack_overflow,
+                        other: s.drop_other,
+                    },
+                    syncookies_sent: s.syncookies,
+                    synack_retransmits: s.synack_retransmits,
+                    queued: s.queued,
+                    accepted: s.accepted,
+                    queues: queues.get(&l.inode).copied().unwrap_or_default(),
+                    accept_wait: AcceptWait {
+                        count: s.accept_wait.iter().sum(),
+                        sum_seconds: s.accept_wait_sum_ns as f64 / 1e9,
+                        buckets: bounds
+                            .iter()
+                            .copied()
+                            .map(Some)
+                            .chain([None])
+                            .zip(s.accept_wait)
+                            .map(|(le, count)| Bucket { le, count })
+                            .collect(),
+                    },
+                }
+            })
+            .collect();
+        listeners.sort_by_key(|l| (l.listener.netns, l.listener.port, l.listener.inode));
+        Snapshot {
+            version: env!("CARGO_PKG_VERSION"),
+            hook_mode: self.mode.name(),
+            kernel: self.kernel,
+            events_lost,
+            stats_full,
+            listeners,
+        }
+    }
+
+    pub fn render(&self) -> String {
+        let Gathered {
+            events_lost,
+            stats_full,
+            stats,
+            queues,
+        } = self.gather();
 
         let listeners = self.shared.listeners();
         let mut e = Exposition::with_capacity(1024 + listeners.len() * 6000);
@@ -188,6 +318,9 @@ impl Metrics {
         let zero = ListenerStats::default();
         let counters = |l: &Listener| stats.get(&l.inode).unwrap_or(&zero);
         for (name, help, value) in COUNTERS {
+            if name == "backlogd_listen_queued_total" && !self.enqueue_events {
+                continue;
+            }
             e.family(name, Kind::Counter, help);
             for (values, l) in &rows {
                 e.sample(name, &labels(values), value(counters(l)));
@@ -243,22 +376,24 @@ impl Metrics {
             }
         }
 
-        e.family(
-            "backlogd_listen_accept_wait_seconds",
-            Kind::Histogram,
-            "Time accepted connections waited on the accept queue, from handshake completion \
-             to accept() returning.",
-        );
-        let bounds = accept_wait_bounds();
-        for (values, l) in &rows {
-            let s = counters(l);
-            e.histogram(
+        if self.enqueue_events {
+            e.family(
                 "backlogd_listen_accept_wait_seconds",
-                &labels(values),
-                &bounds,
-                &s.accept_wait,
-                s.accept_wait_sum_ns as f64 / 1e9,
+                Kind::Histogram,
+                "Time accepted connections waited on the accept queue, from handshake \
+                 completion to accept() returning.",
             );
+            let bounds = accept_wait_bounds();
+            for (values, l) in &rows {
+                let s = counters(l);
+                e.histogram(
+                    "backlogd_listen_accept_wait_seconds",
+                    &labels(values),
+                    &bounds,
+                    &s.accept_wait,
+                    s.accept_wait_sum_ns as f64 / 1e9,
+                );
+            }
         }
 
         aggregates(&mut e, &rows, &stats, &queues);

@@ -95,7 +95,12 @@ pub struct Probes {
     _cgroup_ingress: CgroupAttachment,
     pub mode: HookMode,
     pub kernel: KernelSupport,
+    /// Whether enqueue events (`sock:sk_data_ready`) are seen: queued and accept wait.
+    pub enqueue_events: bool,
 }
+
+/// Marks a tracepoint offset whose tracepoint this kernel lacks.
+const NO_TRACEPOINT: u32 = u32::MAX;
 
 /// Tracepoints: (program, [(category, tracepoint)]).
 const TRACEPOINTS: [(&str, &[(&str, &str)]); 7] = [
@@ -133,7 +138,17 @@ pub fn load(opts: &LoadOptions) -> Result<Probes, LoadError> {
         .override_global("OFFSETS", &offsets, true)
         .load(EBPF_OBJECT)?;
     // The skb-release hooks first: an ingress stash is only useful once they run.
+    let enqueue_events = offsets.tp_data_ready_skaddr != NO_TRACEPOINT;
+    if !enqueue_events {
+        tracing::warn!(
+            "this kernel has no sock:sk_data_ready tracepoint: connections queued for \
+             accept and accept-queue wait times are not reported (other figures are)"
+        );
+    }
     for (program, hooks) in TRACEPOINTS {
+        if program == "queued" && !enqueue_events {
+            continue;
+        }
         attach_tracepoint(&mut ebpf, program, hooks)?;
     }
     // BTF tracepoints: per-program recursion protection (classic tracepoints skip a BPF
@@ -180,6 +195,7 @@ pub fn load(opts: &LoadOptions) -> Result<Probes, LoadError> {
             }
         })?;
     Ok(Probes {
+        enqueue_events,
         mode,
         kernel,
         listener_queues,
@@ -205,7 +221,13 @@ fn tracepoint_offsets(o: &mut KernelOffsets) -> Result<(), TracefsError> {
     o.tp_state_protocol = state.offset("protocol")?;
     o.tp_synack_skaddr =
         Format::read(&tracing, "tcp", "tcp_retransmit_synack")?.offset("skaddr")?;
-    o.tp_data_ready_skaddr = Format::read(&tracing, "sock", "sk_data_ready")?.offset("skaddr")?;
+    // sock:sk_data_ready is recent (Linux 6.x); without it the accept figures that need
+    // the enqueue moment (queued, accept wait) are not reported.
+    match Format::read(&tracing, "sock", "sk_data_ready") {
+        Ok(f) => o.tp_data_ready_skaddr = f.offset("skaddr")?,
+        Err(TracefsError::NoTracepoint { .. }) => o.tp_data_ready_skaddr = NO_TRACEPOINT,
+        Err(e) => return Err(e),
+    }
     o.tp_accept_fd = Format::read(&tracing, "syscalls", "sys_enter_accept4")?.offset("fd")?;
     let accept_fd = Format::read(&tracing, "syscalls", "sys_enter_accept")?.offset("fd")?;
     // One program serves both syscalls; its single offset must fit both records.
