@@ -113,6 +113,15 @@ impl Daemon {
         Scrape::parse(&body)
     }
 
+    /// Waits until the daemon reports the listener with socket inode `inode`.
+    pub fn wait_for_listener(&self, inode: u64) {
+        let inode = inode.to_string();
+        self.wait_for(&format!("listener {inode}"), |s| {
+            s.value("backlogd_listen_backlog_granted", &[("socket", &inode)])
+                .map(|_| ())
+        });
+    }
+
     /// Scrapes until `f` returns `Some`, for up to 10 s; panics with the last scrape and
     /// the daemon's log otherwise.
     pub fn wait_for<T>(&self, what: &str, f: impl Fn(&Scrape) -> Option<T>) -> T {

@@ -2,6 +2,14 @@
 
 use std::collections::BTreeMap;
 
+/// Values of the `reason` label of `backlogd_listen_drops_total`.
+pub const DROP_REASONS: [&str; 4] = [
+    "accept_queue_full",
+    "syn_queue_full",
+    "final_ack_overflow",
+    "other",
+];
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct Sample {
     pub name: String,

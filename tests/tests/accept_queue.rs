@@ -19,12 +19,7 @@ fn slow_acceptor_depth_peak_counts_and_wait_match_kernel_and_application() {
     let daemon = Daemon::start();
     let ns = Netns::new();
     let listener = Listener::open(&ns, "127.0.0.1:0", 64);
-    daemon.wait_for("the listener", |s| {
-        s.value(
-            "backlogd_listen_backlog_granted",
-            &[("socket", &listener.inode.to_string())],
-        )
-    });
+    daemon.wait_for_listener(listener.inode);
 
     // 12 handshakes complete; nobody accepts yet.
     let addr = listener.addr;

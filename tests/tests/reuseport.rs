@@ -12,15 +12,9 @@ use std::{
 use backlogd_tests::{
     Daemon, Netns,
     kernel::{ListenCounters, tcp_ext},
+    prom::DROP_REASONS,
     sockets::{Listener, connect_burst, kernel_queue},
 };
-
-const REASONS: [&str; 4] = [
-    "accept_queue_full",
-    "syn_queue_full",
-    "final_ack_overflow",
-    "other",
-];
 
 #[test]
 fn stalled_member_of_a_four_socket_group_stands_out_and_matches_the_kernel() {
@@ -34,15 +28,9 @@ fn stalled_member_of_a_four_socket_group_stands_out_and_matches_the_kernel() {
         members.push(Listener::open_reuseport(&ns, &addr, 32));
     }
     let inodes: Vec<String> = members.iter().map(|m| m.inode.to_string()).collect();
-    daemon.wait_for("all four members", |s| {
-        inodes
-            .iter()
-            .all(|i| {
-                s.value("backlogd_listen_backlog_granted", &[("socket", i)])
-                    .is_some()
-            })
-            .then_some(())
-    });
+    for m in &members {
+        daemon.wait_for_listener(m.inode);
+    }
 
     // Members 1..3 accept as fast as they can; member 0 is stalled.
     let stop = Arc::new(AtomicBool::new(false));
@@ -99,7 +87,7 @@ fn stalled_member_of_a_four_socket_group_stands_out_and_matches_the_kernel() {
     let stalled = drops(&inodes[0], "accept_queue_full");
     assert!(stalled > 0, "{kernel:?}");
     for (i, inode) in inodes.iter().enumerate() {
-        let total: u64 = REASONS.iter().map(|r| drops(inode, r)).sum();
+        let total: u64 = DROP_REASONS.iter().map(|r| drops(inode, r)).sum();
         let final_ack = drops(inode, "final_ack_overflow");
         // Per socket: sk_drops counts final-ACK overflows twice (see syn_drops.rs).
         assert_eq!(queues[i].drops, total + final_ack, "member {i} sk_drops");
@@ -117,7 +105,7 @@ fn stalled_member_of_a_four_socket_group_stands_out_and_matches_the_kernel() {
         scrape.value("backlogd_listen_group_listeners", &group),
         Some(4.0)
     );
-    let group_drops: u64 = REASONS
+    let group_drops: u64 = DROP_REASONS
         .iter()
         .map(|r| {
             let mut l = group.clone();
