@@ -8,6 +8,7 @@ pub mod daemon;
 pub mod kernel;
 pub mod netns;
 pub mod prom;
+pub mod scenario;
 pub mod sockets;
 
 pub use daemon::Daemon;

@@ -128,6 +128,11 @@ pub fn connect_burst(ns: &Netns, to: SocketAddr, count: usize) -> Vec<Socket> {
 /// SYNs a client socket has sent: the first plus its retransmissions
 /// (`tcpi_total_retrans` while the handshake is pending).
 pub fn syns_sent(socket: &Socket) -> u64 {
+    1 + u64::from(tcp_state(socket).1)
+}
+
+/// `tcpi_state` and `tcpi_total_retrans` of a socket.
+pub fn tcp_state(socket: &Socket) -> (u8, u32) {
     let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
     let mut len = size_of::<libc::tcp_info>() as libc::socklen_t;
     // SAFETY: getsockopt writes at most `len` bytes into `info`.
@@ -141,5 +146,5 @@ pub fn syns_sent(socket: &Socket) -> u64 {
         )
     };
     assert_eq!(rc, 0, "TCP_INFO: {}", std::io::Error::last_os_error());
-    1 + u64::from(info.tcpi_total_retrans)
+    (info.tcpi_state, info.tcpi_total_retrans)
 }
