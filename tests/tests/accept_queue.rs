@@ -23,19 +23,26 @@ fn slow_acceptor_depth_peak_counts_and_wait_match_kernel_and_application() {
 
     // 12 handshakes complete; nobody accepts yet.
     let addr = listener.addr;
-    let (clients, connected_at) = ns.run(move || {
-        let clients: Vec<_> = (0..12)
-            .map(|_| std::net::TcpStream::connect(addr).expect("connect"))
-            .collect();
-        (clients, Instant::now())
+    // Each connection's handshake completes inside its connect() on loopback: the time
+    // connect() returns is when the application can first see it queued.
+    let clients: Vec<(std::net::TcpStream, Instant)> = ns.run(move || {
+        (0..12)
+            .map(|_| {
+                (
+                    std::net::TcpStream::connect(addr).expect("connect"),
+                    Instant::now(),
+                )
+            })
+            .collect()
     });
     std::thread::sleep(Duration::from_millis(20));
     let peak = kernel_queue(&ns, &listener).recv_q;
     assert_eq!(peak, 12, "kernel accept queue at the peak");
 
-    // The application accepts 5, 30 ms apart.
+    // The application accepts 5, 30 ms apart; the queue is FIFO, so the i-th accept takes
+    // the i-th connection.
     let mut app_wait = Duration::ZERO;
-    for _ in 0..5 {
+    for (_, connected_at) in clients.iter().take(5) {
         std::thread::sleep(Duration::from_millis(30));
         listener.socket.accept().expect("accept");
         app_wait += connected_at.elapsed();
@@ -79,8 +86,8 @@ fn slow_acceptor_depth_peak_counts_and_wait_match_kernel_and_application() {
         5.0
     );
     // Timing, not counting: the kernel-side clock starts when the final ACK is processed,
-    // the application's when the last connect() returned; they differ by well under 2 ms
-    // per connection on loopback.
+    // the application's when that connection's connect() returned; they differ by well under
+    // 2 ms per connection on loopback.
     let measured = value(
         &scrape,
         "backlogd_listen_accept_wait_seconds_sum",
