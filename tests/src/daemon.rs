@@ -159,27 +159,27 @@ impl Drop for Daemon {
     }
 }
 
-/// Minimal HTTP/1.1 GET with `Connection: close`.
+/// Minimal HTTP/1.1 GET with `Connection: close`; panics on any failure.
 pub fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
-    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5))
-        .unwrap_or_else(|e| panic!("connecting to backlogd at {addr}: {e}"));
-    stream.set_read_timeout(Some(Duration::from_secs(10))).ok();
+    try_http_get(addr, path).unwrap_or_else(|e| panic!("GET http://{addr}{path}: {e}"))
+}
+
+/// Minimal HTTP/1.1 GET with `Connection: close`.
+pub fn try_http_get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
+    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
+    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
     write!(
         stream,
         "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )
-    .expect("sending request");
+    )?;
     let mut response = String::new();
-    stream
-        .read_to_string(&mut response)
-        .expect("reading response");
-    let (head, body) = response
-        .split_once("\r\n\r\n")
-        .unwrap_or_else(|| panic!("malformed response: {response:?}"));
+    stream.read_to_string(&mut response)?;
+    let malformed = || std::io::Error::other(format!("malformed response: {response:?}"));
+    let (head, body) = response.split_once("\r\n\r\n").ok_or_else(malformed)?;
     let status = head
         .split_whitespace()
         .nth(1)
         .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| panic!("no status in {head:?}"));
-    (status, body.to_owned())
+        .ok_or_else(malformed)?;
+    Ok((status, body.to_owned()))
 }

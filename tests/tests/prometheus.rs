@@ -1,0 +1,196 @@
+//! The real consumer: Prometheus (Debian package) scrapes the daemon, and the shipped
+//! alerting rules pass their promtool unit tests.
+
+use std::{
+    net::{SocketAddr, TcpListener},
+    path::PathBuf,
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use backlogd_tests::{
+    Daemon, Netns,
+    daemon::{http_get, try_http_get},
+    sockets::{Listener, connect_burst},
+};
+
+fn deploy_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy/prometheus")
+}
+
+#[test]
+fn shipped_alert_rules_are_valid_and_pass_their_unit_tests() {
+    for args in [
+        vec!["check", "rules", "backlogd.rules.yml"],
+        vec!["test", "rules", "backlogd.rules.test.yml"],
+    ] {
+        let out = Command::new("promtool")
+            .args(&args)
+            .current_dir(deploy_dir())
+            .output()
+            .expect("promtool (Debian package prometheus; `cargo xtask setup` installs it)");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && text.contains("SUCCESS"),
+            "promtool {args:?}: {}\n{text}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+struct Prometheus {
+    child: Child,
+    addr: SocketAddr,
+    dir: PathBuf,
+}
+
+impl Prometheus {
+    fn start(target: SocketAddr) -> Self {
+        let dir = std::env::temp_dir().join(format!("backlogd-prometheus-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let config = dir.join("prometheus.yml");
+        std::fs::write(
+            &config,
+            format!(
+                "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n\
+                 scrape_configs:\n  - job_name: backlogd\n    static_configs:\n      \
+                 - targets: ['{target}']\n"
+            ),
+        )
+        .unwrap();
+        // A free port: bind, read it, release it for Prometheus.
+        let addr = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        let child = Command::new("prometheus")
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.join("data").display()
+            ))
+            .arg(format!("--web.listen-address={addr}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("prometheus (Debian package; `cargo xtask setup` installs it)");
+        Self { child, addr, dir }
+    }
+
+    /// `GET /api/v1/...`, the JSON body.
+    fn api(&self, path_and_query: &str) -> serde_json::Value {
+        let (status, body) = http_get(self.addr, path_and_query);
+        assert_eq!(status, 200, "{path_and_query}: {body}");
+        serde_json::from_str(&body).expect("Prometheus JSON")
+    }
+
+    /// Polls an instant query until it returns one sample; its value.
+    fn wait_for_value(&self, query: &str) -> f64 {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            // Prometheus may not listen yet: connection errors just mean "not yet".
+            if let Ok((200, body)) =
+                try_http_get(self.addr, &format!("/api/v1/query?query={}", encode(query)))
+                && let Ok(v) = serde_json::from_str::<serde_json::Value>(&body)
+                && let Some(sample) = v["data"]["result"].as_array().and_then(|r| r.first())
+            {
+                return sample["value"][1].as_str().unwrap().parse().unwrap();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "Prometheus never returned {query}"
+            );
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    }
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        self.child.kill().ok();
+        self.child.wait().ok();
+        std::fs::remove_dir_all(&self.dir).ok();
+    }
+}
+
+fn encode(q: &str) -> String {
+    q.bytes()
+        .map(|b| match b {
+            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'_' | b'-' | b'.' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+#[test]
+fn a_real_prometheus_scrapes_backlogd_with_the_right_values_and_types() {
+    let daemon = Daemon::start();
+    let ns = Netns::new();
+    ns.sysctl("net.core.somaxconn", "128");
+    ns.sysctl("net.ipv4.tcp_syncookies", "0");
+    // nginx's classic: listen(511) clamped to 128; then a burst nobody accepts.
+    let listener = Listener::open(&ns, "127.0.0.1:0", 511);
+    daemon.wait_for_listener(listener.inode);
+    let clients = connect_burst(&ns, listener.addr, 200);
+    std::thread::sleep(Duration::from_millis(300));
+    let socket = listener.inode.to_string();
+    let ours = daemon.scrape();
+    let drops = ours
+        .value(
+            "backlogd_listen_drops_total",
+            &[("socket", &socket), ("reason", "accept_queue_full")],
+        )
+        .unwrap();
+    assert!(drops > 0.0);
+
+    let prometheus = Prometheus::start(daemon.addr);
+    let sel = format!("{{socket=\"{socket}\"}}");
+    assert_eq!(
+        prometheus.wait_for_value(&format!("backlogd_listen_backlog_requested{sel}")),
+        511.0
+    );
+    assert_eq!(
+        prometheus.wait_for_value(&format!("backlogd_listen_backlog_granted{sel}")),
+        128.0
+    );
+    // The clients are still retrying, so read both sides after they stop.
+    drop(clients);
+    std::thread::sleep(Duration::from_millis(300));
+    let ours = daemon.scrape();
+    let want = ours
+        .value(
+            "backlogd_listen_drops_total",
+            &[("socket", &socket), ("reason", "accept_queue_full")],
+        )
+        .unwrap();
+    let query =
+        format!("backlogd_listen_drops_total{{socket=\"{socket}\",reason=\"accept_queue_full\"}}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while prometheus.wait_for_value(&query) != want {
+        assert!(
+            Instant::now() < deadline,
+            "Prometheus never caught up to {want}"
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    // Types as Prometheus understood them from the exposition.
+    for (metric, ty) in [
+        ("backlogd_listen_drops_total", "counter"),
+        ("backlogd_listen_backlog_granted", "gauge"),
+        ("backlogd_listen_accept_wait_seconds", "histogram"),
+    ] {
+        let meta = prometheus.api(&format!("/api/v1/metadata?metric={metric}"));
+        assert_eq!(meta["data"][metric][0]["type"], ty, "{metric}: {meta}");
+    }
+    // Every label backlogd documents arrives.
+    let series = prometheus.api(&format!(
+        "/api/v1/series?match[]={}",
+        encode(&format!("backlogd_listen_backlog_granted{sel}"))
+    ));
+    let labels = &series["data"][0];
+    for label in ["netns", "address", "port", "socket", "pid", "comm"] {
+        assert!(labels.get(label).is_some(), "{label} missing: {labels}");
+    }
+    assert_eq!(labels["netns"], ns.inode().to_string());
+}
