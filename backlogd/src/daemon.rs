@@ -33,6 +33,8 @@ pub struct Shared {
 }
 
 impl Shared {
+    /// The table, read-locked. Never hold one guard while taking another on the same
+    /// thread: std's RwLock deadlocks then if a writer is waiting in between.
     pub fn listeners(&self) -> RwLockReadGuard<'_, ListenerTable> {
         // A panic while holding the lock cannot leave the table half-updated (apply is a
         // single insert/remove), so a poisoned lock is still good to read.

@@ -159,19 +159,16 @@ impl Drop for Daemon {
     }
 }
 
-/// Minimal HTTP/1.1 GET with `Connection: close`; panics on any failure.
+/// Minimal HTTP/1.0 GET (no chunked bodies, connection closed after); panics on failure.
 pub fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
     try_http_get(addr, path).unwrap_or_else(|e| panic!("GET http://{addr}{path}: {e}"))
 }
 
-/// Minimal HTTP/1.1 GET with `Connection: close`.
+/// Minimal HTTP/1.0 GET: servers answer without chunked encoding and close.
 pub fn try_http_get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
     let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
     stream.set_read_timeout(Some(Duration::from_secs(10)))?;
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )?;
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n")?;
     let mut response = String::new();
     stream.read_to_string(&mut response)?;
     let malformed = || std::io::Error::other(format!("malformed response: {response:?}"));

@@ -14,3 +14,12 @@ pub mod sockets;
 pub use daemon::Daemon;
 pub use netns::Netns;
 pub use prom::Scrape;
+
+/// Writes a report (a table for the CI log) straight to stderr. libtest captures the
+/// `print!` family in passing tests; this is meant to be seen.
+pub fn report(text: &str) {
+    use std::io::Write as _;
+    let mut err = std::io::stderr().lock();
+    let _ = err.write_all(text.as_bytes());
+    let _ = err.flush();
+}

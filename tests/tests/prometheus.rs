@@ -47,7 +47,12 @@ struct Prometheus {
 
 impl Prometheus {
     fn start(target: SocketAddr) -> Self {
-        let dir = std::env::temp_dir().join(format!("backlogd-prometheus-{}", std::process::id()));
+        // Unique per test: several Prometheus servers may run at once.
+        let dir = std::env::temp_dir().join(format!(
+            "backlogd-prometheus-{}-{}",
+            std::process::id(),
+            target.port()
+        ));
         std::fs::create_dir_all(&dir).unwrap();
         let config = dir.join("prometheus.yml");
         std::fs::write(
@@ -193,4 +198,73 @@ fn a_real_prometheus_scrapes_backlogd_with_the_right_values_and_types() {
         assert!(labels.get(label).is_some(), "{label} missing: {labels}");
     }
     assert_eq!(labels["netns"], ns.inode().to_string());
+}
+
+/// Every `backlogd_*` name in a PromQL expression.
+fn metric_names(expr: &str) -> Vec<String> {
+    let mut names = Vec::new();
+    let mut rest = expr;
+    while let Some(i) = rest.find("backlogd_") {
+        let tail = &rest[i..];
+        let end = tail
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(tail.len());
+        names.push(tail[..end].to_owned());
+        rest = &tail[end..];
+    }
+    names
+}
+
+#[test]
+fn grafana_dashboard_parses_and_every_query_uses_real_metrics() {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy/grafana/backlogd.json");
+    let dashboard: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).expect("dashboard JSON");
+    let mut exprs: Vec<String> = dashboard["panels"]
+        .as_array()
+        .expect("panels")
+        .iter()
+        .flat_map(|p| p["targets"].as_array().cloned().unwrap_or_default())
+        .map(|t| t["expr"].as_str().expect("expr").to_owned())
+        .collect();
+    exprs.extend(
+        dashboard["templating"]["list"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|v| v["definition"].as_str().map(str::to_owned)),
+    );
+    assert!(exprs.len() >= 10, "{exprs:?}");
+
+    // A daemon with a listener that dropped, so every family has samples.
+    let daemon = Daemon::start();
+    let ns = Netns::new();
+    ns.sysctl("net.ipv4.tcp_syncookies", "0");
+    let listener = Listener::open(&ns, "127.0.0.1:0", 2);
+    daemon.wait_for_listener(listener.inode);
+    let clients = connect_burst(&ns, listener.addr, 10);
+    std::thread::sleep(Duration::from_millis(200));
+    drop(clients);
+    let scrape = daemon.scrape();
+    for expr in &exprs {
+        for name in metric_names(expr) {
+            assert!(
+                scrape.samples.iter().any(|s| s.name == name),
+                "dashboard query uses {name}, which backlogd does not export: {expr}"
+            );
+        }
+    }
+
+    // And Prometheus itself accepts every query (with Grafana's variables filled in).
+    let prometheus = Prometheus::start(daemon.addr);
+    prometheus.wait_for_value("backlogd_listeners");
+    for expr in exprs.iter().filter(|e| !e.starts_with("label_values")) {
+        let q = expr
+            .replace("$__rate_interval", "1m")
+            .replace("\"$netns\"", "\".*\"")
+            .replace("\"$port\"", "\".*\"")
+            .replace("\"$comm\"", "\".*\"");
+        let v = prometheus.api(&format!("/api/v1/query?query={}", encode(&q)));
+        assert_eq!(v["status"], "success", "{q}: {v}");
+    }
 }

@@ -7,13 +7,16 @@ use std::{path::PathBuf, process::Command};
 use anyhow::{Context as _, Result, bail};
 
 /// Debian packages the build or the tests run: `ip`/`ss` (iproute2), `setpriv`
-/// (util-linux), `promtool` (prometheus), `nft` (nftables: tests hold handshakes open), `bpftool`.
+/// (util-linux), `prometheus` and `promtool`, `nft` (nftables: tests hold handshakes
+/// open), `bpftool`, `nginx` and `wrk` (the real-world experiment).
 const DEBIAN_PACKAGES: &[&str] = &[
     "iproute2",
     "util-linux",
     "prometheus",
     "nftables",
     "bpftool",
+    "nginx-light",
+    "wrk",
 ];
 
 const BPF_LINKER_VERSION: &str = "0.13.0";

@@ -279,6 +279,9 @@ impl Metrics {
             queues,
         } = self.gather();
 
+        // Before taking the table's read guard: netns_counters() takes it too, and a second
+        // read lock on one thread deadlocks with a writer (the event loop) waiting between.
+        let namespaces = self.shared.netns_counters();
         let listeners = self.shared.listeners();
         let mut e = Exposition::with_capacity(1024 + listeners.len() * 6000);
         let rows: Vec<([String; 6], &Listener)> =
@@ -398,7 +401,7 @@ impl Metrics {
 
         aggregates(&mut e, &rows, &stats, &queues);
 
-        netns_counters(&mut e, &self.shared.netns_counters());
+        netns_counters(&mut e, &namespaces);
 
         e.family(
             "backlogd_listeners",

@@ -1,0 +1,238 @@
+//! The operator's classic experiment with real software: nginx (Debian's nginx-light)
+//! asks for `listen ... backlog=511`, the namespace's somaxconn is 128; wrk loads it; then
+//! somaxconn is raised to 4096 and the run repeated. Also nginx with `reuseport` and four
+//! workers. backlogd's figures must equal the kernel's in every run.
+
+use std::{
+    path::PathBuf,
+    process::{Child, Command, Stdio},
+    time::Duration,
+};
+
+use backlogd_tests::{
+    Daemon, Netns, Scrape,
+    kernel::{ListenCounters, tcp_ext},
+    prom::DROP_REASONS,
+    report,
+};
+
+struct Nginx {
+    child: Child,
+    dir: PathBuf,
+}
+
+impl Nginx {
+    /// nginx in `ns`, listening on 127.0.0.1:8080 with `backlog=511`.
+    fn start(ns: &Netns, workers: u32, reuseport: bool) -> Self {
+        let dir = std::env::temp_dir().join(format!(
+            "backlogd-nginx-{}-{}",
+            std::process::id(),
+            ns.inode()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let d = dir.display();
+        let conf = format!(
+            "worker_processes {workers};\npid {d}/nginx.pid;\nerror_log {d}/error.log;\n\
+             events {{ worker_connections 4096; }}\n\
+             http {{\n  access_log off;\n  client_body_temp_path {d}; proxy_temp_path {d};\n  \
+             fastcgi_temp_path {d}; uwsgi_temp_path {d}; scgi_temp_path {d};\n  \
+             server {{ listen 127.0.0.1:8080{} backlog=511; location / {{ return 200 \"ok\\n\"; }} }}\n}}\n",
+            if reuseport { " reuseport" } else { "" }
+        );
+        std::fs::write(dir.join("nginx.conf"), conf).unwrap();
+        let conf_path = dir.join("nginx.conf");
+        let child = ns.run(move || {
+            Command::new("nginx")
+                .arg("-c")
+                .arg(&conf_path)
+                .args(["-g", "daemon off;"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("nginx (Debian package nginx-light; `cargo xtask setup` installs it)")
+        });
+        Self { child, dir }
+    }
+}
+
+impl Drop for Nginx {
+    fn drop(&mut self) {
+        // SIGQUIT would wait for connections; the test is done with them.
+        self.child.kill().ok();
+        self.child.wait().ok();
+        // Workers die with their master's process group only on SIGTERM: make sure.
+        let _ = Command::new("pkill")
+            .args(["-f", &format!("{}/nginx.conf", self.dir.display())])
+            .status();
+        std::fs::remove_dir_all(&self.dir).ok();
+    }
+}
+
+/// wrk's summary line about failed sockets (empty when there were none).
+fn wrk(ns: &Netns, connections: u32) -> String {
+    let out = ns.command(
+        "wrk",
+        &[
+            "-t2",
+            &format!("-c{connections}"),
+            "-d3s",
+            "http://127.0.0.1:8080/",
+        ],
+    );
+    out.lines()
+        .find(|l| l.contains("Socket errors"))
+        .unwrap_or("Socket errors: none")
+        .trim()
+        .to_owned()
+}
+
+/// Sockets listening on :8080 in `ns` according to backlogd, after it has seen `count`.
+fn nginx_sockets(daemon: &Daemon, ns: &Netns, count: usize) -> Scrape {
+    let netns = ns.inode().to_string();
+    daemon.wait_for(&format!("{count} nginx sockets"), |s| {
+        (s.find(
+            "backlogd_listen_backlog_granted",
+            &[("netns", &netns), ("port", "8080")],
+        )
+        .len()
+            == count)
+            .then(|| s.clone())
+    })
+}
+
+fn drops_in(scrape: &Scrape, ns: &Netns) -> u64 {
+    let netns = ns.inode().to_string();
+    DROP_REASONS
+        .iter()
+        .flat_map(|r| {
+            scrape.find(
+                "backlogd_listen_drops_total",
+                &[("netns", &netns), ("port", "8080"), ("reason", r)],
+            )
+        })
+        .map(|s| s.value as u64)
+        .sum()
+}
+
+struct Run {
+    somaxconn: u32,
+    granted: f64,
+    client: String,
+    kernel: ListenCounters,
+    backlogd_drops: u64,
+}
+
+fn run(daemon: &Daemon, somaxconn: u32) -> Run {
+    let ns = Netns::new();
+    ns.sysctl("net.core.somaxconn", &somaxconn.to_string());
+    ns.sysctl("net.ipv4.tcp_syncookies", "0");
+    let _nginx = Nginx::start(&ns, 1, false);
+    let scrape = nginx_sockets(daemon, &ns, 1);
+    let labels = [
+        ("netns", ns.inode().to_string()),
+        ("port", "8080".to_string()),
+    ];
+    let labels: Vec<(&str, &str)> = labels.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let requested = scrape.value("backlogd_listen_backlog_requested", &labels);
+    assert_eq!(
+        requested,
+        Some(511.0),
+        "nginx asked for 511:\n{}",
+        scrape.text
+    );
+    let comm = &scrape.find("backlogd_listen_backlog_granted", &labels)[0].labels["comm"];
+    assert_eq!(comm, "nginx");
+    let granted = scrape
+        .value("backlogd_listen_backlog_granted", &labels)
+        .unwrap();
+
+    let before = tcp_ext(&ns);
+    let client = wrk(&ns, 1000);
+    std::thread::sleep(Duration::from_millis(200));
+    let kernel = ListenCounters::delta(&before, &tcp_ext(&ns));
+    let scrape = daemon.scrape();
+    Run {
+        somaxconn,
+        granted,
+        client,
+        kernel,
+        backlogd_drops: drops_in(&scrape, &ns),
+    }
+}
+
+#[test]
+fn nginx_backlog_511_clamped_by_somaxconn_128_then_fixed() {
+    let daemon = Daemon::start();
+    let before = run(&daemon, 128);
+    let after = run(&daemon, 4096);
+    let mut table =
+        String::from("\nnginx listen(511) under wrk -c1000, before and after raising somaxconn\n");
+    table += &format!(
+        "  {:<10}{:>9}{:>16}{:>14}{:>16}  client (wrk)\n",
+        "somaxconn", "granted", "ListenOverflows", "ListenDrops", "backlogd drops"
+    );
+    for r in [&before, &after] {
+        table += &format!(
+            "  {:<10}{:>9}{:>16}{:>14}{:>16}  {}\n",
+            r.somaxconn,
+            r.granted,
+            r.kernel.listen_overflows,
+            r.kernel.listen_drops,
+            r.backlogd_drops,
+            r.client
+        );
+    }
+    report(&table);
+    assert_eq!((before.granted, after.granted), (128.0, 511.0));
+    for r in [&before, &after] {
+        assert_eq!(
+            r.backlogd_drops, r.kernel.listen_drops,
+            "somaxconn {}",
+            r.somaxconn
+        );
+    }
+    assert!(
+        before.kernel.listen_drops > 0,
+        "the clamped run dropped nothing"
+    );
+    assert_eq!(after.kernel.listen_drops, 0, "the fix did not fix it");
+}
+
+#[test]
+fn nginx_reuseport_four_workers_show_per_socket_and_group_figures() {
+    let daemon = Daemon::start();
+    let ns = Netns::new();
+    ns.sysctl("net.core.somaxconn", "128");
+    ns.sysctl("net.ipv4.tcp_syncookies", "0");
+    let _nginx = Nginx::start(&ns, 4, true);
+    nginx_sockets(&daemon, &ns, 4);
+    let before = tcp_ext(&ns);
+    let client = wrk(&ns, 1000);
+    std::thread::sleep(Duration::from_millis(200));
+    let kernel = ListenCounters::delta(&before, &tcp_ext(&ns));
+    let scrape = daemon.scrape();
+    let netns = ns.inode().to_string();
+    let group = [("netns", netns.as_str()), ("port", "8080")];
+
+    let members = scrape.find("backlogd_listen_accepted_total", &group);
+    assert_eq!(members.len(), 4, "{}", scrape.text);
+    let mut table = format!("\nnginx reuseport, 4 workers, wrk -c1000 ({client})\n");
+    for m in &members {
+        table += &format!(
+            "  socket {:>8}  accepted {:>6}\n",
+            m.labels["socket"], m.value
+        );
+        // The kernel spreads connections over the group: every worker's socket accepted.
+        assert!(m.value > 0.0, "{m:?}");
+    }
+    report(&table);
+    assert_eq!(
+        scrape.value("backlogd_listen_group_listeners", &group),
+        Some(4.0)
+    );
+    let group_accepted = scrape
+        .value("backlogd_listen_group_accepted_total", &group)
+        .unwrap();
+    assert_eq!(group_accepted, members.iter().map(|m| m.value).sum::<f64>());
+    assert_eq!(drops_in(&scrape, &ns), kernel.listen_drops, "{kernel:?}");
+}
