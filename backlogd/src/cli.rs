@@ -4,7 +4,10 @@ use std::{net::SocketAddr, path::PathBuf};
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::loader::{btf::KERNEL_BTF, modes::HookModeArg};
+use crate::{
+    doctor::findings::Severity,
+    loader::{btf::KERNEL_BTF, modes::HookModeArg},
+};
 
 /// Per-listener TCP listen-queue observability: requested vs granted backlogs, SYN and
 /// accept-queue drops and why, served as Prometheus metrics.
@@ -23,6 +26,23 @@ pub enum Command {
     /// Run the daemon: load the eBPF probes and serve /metrics (needs root or CAP_BPF +
     /// CAP_PERFMON).
     Run(RunArgs),
+    /// Check every listener and namespace through the running daemon and print what to
+    /// change, most severe first. Exits 1 when a finding at or above --fail-on exists,
+    /// 2 on errors.
+    Doctor(DoctorArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct DoctorArgs {
+    /// Address of the daemon's HTTP endpoint.
+    #[arg(long, value_name = "HOST:PORT", default_value = "127.0.0.1:9851")]
+    pub api: SocketAddr,
+    /// Print the findings as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// Lowest severity that makes the exit status non-zero.
+    #[arg(long, value_enum, default_value_t = Severity::Warning)]
+    pub fail_on: Severity,
 }
 
 #[derive(Debug, Args)]

@@ -58,6 +58,18 @@ impl Shared {
         out
     }
 
+    /// Listen sysctls of every namespace that has listeners.
+    pub fn netns_sysctls(&self) -> Vec<(u32, tcpext::ListenSysctls)> {
+        let wanted: HashSet<u32> = self.listeners().iter().map(|l| l.netns).collect();
+        let sources = self.netns_sources.lock().unwrap_or_else(|e| e.into_inner());
+        let mut out: Vec<(u32, tcpext::ListenSysctls)> = wanted
+            .into_iter()
+            .filter_map(|ns| Some((ns, sources.get(&ns)?.sysctls(ns)?)))
+            .collect();
+        out.sort_by_key(|(ns, _)| *ns);
+        out
+    }
+
     fn note_netns(&self, netns: u32, source: tcpext::Source) {
         self.netns_sources
             .lock()

@@ -12,7 +12,7 @@ use serde::Serialize;
 use crate::sampling::{DiagListener, owners::Owner};
 
 /// One listening socket as the kernel last described it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct Listener {
     /// Socket inode (`ss -e` `ino:`); unique among live sockets.
     pub inode: u64,

@@ -2,6 +2,7 @@
 
 mod cli;
 mod daemon;
+mod doctor;
 mod exporter;
 mod listeners;
 mod loader;
@@ -12,6 +13,13 @@ use clap::Parser as _;
 use tracing_subscriber::EnvFilter;
 
 use crate::cli::{Cli, Command};
+
+/// How a command ended, for the exit status.
+enum Outcome {
+    Clean,
+    /// `doctor` found something at or above `--fail-on`.
+    Findings,
+}
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
@@ -33,13 +41,27 @@ fn main() -> std::process::ExitCode {
                     hwm_window: std::time::Duration::from_secs(args.hwm_window),
                     hook_mode: args.hook_mode,
                 }))
-            }),
+            })
+            .map(|()| Outcome::Clean),
+        Command::Doctor(args) => doctor::run(&doctor::DoctorOptions {
+            api: args.api,
+            json: args.json,
+            fail_on: args.fail_on,
+        })
+        .map(|failed| {
+            if failed {
+                Outcome::Findings
+            } else {
+                Outcome::Clean
+            }
+        }),
     };
     match result {
-        Ok(()) => std::process::ExitCode::SUCCESS,
+        Ok(Outcome::Clean) => std::process::ExitCode::SUCCESS,
+        Ok(Outcome::Findings) => std::process::ExitCode::from(1),
         Err(e) => {
             eprintln!("backlogd: error: {e:#}");
-            std::process::ExitCode::FAILURE
+            std::process::ExitCode::from(2)
         }
     }
 }

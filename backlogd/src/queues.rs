@@ -14,7 +14,7 @@ use std::{
 use aya::maps::{HashMap as BpfHashMap, MapData};
 use backlogd_common::QueueState;
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct QueueFigures {
     /// Connections waiting for accept() as last observed.
     pub accept_depth: u32,

@@ -9,7 +9,7 @@ use std::{
 
 use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, PerCpuHashMap};
 use backlogd_common::{ACCEPT_WAIT_BUCKETS, ListenerStats, QueueState};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::text::{Exposition, Kind};
 use crate::{
@@ -17,7 +17,7 @@ use crate::{
     listeners::Listener,
     loader::modes::{HookMode, KernelSupport},
     queues::{QueueFigures, QueueWindows},
-    sampling::tcpext,
+    sampling::tcpext::{self, ListenSysctls},
 };
 
 /// The eBPF maps read at scrape time (and by the queue sampler).
@@ -73,17 +73,26 @@ struct Gathered {
 }
 
 /// `GET /api/v1/snapshot`.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct Snapshot {
-    pub version: &'static str,
-    pub hook_mode: &'static str,
+    pub version: String,
+    pub hook_mode: String,
     pub kernel: KernelSupport,
     pub events_lost: u64,
     pub stats_full: u64,
     pub listeners: Vec<ListenerSnapshot>,
+    /// Listen sysctls of each namespace that has listeners.
+    pub namespaces: Vec<NamespaceSnapshot>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
+pub struct NamespaceSnapshot {
+    pub netns: u32,
+    #[serde(flatten)]
+    pub sysctls: ListenSysctls,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
 pub struct ListenerSnapshot {
     #[serde(flatten)]
     pub listener: Listener,
@@ -97,7 +106,7 @@ pub struct ListenerSnapshot {
     pub accept_wait: AcceptWait,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct Drops {
     pub accept_queue_full: u64,
     pub syn_queue_full: u64,
@@ -105,7 +114,7 @@ pub struct Drops {
     pub other: u64,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct AcceptWait {
     pub count: u64,
     pub sum_seconds: f64,
@@ -113,7 +122,7 @@ pub struct AcceptWait {
     pub buckets: Vec<Bucket>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct Bucket {
     pub le: Option<f64>,
     pub count: u64,
@@ -261,9 +270,16 @@ impl Metrics {
             })
             .collect();
         listeners.sort_by_key(|l| (l.listener.netns, l.listener.port, l.listener.inode));
+        let namespaces = self
+            .shared
+            .netns_sysctls()
+            .into_iter()
+            .map(|(netns, sysctls)| NamespaceSnapshot { netns, sysctls })
+            .collect();
         Snapshot {
-            version: env!("CARGO_PKG_VERSION"),
-            hook_mode: self.mode.name(),
+            namespaces,
+            version: env!("CARGO_PKG_VERSION").to_owned(),
+            hook_mode: self.mode.name().to_owned(),
             kernel: self.kernel,
             events_lost,
             stats_full,

@@ -35,7 +35,7 @@ impl HookMode {
 }
 
 /// What the running kernel allows, as found by trying.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct KernelSupport {
     /// A BPF_PROG_TYPE_TRACING program loads (BPF trampolines work).
     pub fentry: bool,

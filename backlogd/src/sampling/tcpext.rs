@@ -65,6 +65,50 @@ impl Source {
     }
 }
 
+/// Listen-related sysctls of a namespace (they are per namespace).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ListenSysctls {
+    pub somaxconn: u32,
+    pub tcp_max_syn_backlog: u32,
+    pub tcp_syncookies: u32,
+    pub tcp_abort_on_overflow: u32,
+}
+
+impl Source {
+    /// The namespace path to join for reading its `/proc/sys/net`.
+    fn ns_path(&self) -> PathBuf {
+        match self {
+            Source::Task { pid, tid } => format!("/proc/{pid}/task/{tid}/ns/net").into(),
+            Source::File(path) => path.clone(),
+        }
+    }
+
+    /// The namespace's listen sysctls, read from a thread that joins it (`/proc/sys/net`
+    /// always shows the reader's namespace).
+    pub fn sysctls(&self, netns: u32) -> Option<ListenSysctls> {
+        let path = self.ns_path();
+        if std::fs::metadata(&path).ok()?.ino() != u64::from(netns) {
+            return None;
+        }
+        super::netns::run_in(&path, || {
+            let read = |key: &str| -> std::io::Result<u32> {
+                std::fs::read_to_string(format!("/proc/sys/{}", key.replace('.', "/")))?
+                    .trim()
+                    .parse()
+                    .map_err(std::io::Error::other)
+            };
+            Ok(ListenSysctls {
+                somaxconn: read("net.core.somaxconn")?,
+                tcp_max_syn_backlog: read("net.ipv4.tcp_max_syn_backlog")?,
+                tcp_syncookies: read("net.ipv4.tcp_syncookies")?,
+                tcp_abort_on_overflow: read("net.ipv4.tcp_abort_on_overflow")?,
+            })
+        })
+        .ok()?
+        .ok()
+    }
+}
+
 /// The TcpExt section of `/proc/net/netstat` (a header line of names, then values).
 pub fn parse(netstat: &str) -> Option<HashMap<String, u64>> {
     let mut lines = netstat.lines();

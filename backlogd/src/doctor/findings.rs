@@ -1,0 +1,301 @@
+//! From numbers to the fix: findings over a snapshot of every listener and namespace.
+//! Pure: the same snapshot always gives the same findings (unit-tested below; the
+//! integration tests build each situation for real).
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use crate::exporter::metrics::{ListenerSnapshot, NamespaceSnapshot, Snapshot};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Severity {
+    Info,
+    Warning,
+    Critical,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Finding {
+    pub severity: Severity,
+    /// Stable identifier for automation.
+    pub kind: &'static str,
+    /// `comm[pid] address:port (netns N)` the finding is about.
+    pub subject: String,
+    pub summary: String,
+    pub evidence: Vec<String>,
+    pub remedy: String,
+}
+
+fn subject(l: &ListenerSnapshot) -> String {
+    let l = &l.listener;
+    format!(
+        "{}[{}] {}:{} (netns {})",
+        l.comm, l.pid, l.addr, l.port, l.netns
+    )
+}
+
+fn drops(l: &ListenerSnapshot) -> u64 {
+    l.drops.accept_queue_full + l.drops.syn_queue_full + l.drops.final_ack_overflow + l.drops.other
+}
+
+/// Smallest bucket bound below which `q` of the accept waits fall, in seconds.
+fn wait_quantile(l: &ListenerSnapshot, q: f64) -> Option<String> {
+    let total = l.accept_wait.count;
+    if total == 0 {
+        return None;
+    }
+    let mut seen = 0;
+    for b in &l.accept_wait.buckets {
+        seen += b.count;
+        if seen as f64 >= q * total as f64 {
+            return Some(match b.le {
+                Some(le) => format!("<= {}", human_seconds(le)),
+                None => "> 8.4 s".to_owned(),
+            });
+        }
+    }
+    None
+}
+
+fn human_seconds(s: f64) -> String {
+    if s < 1e-3 {
+        format!("{:.0} us", s * 1e6)
+    } else if s < 1.0 {
+        format!("{:.1} ms", s * 1e3)
+    } else {
+        format!("{s:.1} s")
+    }
+}
+
+pub fn diagnose(snapshot: &Snapshot) -> Vec<Finding> {
+    let netns: BTreeMap<u32, &NamespaceSnapshot> =
+        snapshot.namespaces.iter().map(|n| (n.netns, n)).collect();
+    let mut out = Vec::new();
+    for l in &snapshot.listeners {
+        let ns = netns.get(&l.listener.netns);
+        let granted = l.listener.granted;
+        // 1. The somaxconn clamp.
+        if let Some(requested) = l.listener.requested
+            && requested > 0
+            && requested as u32 > granted
+        {
+            let somaxconn = ns.map(|n| n.sysctls.somaxconn);
+            out.push(Finding {
+                severity: Severity::Warning,
+                kind: "backlog_clamped",
+                subject: subject(l),
+                summary: format!(
+                    "{} asked for backlog {requested} on {}:{}, the kernel granted {granted}",
+                    l.listener.comm, l.listener.addr, l.listener.port
+                ),
+                evidence: vec![
+                    format!("listen() backlog {requested}, sk_max_ack_backlog {granted}"),
+                    match somaxconn {
+                        Some(m) => {
+                            format!("net.core.somaxconn = {m} in netns {}", l.listener.netns)
+                        }
+                        None => format!("net.core.somaxconn of netns {} unknown", l.listener.netns),
+                    },
+                ],
+                remedy: format!(
+                    "raise net.core.somaxconn to at least {requested} in that namespace \
+                     (`sysctl -w net.core.somaxconn={requested}`, and persistently in \
+                     /etc/sysctl.d/90-listen-backlog.conf), then restart the listener: \
+                     existing sockets keep the backlog they were granted"
+                ),
+            });
+        }
+        // 2. Accept queue overflowing, or hovering near full.
+        let overflows = l.drops.accept_queue_full + l.drops.final_ack_overflow;
+        let peak = l.queues.accept_max;
+        let mut queue_evidence = vec![
+            format!(
+                "accept queue peak {peak} of capacity {granted} (now {})",
+                l.queues.accept_depth
+            ),
+            format!("{} accepted of {} queued", l.accepted, l.queued),
+        ];
+        if let Some(p99) = wait_quantile(l, 0.99) {
+            queue_evidence.push(format!("accept wait p99 {p99}"));
+        }
+        let accepts_slowly = "the application accepts too slowly for the arrival rate: \
+            accept in a loop until EAGAIN, add workers (SO_REUSEPORT), or move work out of \
+            the accept path; a larger backlog only hides this and adds latency";
+        if overflows > 0 {
+            let mut evidence = vec![format!(
+                "{overflows} connections dropped with the accept queue full ({} at SYN, {} at \
+                 the final ACK)",
+                l.drops.accept_queue_full, l.drops.final_ack_overflow
+            )];
+            evidence.extend(queue_evidence);
+            out.push(Finding {
+                severity: Severity::Critical,
+                kind: "accept_queue_overflow",
+                subject: subject(l),
+                summary: format!(
+                    "the accept queue of {}:{} overflows",
+                    l.listener.addr, l.listener.port
+                ),
+                evidence,
+                remedy: accepts_slowly.to_owned(),
+            });
+        } else if granted > 0 && f64::from(peak) >= 0.9 * f64::from(granted) {
+            out.push(Finding {
+                severity: Severity::Warning,
+                kind: "accept_queue_near_full",
+                subject: subject(l),
+                summary: format!(
+                    "the accept queue of {}:{} reached {peak} of {granted}",
+                    l.listener.addr, l.listener.port
+                ),
+                evidence: queue_evidence,
+                remedy: accepts_slowly.to_owned(),
+            });
+        }
+        // 3. SYN queue overflow with syncookies off.
+        if l.drops.syn_queue_full > 0 {
+            out.push(Finding {
+                severity: Severity::Critical,
+                kind: "syn_queue_overflow",
+                subject: subject(l),
+                summary: format!(
+                    "SYNs to {}:{} are dropped because the SYN queue is full and syncookies \
+                     are off",
+                    l.listener.addr, l.listener.port
+                ),
+                evidence: vec![
+                    format!("{} SYNs dropped (TCPReqQFullDrop)", l.drops.syn_queue_full),
+                    format!("SYN queue peak {} of limit {granted}", l.queues.syn_max),
+                    match ns {
+                        Some(n) => {
+                            format!("net.ipv4.tcp_syncookies = {}", n.sysctls.tcp_syncookies)
+                        }
+                        None => "net.ipv4.tcp_syncookies unknown".to_owned(),
+                    },
+                ],
+                remedy: "enable syncookies (`sysctl -w net.ipv4.tcp_syncookies=1`, persist in \
+                    /etc/sysctl.d), and if the handshakes are legitimate raise the listen \
+                    backlog: the SYN queue's limit is the granted backlog"
+                    .to_owned(),
+            });
+        }
+        // 4. Syncookies firing.
+        if l.syncookies_sent > 0 {
+            out.push(Finding {
+                severity: Severity::Warning,
+                kind: "syncookies_sent",
+                subject: subject(l),
+                summary: format!(
+                    "the kernel answers SYNs to {}:{} with syncookies",
+                    l.listener.addr, l.listener.port
+                ),
+                evidence: vec![
+                    format!(
+                        "{} syncookies sent (TCPReqQFullDoCookies)",
+                        l.syncookies_sent
+                    ),
+                    format!("SYN queue peak {} of limit {granted}", l.queues.syn_max),
+                    format!("{} SYN-ACK retransmits", l.synack_retransmits),
+                ],
+                remedy: "either a SYN flood (many SYNs never completed: look at the sources), \
+                    or a SYN queue too small for the legitimate handshake rate: raise the \
+                    listen backlog (and net.core.somaxconn)"
+                    .to_owned(),
+            });
+        }
+    }
+    // 5. SO_REUSEPORT group imbalance: one member full or dropping while siblings idle.
+    let mut groups: BTreeMap<(u32, String, u16), Vec<&ListenerSnapshot>> = BTreeMap::new();
+    for l in &snapshot.listeners {
+        let k = (
+            l.listener.netns,
+            l.listener.addr.to_string(),
+            l.listener.port,
+        );
+        groups.entry(k).or_default().push(l);
+    }
+    for ((netns, addr, port), members) in &groups {
+        if members.len() < 2 {
+            continue;
+        }
+        let stuck =
+            |l: &ListenerSnapshot| drops(l) > 0 || l.queues.accept_depth > l.listener.granted;
+        let healthy = |l: &ListenerSnapshot| drops(l) == 0 && l.queues.accept_depth == 0;
+        let stalled: Vec<&ListenerSnapshot> =
+            members.iter().copied().filter(|l| stuck(l)).collect();
+        if !stalled.is_empty() && members.iter().any(|l| healthy(l)) {
+            for l in stalled {
+                out.push(Finding {
+                    severity: Severity::Critical,
+                    kind: "reuseport_imbalance",
+                    subject: subject(l),
+                    summary: format!(
+                        "one member of the SO_REUSEPORT group {addr}:{port} (netns {netns}) \
+                         is full while its siblings are empty: a stalled worker"
+                    ),
+                    evidence: members
+                        .iter()
+                        .map(|m| {
+                            format!(
+                                "socket {} ({}[{}]): queue {} of {}, {} dropped, {} accepted",
+                                m.listener.inode,
+                                m.listener.comm,
+                                m.listener.pid,
+                                m.queues.accept_depth,
+                                m.listener.granted,
+                                drops(m),
+                                m.accepted
+                            )
+                        })
+                        .collect(),
+                    remedy: format!(
+                        "the worker owning socket {} stopped accepting: the kernel keeps \
+                         hashing connections to it. Find out why it is stuck (stack, \
+                         blocking call) and restart it; consider a SO_REUSEPORT BPF \
+                         program or SO_INCOMING_CPU-aware balancing",
+                        l.listener.inode
+                    ),
+                });
+            }
+        }
+    }
+    // 6. tcp_abort_on_overflow turning overflows into resets.
+    for n in &snapshot.namespaces {
+        if n.sysctls.tcp_abort_on_overflow == 0 {
+            continue;
+        }
+        let resets: u64 = snapshot
+            .listeners
+            .iter()
+            .filter(|l| l.listener.netns == n.netns)
+            .map(|l| l.drops.final_ack_overflow)
+            .sum();
+        out.push(Finding {
+            severity: if resets > 0 {
+                Severity::Warning
+            } else {
+                Severity::Info
+            },
+            kind: "abort_on_overflow",
+            subject: format!("netns {}", n.netns),
+            summary: "net.ipv4.tcp_abort_on_overflow=1 turns accept-queue overflows into \
+                resets"
+                .to_owned(),
+            evidence: vec![
+                format!(
+                    "net.ipv4.tcp_abort_on_overflow = {}",
+                    n.sysctls.tcp_abort_on_overflow
+                ),
+                format!("{resets} final-ACK overflows answered with a RST"),
+            ],
+            remedy: "set it back to 0 (`sysctl -w net.ipv4.tcp_abort_on_overflow=0`): with 0 \
+                the kernel retries the handshake when the queue has room again; with 1 \
+                clients get ECONNRESET on a burst the queue would have absorbed a moment later"
+                .to_owned(),
+        });
+    }
+    out.sort_by(|a, b| b.severity.cmp(&a.severity).then(a.kind.cmp(b.kind)));
+    out
+}

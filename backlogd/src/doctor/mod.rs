@@ -1,0 +1,71 @@
+//! `backlogd doctor`: reads the running daemon's snapshot and says what to change.
+
+pub mod findings;
+
+use std::net::SocketAddr;
+
+use anyhow::{Context as _, anyhow};
+
+use self::findings::{Finding, Severity};
+use crate::exporter::metrics::Snapshot;
+
+pub struct DoctorOptions {
+    pub api: SocketAddr,
+    pub json: bool,
+    pub fail_on: Severity,
+}
+
+/// Prints the findings; returns whether one is at or above `fail_on`.
+pub fn run(opts: &DoctorOptions) -> anyhow::Result<bool> {
+    let url = format!("http://{}/api/v1/snapshot", opts.api);
+    let body = ureq::get(&url)
+        .call()
+        .map_err(|e| {
+            anyhow!(
+                "cannot reach the backlogd daemon at {} ({e}). Fix: start it (`backlogd run` \
+                 or its systemd service), or point `--api HOST:PORT` at the address it serves",
+                opts.api
+            )
+        })?
+        .body_mut()
+        .read_to_string()
+        .with_context(|| format!("reading {url}"))?;
+    let snapshot: Snapshot = serde_json::from_str(&body).with_context(|| {
+        format!("{url} did not answer with a backlogd snapshot (a different backlogd version?)")
+    })?;
+    let found = findings::diagnose(&snapshot);
+    if opts.json {
+        println!("{}", serde_json::to_string_pretty(&found)?);
+    } else {
+        print!("{}", render(&snapshot, &found));
+    }
+    Ok(found.iter().any(|f| f.severity >= opts.fail_on))
+}
+
+fn render(snapshot: &Snapshot, found: &[Finding]) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    if found.is_empty() {
+        let _ = writeln!(
+            out,
+            "all clear: {} listeners in {} network namespaces, nothing to fix",
+            snapshot.listeners.len(),
+            snapshot.namespaces.len()
+        );
+        return out;
+    }
+    for f in found {
+        let severity = match f.severity {
+            Severity::Critical => "CRITICAL",
+            Severity::Warning => "WARNING",
+            Severity::Info => "INFO",
+        };
+        let _ = writeln!(out, "{severity} {} — {}", f.kind, f.subject);
+        let _ = writeln!(out, "  {}", f.summary);
+        for e in &f.evidence {
+            let _ = writeln!(out, "  evidence: {e}");
+        }
+        let _ = writeln!(out, "  fix: {}\n", f.remedy);
+    }
+    out
+}

@@ -1,0 +1,232 @@
+//! `backlogd doctor` against situations built for real, one namespace each. The
+//! situations run in sequence inside one test: the daemon sees every listener on the
+//! host, and the exit-status checks must not see another test's listeners.
+
+use std::{collections::BTreeSet, process::Command, time::Duration};
+
+use backlogd_tests::{
+    Daemon, Netns,
+    daemon::binary,
+    sockets::{Listener, connect_burst},
+};
+
+struct Doctor {
+    findings: Vec<serde_json::Value>,
+    status: i32,
+}
+
+fn doctor(daemon: &Daemon, extra: &[&str]) -> Doctor {
+    let out = Command::new(binary())
+        .args(["doctor", "--json", "--api", &daemon.addr.to_string()])
+        .args(extra)
+        .output()
+        .expect("running backlogd doctor");
+    let findings: Vec<serde_json::Value> =
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+            panic!(
+                "doctor --json: {e}\n{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            )
+        });
+    Doctor {
+        findings,
+        status: out.status.code().expect("exit status"),
+    }
+}
+
+/// Findings about namespace `ns` (subjects name their netns).
+fn about<'a>(d: &'a Doctor, ns: &Netns) -> Vec<&'a serde_json::Value> {
+    let tag = format!("netns {}", ns.inode());
+    d.findings
+        .iter()
+        .filter(|f| f["subject"].as_str().unwrap().contains(&tag))
+        .collect()
+}
+
+fn kinds(findings: &[&serde_json::Value]) -> BTreeSet<String> {
+    findings
+        .iter()
+        .map(|f| f["kind"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+fn evidence(f: &serde_json::Value) -> String {
+    f["evidence"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e.as_str().unwrap())
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+fn set(k: &[&str]) -> BTreeSet<String> {
+    k.iter().map(|s| s.to_string()).collect()
+}
+
+#[test]
+fn doctor_names_each_situation_with_its_evidence_and_nothing_false_when_healthy() {
+    let daemon = Daemon::start();
+
+    // Healthy: a listener with room, an application that accepts.
+    {
+        let ns = Netns::new();
+        let l = Listener::open(&ns, "127.0.0.1:0", 128);
+        daemon.wait_for_listener(l.inode);
+        let clients = connect_burst(&ns, l.addr, 20);
+        std::thread::sleep(Duration::from_millis(100));
+        l.socket.set_nonblocking(true).unwrap();
+        while l.socket.accept().is_ok() {}
+        drop(clients);
+        let d = doctor(&daemon, &["--fail-on", "info"]);
+        assert_eq!(kinds(&about(&d, &ns)), set(&[]), "{:#?}", d.findings);
+        assert_eq!(d.status, 0, "all clear exits 0: {:#?}", d.findings);
+    }
+
+    // Clamped backlog: asked 511, somaxconn 128.
+    {
+        let ns = Netns::new();
+        ns.sysctl("net.core.somaxconn", "128");
+        let l = Listener::open(&ns, "127.0.0.1:0", 511);
+        daemon.wait_for_listener(l.inode);
+        let d = doctor(&daemon, &[]);
+        let found = about(&d, &ns);
+        assert_eq!(kinds(&found), set(&["backlog_clamped"]), "{found:#?}");
+        let ev = evidence(found[0]);
+        assert!(
+            ev.contains("listen() backlog 511, sk_max_ack_backlog 128"),
+            "{ev}"
+        );
+        assert!(ev.contains("net.core.somaxconn = 128"), "{ev}");
+        assert!(
+            found[0]["remedy"]
+                .as_str()
+                .unwrap()
+                .contains("somaxconn=511")
+        );
+        assert_eq!(d.status, 1, "a warning fails the default --fail-on warning");
+        assert_eq!(doctor(&daemon, &["--fail-on", "critical"]).status, 0);
+    }
+
+    // Slow acceptor: backlog 4, nobody accepts, a burst.
+    {
+        let ns = Netns::new();
+        ns.sysctl("net.ipv4.tcp_syncookies", "0");
+        let l = Listener::open(&ns, "127.0.0.1:0", 4);
+        daemon.wait_for_listener(l.inode);
+        let clients = connect_burst(&ns, l.addr, 30);
+        std::thread::sleep(Duration::from_millis(300));
+        drop(clients);
+        let d = doctor(&daemon, &[]);
+        let found = about(&d, &ns);
+        assert_eq!(kinds(&found), set(&["accept_queue_overflow"]), "{found:#?}");
+        let ev = evidence(found[0]);
+        assert!(ev.contains("accept queue peak 5 of capacity 4"), "{ev}");
+        assert_eq!(found[0]["severity"], "critical");
+    }
+
+    // SYN flood, syncookies off, then on: handshakes never complete.
+    for (cookies, kind) in [("0", "syn_queue_overflow"), ("1", "syncookies_sent")] {
+        let ns = Netns::new();
+        ns.sysctl("net.ipv4.tcp_syncookies", cookies);
+        let l = Listener::open(&ns, "127.0.0.1:0", 8);
+        daemon.wait_for_listener(l.inode);
+        ns.drop_incoming("syn|ack");
+        let clients = connect_burst(&ns, l.addr, 40);
+        std::thread::sleep(Duration::from_millis(300));
+        drop(clients);
+        let d = doctor(&daemon, &[]);
+        let found = about(&d, &ns);
+        assert_eq!(
+            kinds(&found),
+            set(&[kind]),
+            "syncookies={cookies}: {found:#?}"
+        );
+        let ev = evidence(found[0]);
+        assert!(ev.contains("SYN queue peak 9 of limit 8"), "{ev}");
+        if cookies == "0" {
+            assert!(ev.contains("net.ipv4.tcp_syncookies = 0"), "{ev}");
+        }
+    }
+
+    // A 4-socket SO_REUSEPORT group with one stalled member.
+    {
+        let ns = Netns::new();
+        ns.sysctl("net.ipv4.tcp_syncookies", "0");
+        let first = Listener::open_reuseport(&ns, "127.0.0.1:0", 8);
+        let addr = first.addr.to_string();
+        let mut members = vec![first];
+        for _ in 0..3 {
+            members.push(Listener::open_reuseport(&ns, &addr, 8));
+        }
+        for m in &members {
+            daemon.wait_for_listener(m.inode);
+            m.socket.set_nonblocking(true).unwrap();
+        }
+        let mut clients = Vec::new();
+        for _ in 0..20 {
+            clients.extend(connect_burst(&ns, members[0].addr, 5));
+            for m in &members[1..] {
+                while m.socket.accept().is_ok() {}
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        for m in &members[1..] {
+            while m.socket.accept().is_ok() {}
+        }
+        let d = doctor(&daemon, &[]);
+        let found = about(&d, &ns);
+        let imbalance: Vec<_> = found
+            .iter()
+            .filter(|f| f["kind"] == "reuseport_imbalance")
+            .collect();
+        assert_eq!(imbalance.len(), 1, "{found:#?}");
+        let stalled = members[0].inode.to_string();
+        assert!(
+            imbalance[0]["remedy"]
+                .as_str()
+                .unwrap()
+                .contains(&format!("socket {stalled}")),
+            "{imbalance:#?}"
+        );
+        // The stalled member also overflows; its siblings do not appear.
+        assert_eq!(
+            kinds(&found),
+            set(&["accept_queue_overflow", "reuseport_imbalance"]),
+            "{found:#?}"
+        );
+        drop(clients);
+    }
+
+    // tcp_abort_on_overflow=1: reported for the namespace (info while nothing overflowed).
+    {
+        let ns = Netns::new();
+        ns.sysctl("net.ipv4.tcp_abort_on_overflow", "1");
+        let l = Listener::open(&ns, "127.0.0.1:0", 16);
+        daemon.wait_for_listener(l.inode);
+        let d = doctor(&daemon, &["--fail-on", "info"]);
+        let found = about(&d, &ns);
+        assert_eq!(kinds(&found), set(&["abort_on_overflow"]), "{found:#?}");
+        assert_eq!(found[0]["severity"], "info");
+        assert!(evidence(found[0]).contains("net.ipv4.tcp_abort_on_overflow = 1"));
+        assert_eq!(d.status, 1, "--fail-on info counts info findings");
+    }
+}
+
+#[test]
+fn doctor_without_a_daemon_names_the_fix() {
+    let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = free.local_addr().unwrap().to_string();
+    drop(free);
+    let out = Command::new(binary())
+        .args(["doctor", "--api", &addr])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("cannot reach the backlogd daemon") && err.contains("--api"),
+        "{err}"
+    );
+}
