@@ -551,42 +551,38 @@ fn aggregates(
         ),
         ("backlogd_process", "process", &processes),
     ] {
-        let name = format!("{prefix}_listeners");
-        e.family(
-            &name,
-            Kind::Gauge,
-            &format!("Listening sockets of the {what}."),
-        );
-        for (labels, sum) in sums {
-            e.sample(&name, labels, sum.sockets);
-        }
-        let name = format!("{prefix}_accept_queue_length");
-        e.family(
-            &name,
-            Kind::Gauge,
-            &format!("Connections waiting for accept() on the listening sockets of the {what}."),
-        );
-        for (labels, sum) in sums {
-            e.sample(&name, labels, sum.accept_depth);
-        }
-        for (suffix, help, field) in [
+        type SumField = fn(&Sum) -> u64;
+        let families: [(&str, Kind, String, SumField); 4] = [
+            (
+                "listeners",
+                Kind::Gauge,
+                format!("Listening sockets of the {what}."),
+                |s| s.sockets,
+            ),
+            (
+                "accept_queue_length",
+                Kind::Gauge,
+                format!("Connections waiting for accept() on the listening sockets of the {what}."),
+                |s| s.accept_depth,
+            ),
             (
                 "syns_received_total",
-                "SYNs that reached",
-                (|s: &ListenerStats| s.syns) as Field,
-            ),
-            ("accepted_total", "Connections accepted from", |s| {
-                s.accepted
-            }),
-        ] {
-            let name = format!("{prefix}_{suffix}");
-            e.family(
-                &name,
                 Kind::Counter,
-                &format!("{help} the listening sockets of the {what}."),
-            );
+                format!("SYNs that reached the listening sockets of the {what}."),
+                |s| s.stats.syns,
+            ),
+            (
+                "accepted_total",
+                Kind::Counter,
+                format!("Connections accepted from the listening sockets of the {what}."),
+                |s| s.stats.accepted,
+            ),
+        ];
+        for (suffix, kind, help, value) in families {
+            let name = format!("{prefix}_{suffix}");
+            e.family(&name, kind, &help);
             for (labels, sum) in sums {
-                e.sample(&name, labels, field(&sum.stats));
+                e.sample(&name, labels, value(sum));
             }
         }
         let name = format!("{prefix}_drops_total");

@@ -163,37 +163,11 @@ pub fn load(opts: &LoadOptions) -> Result<Probes, LoadError> {
         attach_btf_tracepoint(&mut ebpf, &kernel_btf, program, function)?;
     }
     let cgroup_ingress = attach_cgroup_ingress(&mut ebpf)?;
-    let listener_events =
-        RingBuf::try_from(take_map(&mut ebpf, "LISTENER_EVENTS")?).map_err(|source| {
-            LoadError::MapType {
-                name: "LISTENER_EVENTS",
-                source,
-            }
-        })?;
-    let listener_events_lost = PerCpuArray::try_from(take_map(&mut ebpf, "LISTENER_EVENTS_LOST")?)
-        .map_err(|source| LoadError::MapType {
-            name: "LISTENER_EVENTS_LOST",
-            source,
-        })?;
-    let listener_stats =
-        PerCpuHashMap::try_from(take_map(&mut ebpf, "LISTENER_STATS")?).map_err(|source| {
-            LoadError::MapType {
-                name: "LISTENER_STATS",
-                source,
-            }
-        })?;
-    let listener_stats_full = PerCpuArray::try_from(take_map(&mut ebpf, "LISTENER_STATS_FULL")?)
-        .map_err(|source| LoadError::MapType {
-            name: "LISTENER_STATS_FULL",
-            source,
-        })?;
-    let listener_queues =
-        HashMap::try_from(take_map(&mut ebpf, "LISTENER_QUEUES")?).map_err(|source| {
-            LoadError::MapType {
-                name: "LISTENER_QUEUES",
-                source,
-            }
-        })?;
+    let listener_events = typed_map(&mut ebpf, "LISTENER_EVENTS")?;
+    let listener_events_lost = typed_map(&mut ebpf, "LISTENER_EVENTS_LOST")?;
+    let listener_stats = typed_map(&mut ebpf, "LISTENER_STATS")?;
+    let listener_stats_full = typed_map(&mut ebpf, "LISTENER_STATS_FULL")?;
+    let listener_queues = typed_map(&mut ebpf, "LISTENER_QUEUES")?;
     Ok(Probes {
         enqueue_events,
         mode,
@@ -343,6 +317,11 @@ fn attach_btf_tracepoint(
     Ok(())
 }
 
-fn take_map(ebpf: &mut Ebpf, name: &'static str) -> Result<aya::maps::Map, LoadError> {
-    ebpf.take_map(name).ok_or(LoadError::Map(name))
+/// Takes map `name` out of the object as the typed map `T`.
+fn typed_map<T>(ebpf: &mut Ebpf, name: &'static str) -> Result<T, LoadError>
+where
+    T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>,
+{
+    let map = ebpf.take_map(name).ok_or(LoadError::Map(name))?;
+    T::try_from(map).map_err(|source| LoadError::MapType { name, source })
 }
