@@ -30,6 +30,27 @@ pub enum Command {
     /// change, most severe first. Exits 1 when a finding at or above --fail-on exists,
     /// 2 on errors.
     Doctor(DoctorArgs),
+    /// Live view of every listener: drops by reason, queues, accept wait, sorted by drops.
+    Top(TopArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct TopArgs {
+    /// Address of the daemon's HTTP endpoint.
+    #[arg(long, value_name = "HOST:PORT", default_value = "127.0.0.1:9851")]
+    pub api: SocketAddr,
+    /// Seconds between refreshes (change it live with + and -).
+    #[arg(long, value_name = "SECONDS", default_value_t = 1.0)]
+    pub interval: f64,
+    /// Print one snapshot (rates over one interval) as a table and exit.
+    #[arg(long)]
+    pub once: bool,
+    /// Print one snapshot as JSON and exit.
+    #[arg(long)]
+    pub json: bool,
+    /// Load the probes in this process instead of reading a daemon (needs root).
+    #[arg(long)]
+    pub standalone: bool,
 }
 
 #[derive(Debug, Args)]

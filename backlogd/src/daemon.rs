@@ -79,6 +79,8 @@ impl Shared {
 }
 
 pub struct RunConfig {
+    /// Told the bound address once the probes are attached and the socket is serving.
+    pub ready: Option<std::sync::mpsc::Sender<SocketAddr>>,
     pub listen: SocketAddr,
     pub btf: PathBuf,
     pub rescan_interval: Duration,
@@ -130,6 +132,9 @@ pub async fn run(config: RunConfig) -> anyhow::Result<()> {
     );
     let addr = socket.local_addr()?;
     tracing::info!("serving metrics on http://{addr}/metrics");
+    if let Some(ready) = &config.ready {
+        let _ = ready.send(addr);
+    }
     let server = axum::serve(socket, http::router(metrics, shared))
         .with_graceful_shutdown(shutdown_signal());
     tokio::select! {
@@ -140,6 +145,38 @@ pub async fn run(config: RunConfig) -> anyhow::Result<()> {
     sampler.abort();
     tracing::info!("shutting down");
     Ok(())
+}
+
+/// Runs the daemon on a background thread serving on a loopback port (for tools that
+/// need one when none is running); returns the address once it serves.
+pub fn spawn_standalone() -> anyhow::Result<SocketAddr> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let config = RunConfig {
+        ready: Some(tx),
+        listen: "127.0.0.1:0".parse().expect("literal address"),
+        btf: crate::loader::btf::KERNEL_BTF.into(),
+        rescan_interval: Duration::from_secs(30),
+        hwm_window: Duration::from_secs(60),
+        hook_mode: HookModeArg::Auto,
+    };
+    let (err_tx, err_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let result = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .map_err(anyhow::Error::from)
+            .and_then(|rt| rt.block_on(run(config)));
+        if let Err(e) = result {
+            let _ = err_tx.send(e);
+        }
+    });
+    match rx.recv() {
+        Ok(addr) => Ok(addr),
+        Err(_) => Err(err_rx
+            .recv()
+            .unwrap_or_else(|_| anyhow::anyhow!("the standalone daemon stopped"))),
+    }
 }
 
 async fn follow_listener_events(ring: RingBuf<MapData>, shared: Arc<Shared>) -> anyhow::Result<()> {

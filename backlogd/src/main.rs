@@ -8,11 +8,27 @@ mod listeners;
 mod loader;
 mod queues;
 mod sampling;
+mod tui;
 
 use clap::Parser as _;
 use tracing_subscriber::EnvFilter;
 
 use crate::cli::{Cli, Command};
+
+fn top(args: &cli::TopArgs) -> anyhow::Result<()> {
+    let interval = std::time::Duration::from_secs_f64(args.interval.clamp(0.25, 60.0));
+    let api = if args.standalone {
+        daemon::spawn_standalone()?
+    } else {
+        args.api
+    };
+    tui::run(&tui::TopOptions {
+        api,
+        interval,
+        once: args.once,
+        json: args.json,
+    })
+}
 
 /// How a command ended, for the exit status.
 enum Outcome {
@@ -23,9 +39,17 @@ enum Outcome {
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
+    // The terminal view owns the screen: logs would tear it.
+    let quiet = matches!(&cli.command, Command::Top(t) if !t.once && !t.json);
     tracing_subscriber::fmt()
         .with_env_filter(EnvFilter::try_new(&cli.log).unwrap_or_else(|_| EnvFilter::new("info")))
-        .with_writer(std::io::stderr)
+        .with_writer(move || -> Box<dyn std::io::Write> {
+            if quiet {
+                Box::new(std::io::sink())
+            } else {
+                Box::new(std::io::stderr())
+            }
+        })
         .init();
     let result = match cli.command {
         Command::Run(args) => tokio::runtime::Builder::new_multi_thread()
@@ -35,6 +59,7 @@ fn main() -> std::process::ExitCode {
             .map_err(anyhow::Error::from)
             .and_then(|rt| {
                 rt.block_on(daemon::run(daemon::RunConfig {
+                    ready: None,
                     listen: args.listen,
                     btf: args.btf,
                     rescan_interval: std::time::Duration::from_secs(args.rescan_interval),
@@ -55,6 +80,7 @@ fn main() -> std::process::ExitCode {
                 Outcome::Clean
             }
         }),
+        Command::Top(args) => top(&args).map(|()| Outcome::Clean),
     };
     match result {
         Ok(Outcome::Clean) => std::process::ExitCode::SUCCESS,

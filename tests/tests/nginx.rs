@@ -4,6 +4,7 @@
 //! workers. backlogd's figures must equal the kernel's in every run.
 
 use std::{
+    os::unix::process::CommandExt as _,
     path::PathBuf,
     process::{Child, Command, Stdio},
     time::Duration,
@@ -46,6 +47,8 @@ impl Nginx {
                 .arg("-c")
                 .arg(&conf_path)
                 .args(["-g", "daemon off;"])
+                // Master and workers in one new process group, so Drop can end them all.
+                .process_group(0)
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
                 .spawn()
@@ -55,15 +58,59 @@ impl Nginx {
     }
 }
 
+impl Nginx {
+    /// Runs wrk against it while its worker is stopped for the first 500 ms: a burst
+    /// arriving while the application is busy (a GC pause, a blocking call), so the
+    /// accept queue alone must absorb it.
+    fn wrk_during_stall(&self, ns: &Netns, connections: u32) -> String {
+        let master = self.child.id();
+        let workers = Command::new("pgrep")
+            .args(["-P", &master.to_string()])
+            .output()
+            .expect("pgrep");
+        let workers: Vec<i32> = String::from_utf8_lossy(&workers.stdout)
+            .split_whitespace()
+            .filter_map(|p| p.parse().ok())
+            .collect();
+        assert!(!workers.is_empty(), "nginx has no workers");
+        let signal = |sig| {
+            for w in &workers {
+                // SAFETY: kill(2) on our own nginx's workers.
+                unsafe { libc::kill(*w, sig) };
+            }
+        };
+        signal(libc::SIGSTOP);
+        let wrk = ns.run(move || {
+            Command::new("wrk")
+                .args([
+                    "-t2",
+                    &format!("-c{connections}"),
+                    "-d3s",
+                    "http://127.0.0.1:8080/",
+                ])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("wrk (Debian package; `cargo xtask setup` installs it)")
+        });
+        std::thread::sleep(Duration::from_millis(500));
+        signal(libc::SIGCONT);
+        let out = wrk.wait_with_output().expect("wrk");
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .find(|l| l.contains("Socket errors"))
+            .unwrap_or("Socket errors: none")
+            .trim()
+            .to_owned()
+    }
+}
+
 impl Drop for Nginx {
     fn drop(&mut self) {
-        // SIGQUIT would wait for connections; the test is done with them.
-        self.child.kill().ok();
+        // Workers outlive a killed master: end the whole process group.
+        // SAFETY: kill(2) on our own child's process group.
+        unsafe { libc::kill(-(self.child.id() as i32), libc::SIGKILL) };
         self.child.wait().ok();
-        // Workers die with their master's process group only on SIGTERM: make sure.
-        let _ = Command::new("pkill")
-            .args(["-f", &format!("{}/nginx.conf", self.dir.display())])
-            .status();
         std::fs::remove_dir_all(&self.dir).ok();
     }
 }
@@ -126,7 +173,7 @@ fn run(daemon: &Daemon, somaxconn: u32) -> Run {
     let ns = Netns::new();
     ns.sysctl("net.core.somaxconn", &somaxconn.to_string());
     ns.sysctl("net.ipv4.tcp_syncookies", "0");
-    let _nginx = Nginx::start(&ns, 1, false);
+    let nginx = Nginx::start(&ns, 1, false);
     let scrape = nginx_sockets(daemon, &ns, 1);
     let labels = [
         ("netns", ns.inode().to_string()),
@@ -147,7 +194,8 @@ fn run(daemon: &Daemon, somaxconn: u32) -> Run {
         .unwrap();
 
     let before = tcp_ext(&ns);
-    let client = wrk(&ns, 1000);
+    // 400 connections fit in a 512-slot accept queue, not in a 129-slot one.
+    let client = nginx.wrk_during_stall(&ns, 400);
     std::thread::sleep(Duration::from_millis(200));
     let kernel = ListenCounters::delta(&before, &tcp_ext(&ns));
     let scrape = daemon.scrape();
@@ -165,8 +213,9 @@ fn nginx_backlog_511_clamped_by_somaxconn_128_then_fixed() {
     let daemon = Daemon::start();
     let before = run(&daemon, 128);
     let after = run(&daemon, 4096);
-    let mut table =
-        String::from("\nnginx listen(511) under wrk -c1000, before and after raising somaxconn\n");
+    let mut table = String::from(
+        "\nnginx listen(511), wrk -c400 arriving while the worker is busy for 500 ms, before and after raising somaxconn\n",
+    );
     table += &format!(
         "  {:<10}{:>9}{:>16}{:>14}{:>16}  client (wrk)\n",
         "somaxconn", "granted", "ListenOverflows", "ListenDrops", "backlogd drops"

@@ -73,7 +73,7 @@ struct Gathered {
 }
 
 /// `GET /api/v1/snapshot`.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Snapshot {
     pub version: String,
     pub hook_mode: String,
@@ -85,14 +85,14 @@ pub struct Snapshot {
     pub namespaces: Vec<NamespaceSnapshot>,
 }
 
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct NamespaceSnapshot {
     pub netns: u32,
     #[serde(flatten)]
     pub sysctls: ListenSysctls,
 }
 
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ListenerSnapshot {
     #[serde(flatten)]
     pub listener: Listener,
@@ -106,7 +106,7 @@ pub struct ListenerSnapshot {
     pub accept_wait: AcceptWait,
 }
 
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Drops {
     pub accept_queue_full: u64,
     pub syn_queue_full: u64,
@@ -114,7 +114,7 @@ pub struct Drops {
     pub other: u64,
 }
 
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct AcceptWait {
     pub count: u64,
     pub sum_seconds: f64,
@@ -122,7 +122,7 @@ pub struct AcceptWait {
     pub buckets: Vec<Bucket>,
 }
 
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Bucket {
     pub le: Option<f64>,
     pub count: u64,

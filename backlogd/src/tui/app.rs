@@ -1,0 +1,345 @@
+//! `backlogd top` state: rows computed from two daemon snapshots, sorting, filtering,
+//! grouping and keys. No terminal here: tested directly and through a TestBackend.
+
+use std::{
+    collections::{BTreeSet, HashMap, VecDeque},
+    time::Duration,
+};
+
+use ratatui::crossterm::event::KeyCode;
+use serde::Serialize;
+
+use crate::exporter::metrics::{ListenerSnapshot, Snapshot};
+
+/// One listener with its rates over the last refresh.
+#[derive(Debug, Clone, Serialize)]
+pub struct Row {
+    #[serde(flatten)]
+    pub l: ListenerSnapshot,
+    /// Drops per second: accept queue full, SYN queue full, final-ACK overflow, other.
+    pub drops_per_s: [f64; 4],
+    pub syncookies_per_s: f64,
+    pub synack_retransmits_per_s: f64,
+    pub syns_per_s: f64,
+    /// Accept-wait quantiles over the last refresh (bucket upper bounds, seconds).
+    pub wait_p50: Option<f64>,
+    pub wait_p99: Option<f64>,
+}
+
+impl Row {
+    pub fn drops_total_per_s(&self) -> f64 {
+        self.drops_per_s.iter().sum()
+    }
+
+    pub fn clamped(&self) -> bool {
+        self.l
+            .listener
+            .requested
+            .is_some_and(|r| r > 0 && r as u32 > self.l.listener.granted)
+    }
+
+    pub fn group(&self) -> (u32, String, u16) {
+        (
+            self.l.listener.netns,
+            self.l.listener.addr.to_string(),
+            self.l.listener.port,
+        )
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SortBy {
+    Drops,
+    Queue,
+    Syns,
+    Port,
+    Process,
+}
+
+impl SortBy {
+    pub fn name(self) -> &'static str {
+        match self {
+            SortBy::Drops => "drops/s",
+            SortBy::Queue => "accept queue",
+            SortBy::Syns => "SYNs/s",
+            SortBy::Port => "port",
+            SortBy::Process => "process",
+        }
+    }
+
+    fn next(self) -> Self {
+        match self {
+            SortBy::Drops => SortBy::Queue,
+            SortBy::Queue => SortBy::Syns,
+            SortBy::Syns => SortBy::Port,
+            SortBy::Port => SortBy::Process,
+            SortBy::Process => SortBy::Drops,
+        }
+    }
+}
+
+/// A line of the table: a group header (SO_REUSEPORT groups of 2+) or a listener.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Line {
+    Group {
+        key: (u32, String, u16),
+        members: usize,
+        collapsed: bool,
+        drops_per_s: f64,
+    },
+    Listener(usize),
+}
+
+const HISTORY: usize = 60;
+
+#[derive(Debug)]
+pub struct App {
+    pub hook_mode: String,
+    pub rows: Vec<Row>,
+    pub sort: SortBy,
+    pub filter: String,
+    pub typing_filter: bool,
+    pub paused: bool,
+    pub interval: Duration,
+    pub selected: usize,
+    pub detail: bool,
+    pub help: bool,
+    pub collapsed: BTreeSet<(u32, String, u16)>,
+    /// Drops per second per socket inode, newest last, for the sparkline.
+    pub history: HashMap<u64, VecDeque<u64>>,
+    /// Why the view is stale, if it is.
+    pub status: Option<String>,
+    previous: Option<Snapshot>,
+}
+
+impl App {
+    pub fn new(interval: Duration) -> Self {
+        Self {
+            hook_mode: String::new(),
+            rows: Vec::new(),
+            sort: SortBy::Drops,
+            filter: String::new(),
+            typing_filter: false,
+            paused: false,
+            interval,
+            selected: 0,
+            detail: false,
+            help: false,
+            collapsed: BTreeSet::new(),
+            history: HashMap::new(),
+            status: None,
+            previous: None,
+        }
+    }
+
+    /// Takes a new snapshot `elapsed` after the previous one.
+    pub fn update(&mut self, snapshot: Snapshot, elapsed: Duration) {
+        let secs = elapsed.as_secs_f64().max(1e-3);
+        let before: HashMap<u64, &ListenerSnapshot> = self
+            .previous
+            .iter()
+            .flat_map(|s| s.listeners.iter())
+            .map(|l| (l.listener.inode, l))
+            .collect();
+        self.hook_mode = snapshot.hook_mode.clone();
+        self.rows = snapshot
+            .listeners
+            .iter()
+            .map(|l| {
+                let p = before.get(&l.listener.inode);
+                let rate = |now: u64, then: Option<u64>| match then {
+                    Some(t) => now.saturating_sub(t) as f64 / secs,
+                    None => 0.0,
+                };
+                let d = &l.drops;
+                let pd = p.map(|p| &p.drops);
+                let waits: Vec<u64> = l
+                    .accept_wait
+                    .buckets
+                    .iter()
+                    .enumerate()
+                    .map(|(i, b)| {
+                        b.count
+                            - p.and_then(|p| p.accept_wait.buckets.get(i))
+                                .map_or(0, |pb| pb.count)
+                    })
+                    .collect();
+                Row {
+                    drops_per_s: [
+                        rate(d.accept_queue_full, pd.map(|d| d.accept_queue_full)),
+                        rate(d.syn_queue_full, pd.map(|d| d.syn_queue_full)),
+                        rate(d.final_ack_overflow, pd.map(|d| d.final_ack_overflow)),
+                        rate(d.other, pd.map(|d| d.other)),
+                    ],
+                    syncookies_per_s: rate(l.syncookies_sent, p.map(|p| p.syncookies_sent)),
+                    synack_retransmits_per_s: rate(
+                        l.synack_retransmits,
+                        p.map(|p| p.synack_retransmits),
+                    ),
+                    syns_per_s: rate(l.syns_received, p.map(|p| p.syns_received)),
+                    wait_p50: quantile(l, &waits, 0.5),
+                    wait_p99: quantile(l, &waits, 0.99),
+                    l: l.clone(),
+                }
+            })
+            .collect();
+        for r in &self.rows {
+            let h = self.history.entry(r.l.listener.inode).or_default();
+            h.push_back(r.drops_total_per_s().round() as u64);
+            while h.len() > HISTORY {
+                h.pop_front();
+            }
+        }
+        let live: BTreeSet<u64> = self.rows.iter().map(|r| r.l.listener.inode).collect();
+        self.history.retain(|k, _| live.contains(k));
+        self.sort_rows();
+        self.previous = Some(snapshot);
+        self.status = None;
+    }
+
+    fn sort_rows(&mut self) {
+        let by = self.sort;
+        self.rows.sort_by(|a, b| {
+            let desc = |x: f64, y: f64| y.partial_cmp(&x).unwrap_or(std::cmp::Ordering::Equal);
+            match by {
+                SortBy::Drops => desc(a.drops_total_per_s(), b.drops_total_per_s()),
+                SortBy::Queue => b.l.queues.accept_depth.cmp(&a.l.queues.accept_depth),
+                SortBy::Syns => desc(a.syns_per_s, b.syns_per_s),
+                SortBy::Port => a.l.listener.port.cmp(&b.l.listener.port),
+                SortBy::Process => a.l.listener.comm.cmp(&b.l.listener.comm),
+            }
+            .then(a.l.listener.port.cmp(&b.l.listener.port))
+            .then(a.l.listener.inode.cmp(&b.l.listener.inode))
+        });
+    }
+
+    fn matches(&self, r: &Row) -> bool {
+        if self.filter.is_empty() {
+            return true;
+        }
+        let l = &r.l.listener;
+        [
+            l.port.to_string(),
+            l.comm.clone(),
+            l.pid.to_string(),
+            l.netns.to_string(),
+        ]
+        .iter()
+        .any(|field| field.contains(self.filter.as_str()))
+    }
+
+    /// The table's lines: groups of 2+ sockets get a header (collapsible), in row order.
+    pub fn lines(&self) -> Vec<Line> {
+        let mut sizes: HashMap<(u32, String, u16), (usize, f64)> = HashMap::new();
+        for r in self.rows.iter().filter(|r| self.matches(r)) {
+            let e = sizes.entry(r.group()).or_default();
+            e.0 += 1;
+            e.1 += r.drops_total_per_s();
+        }
+        let mut out = Vec::new();
+        let mut seen = BTreeSet::new();
+        for (i, r) in self
+            .rows
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| self.matches(r))
+        {
+            let key = r.group();
+            let (members, drops) = sizes[&key];
+            if members > 1 {
+                if !seen.insert(key.clone()) {
+                    continue; // members are listed under their group's header
+                }
+                let collapsed = self.collapsed.contains(&key);
+                out.push(Line::Group {
+                    key: key.clone(),
+                    members,
+                    collapsed,
+                    drops_per_s: drops,
+                });
+                if !collapsed {
+                    for (j, m) in self.rows.iter().enumerate() {
+                        if m.group() == key && self.matches(m) {
+                            out.push(Line::Listener(j));
+                        }
+                    }
+                }
+            } else {
+                out.push(Line::Listener(i));
+            }
+        }
+        out
+    }
+
+    pub fn selected_row(&self) -> Option<&Row> {
+        match self.lines().get(self.selected)? {
+            Line::Listener(i) => self.rows.get(*i),
+            Line::Group { .. } => None,
+        }
+    }
+
+    /// Handles a key; returns true to quit.
+    pub fn on_key(&mut self, key: KeyCode) -> bool {
+        if self.typing_filter {
+            match key {
+                KeyCode::Enter | KeyCode::Esc => self.typing_filter = false,
+                KeyCode::Backspace => {
+                    self.filter.pop();
+                }
+                KeyCode::Char(c) => self.filter.push(c),
+                _ => {}
+            }
+            self.selected = 0;
+            return false;
+        }
+        let lines = self.lines().len();
+        match key {
+            KeyCode::Char('q') | KeyCode::Esc if !self.help => return true,
+            KeyCode::Esc | KeyCode::Char('?') | KeyCode::Char('h') => self.help = !self.help,
+            KeyCode::Char('s') => {
+                self.sort = self.sort.next();
+                self.sort_rows();
+            }
+            KeyCode::Char('/') => {
+                self.typing_filter = true;
+                self.filter.clear();
+            }
+            KeyCode::Char('p') | KeyCode::Char(' ') => self.paused = !self.paused,
+            KeyCode::Char('+') => self.interval = (self.interval * 2).min(Duration::from_secs(60)),
+            KeyCode::Char('-') => {
+                self.interval = (self.interval / 2).max(Duration::from_millis(250))
+            }
+            KeyCode::Down | KeyCode::Char('j') => {
+                self.selected = (self.selected + 1).min(lines.saturating_sub(1))
+            }
+            KeyCode::Up | KeyCode::Char('k') => self.selected = self.selected.saturating_sub(1),
+            KeyCode::Enter | KeyCode::Char('d') => {
+                if let Some(Line::Group { key, .. }) = self.lines().get(self.selected) {
+                    if !self.collapsed.remove(key) {
+                        self.collapsed.insert(key.clone());
+                    }
+                } else {
+                    self.detail = !self.detail;
+                }
+            }
+            _ => {}
+        }
+        false
+    }
+}
+
+/// Quantile of the accept waits in `counts` (per-bucket, the listener's bucket bounds).
+fn quantile(l: &ListenerSnapshot, counts: &[u64], q: f64) -> Option<f64> {
+    let total: u64 = counts.iter().sum();
+    if total == 0 {
+        return None;
+    }
+    let mut seen = 0;
+    for (c, b) in counts.iter().zip(&l.accept_wait.buckets) {
+        seen += c;
+        if seen as f64 >= q * total as f64 {
+            return Some(b.le.unwrap_or(f64::INFINITY));
+        }
+    }
+    None
+}
