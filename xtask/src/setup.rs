@@ -8,7 +8,7 @@ use anyhow::{Context as _, Result, bail};
 
 /// Debian packages the build or the tests run: `ip`/`ss` (iproute2), `setpriv`
 /// (util-linux), `prometheus` and `promtool`, `nft` (nftables: tests hold handshakes
-/// open), `bpftool`, `nginx` and `wrk` (the real-world experiment).
+/// open), `bpftool`, `nginx` and `wrk` (the real-world experiment), `tmux` (the terminal view's test).
 const DEBIAN_PACKAGES: &[&str] = &[
     "iproute2",
     "util-linux",
@@ -17,6 +17,7 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "bpftool",
     "nginx-light",
     "wrk",
+    "tmux",
 ];
 
 const BPF_LINKER_VERSION: &str = "0.13.0";

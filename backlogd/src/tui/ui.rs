@@ -101,7 +101,8 @@ fn queue_bar(depth: u32, capacity: u32, width: usize) -> String {
     } else {
         ((depth as usize * width) / capacity as usize).min(width)
     };
-    format!("{}{}", "█".repeat(filled), "░".repeat(width - filled))
+    // ASCII: block glyphs have ambiguous width in some terminals and locales (SSH).
+    format!("[{}{}]", "#".repeat(filled), ".".repeat(width - filled))
 }
 
 fn draw_table(frame: &mut Frame, app: &App, area: Rect) {
@@ -150,7 +151,7 @@ fn draw_table(frame: &mut Frame, app: &App, area: Rect) {
             } => TableRow::new(vec![
                 Cell::from(format!(
                     "{} {}:{}",
-                    if *collapsed { "▸" } else { "▾" },
+                    if *collapsed { "+" } else { "-" },
                     key.1,
                     key.2
                 )),
@@ -191,7 +192,7 @@ fn listener_row(r: &Row, wide: bool) -> TableRow<'static> {
         }),
         Cell::from(format!(
             "{} {}/{} ^{}",
-            queue_bar(q.accept_depth, l.granted, 6),
+            queue_bar(q.accept_depth, l.granted, 4),
             q.accept_depth,
             l.granted,
             q.accept_max
