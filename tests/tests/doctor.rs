@@ -106,6 +106,15 @@ fn doctor_names_each_situation_with_its_evidence_and_nothing_false_when_healthy(
                 .contains("somaxconn=511")
         );
         assert_eq!(d.status, 1, "a warning fails the default --fail-on warning");
+        // The JSON API serves the same findings.
+        let (status, body) = daemon.get("/api/v1/findings");
+        assert_eq!(status, 200);
+        let api = Doctor {
+            findings: serde_json::from_str(&body).expect("findings JSON"),
+            status: 0,
+        };
+        assert_eq!(kinds(&about(&api, &ns)), set(&["backlog_clamped"]));
+        assert_eq!(about(&api, &ns)[0]["evidence"], found[0]["evidence"]);
         assert_eq!(doctor(&daemon, &["--fail-on", "critical"]).status, 0);
     }
 

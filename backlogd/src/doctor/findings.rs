@@ -28,7 +28,8 @@ pub struct Finding {
     pub remedy: String,
 }
 
-fn subject(l: &ListenerSnapshot) -> String {
+/// How findings name a listener.
+pub fn subject(l: &ListenerSnapshot) -> String {
     let l = &l.listener;
     format!(
         "{}[{}] {}:{} (netns {})",

@@ -11,7 +11,11 @@ use super::{
     metrics::{Metrics, Snapshot},
     text,
 };
-use crate::{daemon::Shared, listeners::Listener};
+use crate::{
+    daemon::Shared,
+    doctor::findings::{self, Finding},
+    listeners::Listener,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum BindError {
@@ -51,11 +55,12 @@ pub fn router(metrics: Metrics, shared: Arc<Shared>) -> Router {
         .route("/healthz", get(healthz))
         .route("/api/v1/listeners", get(serve_listeners))
         .route("/api/v1/snapshot", get(serve_snapshot))
+        .route("/api/v1/findings", get(serve_findings))
         .with_state(Arc::new(AppState { metrics, shared }))
 }
 
 async fn index() -> &'static str {
-    "backlogd: per-listener TCP listen-queue metrics\n\n/metrics           Prometheus metrics\n/healthz           liveness\n/api/v1/listeners  listening sockets as JSON\n/api/v1/snapshot   listeners with counters and queues, as JSON\n"
+    "backlogd: per-listener TCP listen-queue metrics\n\n/metrics           Prometheus metrics\n/healthz           liveness\n/api/v1/listeners  listening sockets as JSON\n/api/v1/snapshot   listeners with counters and queues, as JSON\n/api/v1/findings   what `backlogd doctor` reports, as JSON\n"
 }
 
 async fn serve_metrics(State(state): State<Arc<AppState>>) -> impl IntoResponse {
@@ -66,6 +71,11 @@ async fn serve_metrics(State(state): State<Arc<AppState>>) -> impl IntoResponse 
 /// what `/metrics` shows, shaped for programs (`backlogd top`).
 async fn serve_snapshot(State(state): State<Arc<AppState>>) -> Json<Snapshot> {
     Json(state.metrics.snapshot())
+}
+
+/// What `backlogd doctor` would say, for automation and `top`.
+async fn serve_findings(State(state): State<Arc<AppState>>) -> Json<Vec<Finding>> {
+    Json(findings::diagnose(&state.metrics.snapshot()))
 }
 
 async fn healthz() -> &'static str {

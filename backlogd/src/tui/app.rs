@@ -109,6 +109,8 @@ pub struct App {
     pub history: HashMap<u64, VecDeque<u64>>,
     /// Why the view is stale, if it is.
     pub status: Option<String>,
+    /// `backlogd doctor`'s findings on the latest snapshot.
+    pub findings: Vec<crate::doctor::findings::Finding>,
     previous: Option<Snapshot>,
 }
 
@@ -128,6 +130,7 @@ impl App {
             collapsed: BTreeSet::new(),
             history: HashMap::new(),
             status: None,
+            findings: Vec::new(),
             previous: None,
         }
     }
@@ -193,6 +196,7 @@ impl App {
         let live: BTreeSet<u64> = self.rows.iter().map(|r| r.l.listener.inode).collect();
         self.history.retain(|k, _| live.contains(k));
         self.sort_rows();
+        self.findings = crate::doctor::findings::diagnose(&snapshot);
         self.previous = Some(snapshot);
         self.status = None;
     }

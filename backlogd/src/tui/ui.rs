@@ -20,7 +20,7 @@ pub fn draw(frame: &mut Frame, app: &App) {
     let [header, table, bottom] = Layout::vertical([
         Constraint::Length(2),
         Constraint::Min(5),
-        Constraint::Length(if app.detail { 10 } else { 5 }),
+        Constraint::Length(if app.detail { 12 } else { 5 }),
     ])
     .areas(area);
     draw_header(frame, app, header);
@@ -297,6 +297,19 @@ fn draw_detail(frame: &mut Frame, app: &App, area: Rect) {
                     seconds(r.wait_p99)
                 )),
             ]
+            .into_iter()
+            .chain(
+                app.findings
+                    .iter()
+                    .filter(|f| f.subject == crate::doctor::findings::subject(l))
+                    .map(|f| {
+                        TextLine::styled(
+                            format!("doctor: {} ({:?}): {}", f.kind, f.severity, f.summary),
+                            Style::new().fg(Color::Yellow),
+                        )
+                    }),
+            )
+            .collect()
         }
     };
     frame.render_widget(
@@ -566,6 +579,13 @@ mod tests {
                 .any(|l| l.contains("CLAMPED by net.core.somaxconn")),
             "{screen:#?}"
         );
+        // The same findings doctor reports, for the selected listener.
+        for kind in ["doctor: backlog_clamped", "doctor: accept_queue_overflow"] {
+            assert!(
+                screen.iter().any(|l| l.contains(kind)),
+                "{kind}: {screen:#?}"
+            );
+        }
         app.on_key(KeyCode::Char('?'));
         assert!(render(&app, 80, 24).iter().any(|l| l.contains(" keys ")));
         app.on_key(KeyCode::Esc);
