@@ -64,6 +64,19 @@ pub struct DoctorArgs {
     /// Lowest severity that makes the exit status non-zero.
     #[arg(long, value_enum, default_value_t = Severity::Warning)]
     pub fail_on: Severity,
+    /// No daemon: load the probes in this process (needs root), watch for --duration
+    /// seconds, then report. Sees only what happens in that window (and the backlogs
+    /// granted to listeners already open).
+    #[arg(long)]
+    pub standalone: bool,
+    /// Seconds to watch in --standalone mode.
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        default_value_t = 10,
+        requires = "standalone"
+    )]
+    pub duration: u64,
 }
 
 #[derive(Debug, Args)]

@@ -15,6 +15,26 @@ use tracing_subscriber::EnvFilter;
 
 use crate::cli::{Cli, Command};
 
+fn doctor_cmd(args: &cli::DoctorArgs) -> anyhow::Result<Outcome> {
+    let api = if args.standalone {
+        let api = daemon::spawn_standalone()?;
+        std::thread::sleep(std::time::Duration::from_secs(args.duration));
+        api
+    } else {
+        args.api
+    };
+    let failed = doctor::run(&doctor::DoctorOptions {
+        api,
+        json: args.json,
+        fail_on: args.fail_on,
+    })?;
+    Ok(if failed {
+        Outcome::Findings
+    } else {
+        Outcome::Clean
+    })
+}
+
 fn top(args: &cli::TopArgs) -> anyhow::Result<()> {
     let interval = std::time::Duration::from_secs_f64(args.interval.clamp(0.25, 60.0));
     let api = if args.standalone {
@@ -68,18 +88,7 @@ fn main() -> std::process::ExitCode {
                 }))
             })
             .map(|()| Outcome::Clean),
-        Command::Doctor(args) => doctor::run(&doctor::DoctorOptions {
-            api: args.api,
-            json: args.json,
-            fail_on: args.fail_on,
-        })
-        .map(|failed| {
-            if failed {
-                Outcome::Findings
-            } else {
-                Outcome::Clean
-            }
-        }),
+        Command::Doctor(args) => doctor_cmd(&args),
         Command::Top(args) => top(&args).map(|()| Outcome::Clean),
     };
     match result {

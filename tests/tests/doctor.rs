@@ -10,6 +10,10 @@ use backlogd_tests::{
     sockets::{Listener, connect_burst},
 };
 
+/// The tests here check exit statuses that any listener on the host could change: one
+/// at a time.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 struct Doctor {
     findings: Vec<serde_json::Value>,
     status: i32,
@@ -67,6 +71,7 @@ fn set(k: &[&str]) -> BTreeSet<String> {
 
 #[test]
 fn doctor_names_each_situation_with_its_evidence_and_nothing_false_when_healthy() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let daemon = Daemon::start();
 
     // Healthy: a listener with room, an application that accepts.
@@ -237,5 +242,45 @@ fn doctor_without_a_daemon_names_the_fix() {
     assert!(
         err.contains("cannot reach the backlogd daemon") && err.contains("--api"),
         "{err}"
+    );
+}
+
+#[test]
+fn doctor_standalone_watches_for_the_duration_without_a_daemon() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let ns = Netns::new();
+    ns.sysctl("net.core.somaxconn", "128");
+    let doctor = Command::new(binary())
+        .args([
+            "doctor",
+            "--standalone",
+            "--duration",
+            "5",
+            "--json",
+            "--fail-on",
+            "critical",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("backlogd doctor --standalone");
+    // Inside the window (the probes attach in well under a second).
+    std::thread::sleep(Duration::from_millis(2500));
+    let _l = Listener::open(&ns, "127.0.0.1:0", 511);
+    let out = doctor.wait_with_output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "only a warning: below --fail-on critical"
+    );
+    let d = Doctor {
+        findings: serde_json::from_slice(&out.stdout).expect("JSON"),
+        status: 0,
+    };
+    assert_eq!(
+        kinds(&about(&d, &ns)),
+        set(&["backlog_clamped"]),
+        "{:#?}",
+        d.findings
     );
 }
