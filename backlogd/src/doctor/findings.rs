@@ -43,21 +43,14 @@ fn drops(l: &ListenerSnapshot) -> u64 {
 
 /// Smallest bucket bound below which `q` of the accept waits fall, in seconds.
 fn wait_quantile(l: &ListenerSnapshot, q: f64) -> Option<String> {
-    let total = l.accept_wait.count;
-    if total == 0 {
-        return None;
-    }
-    let mut seen = 0;
-    for b in &l.accept_wait.buckets {
-        seen += b.count;
-        if seen as f64 >= q * total as f64 {
-            return Some(match b.le {
-                Some(le) => format!("<= {}", human_seconds(le)),
-                None => "> 8.4 s".to_owned(),
-            });
+    let counts: Vec<u64> = l.accept_wait.buckets.iter().map(|b| b.count).collect();
+    l.accept_wait.quantile(&counts, q).map(|le| {
+        if le.is_infinite() {
+            "> 8.4 s".to_owned()
+        } else {
+            format!("<= {}", human_seconds(le))
         }
-    }
-    None
+    })
 }
 
 fn human_seconds(s: f64) -> String {

@@ -128,6 +128,26 @@ pub struct Bucket {
     pub count: u64,
 }
 
+impl AcceptWait {
+    /// Upper bound (seconds; infinite for the last bucket) below which fraction `q` of
+    /// the waits fall, for per-bucket `counts` over these buckets (e.g. the increase over
+    /// an interval). None without waits.
+    pub fn quantile(&self, counts: &[u64], q: f64) -> Option<f64> {
+        let total: u64 = counts.iter().sum();
+        if total == 0 {
+            return None;
+        }
+        let mut seen = 0;
+        for (c, b) in counts.iter().zip(&self.buckets) {
+            seen += c;
+            if seen as f64 >= q * total as f64 {
+                return Some(b.le.unwrap_or(f64::INFINITY));
+            }
+        }
+        None
+    }
+}
+
 /// Reads one counter of a listener.
 type Field = fn(&ListenerStats) -> u64;
 

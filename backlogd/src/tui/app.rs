@@ -180,8 +180,8 @@ impl App {
                         p.map(|p| p.synack_retransmits),
                     ),
                     syns_per_s: rate(l.syns_received, p.map(|p| p.syns_received)),
-                    wait_p50: quantile(l, &waits, 0.5),
-                    wait_p99: quantile(l, &waits, 0.99),
+                    wait_p50: l.accept_wait.quantile(&waits, 0.5),
+                    wait_p99: l.accept_wait.quantile(&waits, 0.99),
                     l: l.clone(),
                 }
             })
@@ -330,20 +330,4 @@ impl App {
         }
         false
     }
-}
-
-/// Quantile of the accept waits in `counts` (per-bucket, the listener's bucket bounds).
-fn quantile(l: &ListenerSnapshot, counts: &[u64], q: f64) -> Option<f64> {
-    let total: u64 = counts.iter().sum();
-    if total == 0 {
-        return None;
-    }
-    let mut seen = 0;
-    for (c, b) in counts.iter().zip(&l.accept_wait.buckets) {
-        seen += c;
-        if seen as f64 >= q * total as f64 {
-            return Some(b.le.unwrap_or(f64::INFINITY));
-        }
-    }
-    None
 }
