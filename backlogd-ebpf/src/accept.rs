@@ -16,7 +16,7 @@ use aya_ebpf::{
 use backlogd_common::{ACCEPT_WAIT_BUCKETS, LISTENER_STATS_ENTRIES, QueueState, TCP_LISTEN};
 
 use crate::{
-    kernel::{KPtr, Result, offset, socket_inode, socket_of_fd, tp_field},
+    kernel::{KPtr, Result, offset, socket_inode, socket_of_fd, take_pending, tp_field},
     syn::update,
 };
 
@@ -100,12 +100,9 @@ pub fn accept_exit(ctx: TracePointContext) -> u32 {
 }
 
 fn try_accept_exit(ctx: &TracePointContext) -> Result<()> {
-    let id = bpf_get_current_pid_tgid();
-    // SAFETY: only this thread's accept_enter writes the entry.
-    let Some(fd) = (unsafe { PENDING_ACCEPT.get(id) }).copied() else {
+    let Some(fd) = take_pending(&PENDING_ACCEPT) else {
         return Ok(());
     };
-    let _ = PENDING_ACCEPT.remove(id);
     let ret: i64 = tp_field(ctx, offset(|o| &o.tp_exit_ret))?;
     if ret < 0 {
         return Ok(());

@@ -173,3 +173,14 @@ pub fn cpu_area_offset() -> Result<u64> {
     unsafe { *cached = off };
     Ok(off)
 }
+
+/// Takes (reads and removes) what this thread parked in `map` at syscall entry.
+#[inline(always)]
+pub fn take_pending<V: Copy>(map: &aya_ebpf::maps::LruHashMap<u64, V>) -> Option<V> {
+    let id = aya_ebpf::helpers::bpf_get_current_pid_tgid();
+    // SAFETY: entries are keyed by thread and written only by that thread's own
+    // syscall-entry program, which cannot run concurrently with its exit program.
+    let value = (unsafe { map.get(id) }).copied()?;
+    let _ = map.remove(id);
+    Some(value)
+}

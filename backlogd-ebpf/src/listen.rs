@@ -19,7 +19,7 @@ use backlogd_common::{
     PendingListen, TCP_LISTEN, event_kind,
 };
 
-use crate::kernel::{KPtr, Result, offset, socket_of_fd, tp_field};
+use crate::kernel::{KPtr, Result, offset, socket_of_fd, take_pending, tp_field};
 
 #[map]
 static PENDING_LISTEN: LruHashMap<u64, PendingListen> =
@@ -58,11 +58,9 @@ pub fn listen_exit(ctx: TracePointContext) -> u32 {
 
 fn try_listen_exit(ctx: &TracePointContext) -> Result<()> {
     let id = bpf_get_current_pid_tgid();
-    // SAFETY: the entry is only written by this thread's own listen_enter.
-    let Some(pending) = (unsafe { PENDING_LISTEN.get(id) }).copied() else {
+    let Some(pending) = take_pending(&PENDING_LISTEN) else {
         return Ok(());
     };
-    let _ = PENDING_LISTEN.remove(id);
     let ret: i64 = tp_field(ctx, offset(|o| &o.tp_exit_ret))?;
     if ret != 0 {
         return Ok(());
