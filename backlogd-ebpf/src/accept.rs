@@ -1,11 +1,14 @@
 //! The accept queue: connections queued for accept(), taken by accept(), how long they
 //! waited, and queue depths.
 //!
-//! `sock:sk_data_ready` fires on the listener right after the kernel appends a finished
+//! Tracepoint mode: `sock:sk_data_ready` fires on the listener right after the kernel appends a finished
 //! handshake to its accept queue, so the queue's tail is the new child: its enqueue time
 //! is recorded under the child's address. accept()/accept4() exit then finds the child
 //! behind the returned fd and the wait is the difference. (io_uring accepts do not pass
 //! these syscalls and are not counted as accepted.)
+//!
+//! fentry and kprobe modes call [`enqueued`] from `inet_csk_reqsk_queue_add`'s return
+//! and [`accepted`] from `inet_csk_accept`'s, which also sees io_uring accepts.
 
 use aya_ebpf::{
     helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns},
@@ -72,11 +75,17 @@ fn try_queued(ctx: &TracePointContext) -> Result<()> {
     if u32::from(state) != TCP_LISTEN {
         return Ok(());
     }
-    let ino = socket_inode(sk)?;
-    if let Ok(child) = sk
+    let child = sk
         .deref(offset(|o| &o.icsk_accept_tail))
-        .and_then(|req| req.deref(offset(|o| &o.request_sock_sk)))
-    {
+        .and_then(|req| req.deref(offset(|o| &o.request_sock_sk)));
+    enqueued(sk, child.ok())
+}
+
+/// `child` (when known) was appended to listener `sk`'s accept queue just now.
+#[inline(always)]
+pub(crate) fn enqueued(sk: KPtr, child: Option<KPtr>) -> Result<()> {
+    let ino = socket_inode(sk)?;
+    if let Some(child) = child {
         // SAFETY: the helper takes no arguments.
         let now = unsafe { bpf_ktime_get_ns() };
         let _ = QUEUED_AT.insert(child.0, now, 0);
@@ -108,12 +117,18 @@ fn try_accept_exit(ctx: &TracePointContext) -> Result<()> {
         return Ok(());
     }
     let listener = socket_of_fd(fd)?.deref(offset(|o| &o.socket_sk))?;
+    let child = socket_of_fd(ret as u64)?.deref(offset(|o| &o.socket_sk))?;
+    accepted(listener, child)
+}
+
+/// `accept()` on `listener` returned `child`.
+#[inline(always)]
+pub(crate) fn accepted(listener: KPtr, child: KPtr) -> Result<()> {
     let state: u8 = listener.read(offset(|o| &o.sk_state))?;
     if u32::from(state) != TCP_LISTEN {
         return Ok(());
     }
     let ino = socket_inode(listener)?;
-    let child = socket_of_fd(ret as u64)?.deref(offset(|o| &o.socket_sk))?;
     // SAFETY: the helper takes no arguments.
     let now = unsafe { bpf_ktime_get_ns() };
     // SAFETY: a plain u64 value.

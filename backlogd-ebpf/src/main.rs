@@ -2,6 +2,8 @@
 //!
 //! - [`syn`]: the SYN path: SYNs, drops by reason, syncookies, SYN-ACK retransmits.
 //! - [`accept`]: the accept queue: queued, accepted, accept wait, queue depths.
+//! - [`fentry`], [`kprobe`]: the SYN-path and accept-queue figures from function hooks,
+//!   for kernels that allow them; [`syn`] and [`accept`] hold the shared accounting.
 //! - [`listen`]: listener lifecycle: `listen(2)` (requested vs granted backlog, owner,
 //!   netns, address) and listeners leaving the LISTEN state.
 //!
@@ -11,7 +13,9 @@
 #![no_main]
 
 mod accept;
+mod fentry;
 mod kernel;
+mod kprobe;
 mod listen;
 mod syn;
 

@@ -16,6 +16,10 @@
 //!    still exactly that segment's outcome. This covers skbs released without a
 //!    tracepoint (`__kfree_skb`) and release hooks the kernel skipped for recursion.
 //!
+//! fentry and kprobe modes (programs in `fentry.rs` / `kprobe.rs`) use the same counter
+//! deltas with exact boundaries: [`call_enter`] at the entry of `tcp_conn_request` (SYN)
+//! or `tcp_v{4,6}_syn_recv_sock` (final ACK) and [`call_exit`] at its return.
+//!
 //! `synack_retransmit` counts `tcp:tcp_retransmit_synack` per listener.
 
 use aya_ebpf::{
@@ -43,6 +47,10 @@ static LISTENER_STATS_FULL: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 
 
 #[map]
 static STASH: PerCpuArray<SynStash> = PerCpuArray::with_max_entries(1, 0);
+
+/// Function-hook modes: one open call per segment kind and CPU (index = kind - 1).
+#[map]
+static CALL_STASH: PerCpuArray<SynStash> = PerCpuArray::with_max_entries(2, 0);
 
 const TCP_FLAG_SYN: u8 = 0x02;
 const TCP_FLAG_RST: u8 = 0x04;
@@ -97,6 +105,71 @@ fn try_listener_ingress(ctx: &SkBuffContext) -> Result<()> {
         let _ = settle(&previous);
     }
     Ok(())
+}
+
+/// Function-hook modes: the kernel starts processing `skb` on listener `sk` (`kind` SYN:
+/// `tcp_conn_request`; ACK: `syn_recv_sock`). Runs in softirq, so calls of one kind never
+/// interleave on a CPU; a call whose exit hook was missed (kretprobe) is settled here, with
+/// deltas that are still that call's own.
+#[inline(always)]
+pub(crate) fn call_enter(sk: KPtr, skb: u64, kind: u32) -> Result<()> {
+    let slot = call_slot(kind)?;
+    // SAFETY: this CPU's element of CALL_STASH (see above for why nothing interleaves).
+    let stale = unsafe { core::mem::replace(&mut (*slot).skb, 0) };
+    if stale != 0 {
+        // SAFETY: as above.
+        let _ = settle(unsafe { &*slot });
+    }
+    if kind == segment_kind::ACK {
+        let syn = call_slot(segment_kind::SYN)?;
+        // SAFETY: as above.
+        if unsafe { (*syn).skb } == skb {
+            // A TCP Fast Open SYN creating its child inside tcp_conn_request: that call's
+            // window already covers whatever this one counts.
+            return Ok(());
+        }
+    }
+    let ino = socket_inode(sk)?;
+    let net = sk.deref(offset(|o| &o.sk_net))?;
+    let mut stash = SynStash {
+        sk: sk.0,
+        skb,
+        net: net.0,
+        ino,
+        kind,
+        _pad: 0,
+        mib: [0; mib::COUNT],
+    };
+    read_mib(net, &mut stash.mib)?;
+    if kind == segment_kind::SYN {
+        update(ino, |s| s.syns += 1);
+    }
+    // SAFETY: as above.
+    unsafe { *slot = stash };
+    Ok(())
+}
+
+/// Function-hook modes: the call [`call_enter`] opened for `kind` on this CPU returned.
+#[inline(always)]
+pub(crate) fn call_exit(kind: u32) -> Result<()> {
+    let slot = call_slot(kind)?;
+    // SAFETY: this CPU's element of CALL_STASH.
+    let stash = unsafe { &mut *slot };
+    if stash.skb == 0 {
+        return Ok(());
+    }
+    stash.skb = 0;
+    let result = settle(stash);
+    if kind == segment_kind::SYN {
+        // Depth after the request (or child) was added: the SYN queue's high-water mark.
+        let _ = crate::accept::observe_queues(KPtr(stash.sk), stash.ino);
+    }
+    result
+}
+
+#[inline(always)]
+fn call_slot(kind: u32) -> Result<*mut SynStash> {
+    CALL_STASH.get_ptr_mut(kind.wrapping_sub(1)).ok_or(-2)
 }
 
 /// TCP flags of the segment; `family` is AF_INET or AF_INET6 and the packet starts at the

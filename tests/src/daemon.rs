@@ -27,6 +27,14 @@ pub fn binary() -> PathBuf {
     path
 }
 
+/// Hook mode every daemon of this run uses: `BACKLOGD_HOOK_MODE` (the qemu kernel matrix
+/// runs the suite once per mode), else backlogd's own `auto` choice.
+pub fn hook_mode() -> Option<String> {
+    std::env::var("BACKLOGD_HOOK_MODE")
+        .ok()
+        .filter(|m| !m.is_empty())
+}
+
 /// Runs `backlogd ARGS` to completion (for CLI and error-path tests).
 pub fn run_to_end(args: &[&str]) -> Output {
     Command::new(binary())
@@ -48,9 +56,12 @@ impl Daemon {
     }
 
     pub fn start_with(extra: &[&str]) -> Self {
-        let mut child = Command::new(binary())
-            .args(["run", "--listen", "127.0.0.1:0"])
-            .args(extra)
+        let mut command = Command::new(binary());
+        command.args(["run", "--listen", "127.0.0.1:0"]).args(extra);
+        if let Some(mode) = hook_mode().filter(|_| !extra.contains(&"--hook-mode")) {
+            command.args(["--hook-mode", &mode]);
+        }
+        let mut child = command
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .env("NO_COLOR", "1")

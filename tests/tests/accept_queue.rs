@@ -115,7 +115,11 @@ fn slow_acceptor_depth_peak_counts_and_wait_match_kernel_and_application() {
     let (status, body) = daemon.get("/api/v1/snapshot");
     assert_eq!(status, 200, "{body}");
     let snapshot: serde_json::Value = serde_json::from_str(&body).expect("JSON");
-    assert_eq!(snapshot["hook_mode"], "tracepoint");
+    let mode = snapshot["hook_mode"].as_str().expect("hook_mode");
+    assert_eq!(
+        scrape.value("backlogd_hook_mode", &[("mode", mode)]),
+        Some(1.0)
+    );
     let me = snapshot["listeners"]
         .as_array()
         .expect("listeners")

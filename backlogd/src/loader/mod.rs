@@ -1,8 +1,13 @@
 //! Loading the eBPF object and attaching its programs.
 //!
-//! Listener lifecycle uses tracepoints every kernel has. The SYN path runs in tracepoint
-//! mode: a cgroup_skb ingress program on the cgroup v2 root plus skb-release tracepoints
-//! (see backlogd-ebpf/src/syn.rs). fentry and kprobe modes are to come.
+//! Listener lifecycle and SYN-ACK retransmits use tracepoints every kernel has, in every
+//! mode. The SYN path and the accept queue depend on the hook mode (see `modes.rs` and
+//! docs/hook-modes.md):
+//! - fentry: fentry/fexit on tcp_conn_request, tcp_v{4,6}_syn_recv_sock,
+//!   inet_csk_reqsk_queue_add and inet_csk_accept;
+//! - kprobe: kprobes/kretprobes on the same functions, accept() by syscall tracepoints;
+//! - tracepoint: a cgroup_skb ingress program on the cgroup v2 root plus skb-release
+//!   tp_btf hooks (backlogd-ebpf/src/syn.rs), sock:sk_data_ready, accept() syscalls.
 
 pub mod btf;
 mod cgroup;
@@ -15,7 +20,7 @@ use std::{os::fd::AsFd as _, path::PathBuf};
 use aya::{
     Ebpf, EbpfLoader,
     maps::{HashMap, MapData, PerCpuArray, PerCpuHashMap, RingBuf},
-    programs::{BtfTracePoint, CgroupSkb, ProgramError, TracePoint},
+    programs::{BtfTracePoint, CgroupSkb, FEntry, FExit, KProbe, ProgramError, TracePoint},
 };
 use backlogd_common::{KernelOffsets, ListenerStats, QueueState};
 
@@ -92,7 +97,7 @@ pub struct Probes {
     pub listener_stats: PerCpuHashMap<MapData, u64, ListenerStats>,
     pub listener_stats_full: PerCpuArray<MapData, u64>,
     pub listener_queues: HashMap<MapData, u64, QueueState>,
-    _cgroup_ingress: CgroupAttachment,
+    _cgroup_ingress: Option<CgroupAttachment>,
     pub mode: HookMode,
     pub kernel: KernelSupport,
     /// Whether enqueue events (`sock:sk_data_ready`) are seen: queued and accept wait.
@@ -103,12 +108,18 @@ pub struct Probes {
 const NO_TRACEPOINT: u32 = u32::MAX;
 
 /// Tracepoints: (program, [(category, tracepoint)]).
-const TRACEPOINTS: [(&str, &[(&str, &str)]); 7] = [
+type Tracepoints = [(&'static str, &'static [(&'static str, &'static str)])];
+
+/// Every mode: listener lifecycle and SYN-ACK retransmits.
+const COMMON_TRACEPOINTS: &Tracepoints = &[
     ("listen_enter", &[("syscalls", "sys_enter_listen")]),
     ("listen_exit", &[("syscalls", "sys_exit_listen")]),
     ("listener_state", &[("sock", "inet_sock_set_state")]),
     ("synack_retransmit", &[("tcp", "tcp_retransmit_synack")]),
-    ("queued", &[("sock", "sk_data_ready")]),
+];
+
+/// accept() and accept4(), by syscall (tracepoint and kprobe modes).
+const ACCEPT_TRACEPOINTS: &Tracepoints = &[
     (
         "accept_enter",
         &[
@@ -125,6 +136,34 @@ const TRACEPOINTS: [(&str, &[(&str, &str)]); 7] = [
     ),
 ];
 
+/// fentry mode: (program, kernel function, exit hook?).
+const FUNCTION_HOOKS_FENTRY: &[(&str, &str, bool)] = &[
+    ("conn_request_enter", "tcp_conn_request", false),
+    ("conn_request_exit", "tcp_conn_request", true),
+    ("syn_recv_sock4_enter", "tcp_v4_syn_recv_sock", false),
+    ("syn_recv_sock4_exit", "tcp_v4_syn_recv_sock", true),
+    ("syn_recv_sock6_enter", "tcp_v6_syn_recv_sock", false),
+    ("syn_recv_sock6_exit", "tcp_v6_syn_recv_sock", true),
+    ("reqsk_queue_add_exit", "inet_csk_reqsk_queue_add", true),
+    ("inet_csk_accept_exit", "inet_csk_accept", true),
+];
+
+/// kprobe mode: (program, kernel functions). Return probes are the `*_kretprobe` ones.
+const FUNCTION_HOOKS_KPROBE: &[(&str, &[&str])] = &[
+    ("conn_request_kprobe", &["tcp_conn_request"]),
+    ("conn_request_kretprobe", &["tcp_conn_request"]),
+    (
+        "syn_recv_sock_kprobe",
+        &["tcp_v4_syn_recv_sock", "tcp_v6_syn_recv_sock"],
+    ),
+    (
+        "syn_recv_sock_kretprobe",
+        &["tcp_v4_syn_recv_sock", "tcp_v6_syn_recv_sock"],
+    ),
+    ("reqsk_queue_add_kprobe", &["inet_csk_reqsk_queue_add"]),
+    ("reqsk_queue_add_kretprobe", &["inet_csk_reqsk_queue_add"]),
+];
+
 pub fn load(opts: &LoadOptions) -> Result<Probes, LoadError> {
     privileges::check()?;
     let kernel = KernelSupport::probe();
@@ -133,36 +172,61 @@ pub fn load(opts: &LoadOptions) -> Result<Probes, LoadError> {
     let mut offsets = btf.kernel_offsets()?;
     tracepoint_offsets(&mut offsets)?;
     tracing::debug!(?offsets, "kernel layout resolved");
-
-    let mut ebpf = EbpfLoader::new()
-        .override_global("OFFSETS", &offsets, true)
-        .load(EBPF_OBJECT)?;
-    // The skb-release hooks first: an ingress stash is only useful once they run.
-    let enqueue_events = offsets.tp_data_ready_skaddr != NO_TRACEPOINT;
-    if !enqueue_events {
-        tracing::warn!(
-            "this kernel has no sock:sk_data_ready tracepoint: connections queued for \
-             accept and accept-queue wait times are not reported (other figures are)"
-        );
-    }
-    for (program, hooks) in TRACEPOINTS {
-        if program == "queued" && !enqueue_events {
-            continue;
-        }
-        attach_tracepoint(&mut ebpf, program, hooks)?;
-    }
-    // BTF tracepoints: per-program recursion protection (classic tracepoints skip a BPF
-    // program whenever any other tracing program is running on the CPU).
     let kernel_btf = aya::Btf::parse_file(&opts.btf, aya::Endianness::default()).map_err(|e| {
         BtfError::Unreadable {
             path: opts.btf.clone(),
             reason: e.to_string(),
         }
     })?;
-    for (program, function) in [("syn_consumed", "consume_skb"), ("syn_freed", "kfree_skb")] {
-        attach_btf_tracepoint(&mut ebpf, &kernel_btf, program, function)?;
+
+    let mut ebpf = EbpfLoader::new()
+        .override_global("OFFSETS", &offsets, true)
+        .load(EBPF_OBJECT)?;
+    for &(program, hooks) in COMMON_TRACEPOINTS {
+        attach_tracepoint(&mut ebpf, program, hooks)?;
     }
-    let cgroup_ingress = attach_cgroup_ingress(&mut ebpf)?;
+    let mut cgroup_ingress = None;
+    let enqueue_events = match mode {
+        HookMode::Fentry => {
+            for &(program, function, exit) in FUNCTION_HOOKS_FENTRY {
+                attach_fentry(&mut ebpf, &kernel_btf, program, function, exit)?;
+            }
+            true
+        }
+        HookMode::Kprobe => {
+            for &(program, functions) in FUNCTION_HOOKS_KPROBE {
+                attach_kprobe(&mut ebpf, program, functions)?;
+            }
+            for &(program, hooks) in ACCEPT_TRACEPOINTS {
+                attach_tracepoint(&mut ebpf, program, hooks)?;
+            }
+            true
+        }
+        HookMode::Tracepoint => {
+            for &(program, hooks) in ACCEPT_TRACEPOINTS {
+                attach_tracepoint(&mut ebpf, program, hooks)?;
+            }
+            let enqueue_events = offsets.tp_data_ready_skaddr != NO_TRACEPOINT;
+            if enqueue_events {
+                attach_tracepoint(&mut ebpf, "queued", &[("sock", "sk_data_ready")])?;
+            } else {
+                tracing::warn!(
+                    "this kernel has no sock:sk_data_ready tracepoint: in tracepoint mode, \
+                     connections queued for accept and accept-queue wait times are not \
+                     reported (other figures are; fentry and kprobe modes report them)"
+                );
+            }
+            // The skb-release hooks first: an ingress stash is only useful once they run.
+            // BTF tracepoints have per-program recursion protection (classic tracepoints
+            // skip a BPF program whenever any other tracing program is running on the CPU).
+            for (program, function) in [("syn_consumed", "consume_skb"), ("syn_freed", "kfree_skb")]
+            {
+                attach_btf_tracepoint(&mut ebpf, &kernel_btf, program, function)?;
+            }
+            cgroup_ingress = Some(attach_cgroup_ingress(&mut ebpf)?);
+            enqueue_events
+        }
+    };
     let listener_events = typed_map(&mut ebpf, "LISTENER_EVENTS")?;
     let listener_events_lost = typed_map(&mut ebpf, "LISTENER_EVENTS_LOST")?;
     let listener_stats = typed_map(&mut ebpf, "LISTENER_STATS")?;
@@ -314,6 +378,56 @@ fn attach_btf_tracepoint(
         .map_err(err)?;
     prog.load(function, btf).map_err(err)?;
     prog.attach().map_err(err)?;
+    Ok(())
+}
+
+fn attach_fentry(
+    ebpf: &mut Ebpf,
+    btf: &aya::Btf,
+    program: &'static str,
+    function: &str,
+    exit: bool,
+) -> Result<(), LoadError> {
+    let err = |source| LoadError::Program {
+        program,
+        hook: format!("{}/{function}", if exit { "fexit" } else { "fentry" }),
+        source,
+    };
+    let prog = ebpf.program_mut(program).ok_or(LoadError::Map(program))?;
+    if exit {
+        let prog: &mut FExit = prog.try_into().map_err(err)?;
+        prog.load(function, btf).map_err(err)?;
+        prog.attach().map_err(err)?;
+    } else {
+        let prog: &mut FEntry = prog.try_into().map_err(err)?;
+        prog.load(function, btf).map_err(err)?;
+        prog.attach().map_err(err)?;
+    }
+    Ok(())
+}
+
+fn attach_kprobe(
+    ebpf: &mut Ebpf,
+    program: &'static str,
+    functions: &[&str],
+) -> Result<(), LoadError> {
+    let err = |hook: String| {
+        move |source| LoadError::Program {
+            program,
+            hook,
+            source,
+        }
+    };
+    let prog: &mut KProbe = ebpf
+        .program_mut(program)
+        .ok_or(LoadError::Map(program))?
+        .try_into()
+        .map_err(err(program.to_owned()))?;
+    prog.load().map_err(err(program.to_owned()))?;
+    for function in functions {
+        prog.attach(function, 0)
+            .map_err(err(format!("kprobe {function}")))?;
+    }
     Ok(())
 }
 

@@ -1,10 +1,8 @@
-//! Hook modes: which kernel mechanism the SYN path runs on.
+//! Hook modes: which kernel mechanism the SYN path and the accept queue run on.
 //!
-//! Order of preference on production kernels: fentry/fexit (BPF trampolines, cheapest),
-//! then kprobes, then tracepoint mode (cgroup_skb + tracepoints, needs neither). This
-//! version implements tracepoint mode, which reports every figure exactly on kernels that
-//! have the tracepoints it uses; the other two are probed and reported so operators can
-//! see what their kernel offers.
+//! Order of preference: fentry/fexit (BPF trampolines: cheapest, never skipped for
+//! recursion), then kprobes, then tracepoint mode (cgroup_skb + tracepoints, needs
+//! neither). `auto` picks the first the running kernel allows, found by trying.
 
 use std::path::Path;
 
@@ -23,12 +21,16 @@ pub enum HookModeArg {
 /// The mode in use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HookMode {
+    Fentry,
+    Kprobe,
     Tracepoint,
 }
 
 impl HookMode {
     pub fn name(self) -> &'static str {
         match self {
+            HookMode::Fentry => "fentry",
+            HookMode::Kprobe => "kprobe",
             HookMode::Tracepoint => "tracepoint",
         }
     }
@@ -59,33 +61,39 @@ impl KernelSupport {
 pub enum ModeError {
     #[error(
         "--hook-mode {mode}: this kernel does not support it ({why}). Fix: use \
-         `--hook-mode auto` (or `tracepoint`), which works on this kernel"
+         `--hook-mode auto`, which picks the best mode this kernel allows \
+         ({best} here)"
     )]
     KernelLacks {
         mode: &'static str,
         why: &'static str,
+        best: &'static str,
     },
-    #[error(
-        "--hook-mode {mode}: this kernel supports it, but this version of backlogd implements \
-         only tracepoint mode, which reports the same figures exactly. Fix: use \
-         `--hook-mode auto` (or `tracepoint`)"
-    )]
-    NotImplemented { mode: &'static str },
 }
 
 pub fn choose(requested: HookModeArg, kernel: KernelSupport) -> Result<HookMode, ModeError> {
+    let best = if kernel.fentry {
+        HookMode::Fentry
+    } else if kernel.kprobe {
+        HookMode::Kprobe
+    } else {
+        HookMode::Tracepoint
+    };
     match requested {
-        HookModeArg::Auto | HookModeArg::Tracepoint => Ok(HookMode::Tracepoint),
+        HookModeArg::Auto => Ok(best),
+        HookModeArg::Tracepoint => Ok(HookMode::Tracepoint),
         HookModeArg::Fentry if !kernel.fentry => Err(ModeError::KernelLacks {
             mode: "fentry",
             why: "loading a BPF tracing program fails: no BPF trampoline support",
+            best: best.name(),
         }),
         HookModeArg::Kprobe if !kernel.kprobe => Err(ModeError::KernelLacks {
             mode: "kprobe",
             why: "no kprobe PMU in /sys/bus/event_source/devices: CONFIG_KPROBES is off",
+            best: best.name(),
         }),
-        HookModeArg::Fentry => Err(ModeError::NotImplemented { mode: "fentry" }),
-        HookModeArg::Kprobe => Err(ModeError::NotImplemented { mode: "kprobe" }),
+        HookModeArg::Fentry => Ok(HookMode::Fentry),
+        HookModeArg::Kprobe => Ok(HookMode::Kprobe),
     }
 }
 
@@ -102,22 +110,42 @@ mod tests {
         kprobe: true,
     };
 
+    const KPROBE_ONLY: KernelSupport = KernelSupport {
+        fentry: false,
+        kprobe: true,
+    };
+
     #[test]
-    fn auto_and_tracepoint_always_work() {
-        for k in [NONE, ALL] {
-            assert_eq!(choose(HookModeArg::Auto, k), Ok(HookMode::Tracepoint));
+    fn auto_prefers_fentry_then_kprobe_then_tracepoint() {
+        assert_eq!(choose(HookModeArg::Auto, ALL), Ok(HookMode::Fentry));
+        assert_eq!(choose(HookModeArg::Auto, KPROBE_ONLY), Ok(HookMode::Kprobe));
+        assert_eq!(choose(HookModeArg::Auto, NONE), Ok(HookMode::Tracepoint));
+    }
+
+    #[test]
+    fn an_explicit_mode_the_kernel_allows_is_used() {
+        for k in [NONE, KPROBE_ONLY, ALL] {
             assert_eq!(choose(HookModeArg::Tracepoint, k), Ok(HookMode::Tracepoint));
         }
+        assert_eq!(choose(HookModeArg::Kprobe, ALL), Ok(HookMode::Kprobe));
+        assert_eq!(choose(HookModeArg::Fentry, ALL), Ok(HookMode::Fentry));
     }
 
     #[test]
     fn an_unsupported_request_names_the_kernel_and_the_fix() {
         let e = choose(HookModeArg::Kprobe, NONE).unwrap_err().to_string();
         assert!(
-            e.contains("CONFIG_KPROBES") && e.contains("--hook-mode auto"),
+            e.contains("CONFIG_KPROBES")
+                && e.contains("--hook-mode auto")
+                && e.contains("(tracepoint here)"),
             "{e}"
         );
-        let e = choose(HookModeArg::Fentry, ALL).unwrap_err();
-        assert_eq!(e, ModeError::NotImplemented { mode: "fentry" });
+        let e = choose(HookModeArg::Fentry, KPROBE_ONLY)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("trampoline") && e.contains("(kprobe here)"),
+            "{e}"
+        );
     }
 }

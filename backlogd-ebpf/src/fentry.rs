@@ -1,0 +1,101 @@
+//! fentry/fexit mode: BPF trampolines on the kernel functions that decide a listener's
+//! fate. The cheapest hooks, with per-program recursion protection (a hook is never
+//! skipped because another tracing program is running). Needs BPF trampolines (5.5+) and
+//! `bpf_get_func_ret` (5.17+).
+//!
+//! - `tcp_conn_request` entry/return: SYNs, SYN-path drops by reason, syncookies
+//!   ([`syn::call_enter`] / [`syn::call_exit`]).
+//! - `tcp_v4_syn_recv_sock` / `tcp_v6_syn_recv_sock` entry/return: overflow at the final ACK.
+//! - `inet_csk_reqsk_queue_add` return: a connection queued for accept.
+//! - `inet_csk_accept` return: a connection accepted, and how long it waited.
+
+use aya_ebpf::{
+    macros::{fentry, fexit},
+    programs::{FEntryContext, FExitContext},
+};
+use backlogd_common::segment_kind::{ACK, SYN};
+
+use crate::{
+    accept,
+    kernel::{KPtr, Result, launder},
+    syn,
+};
+
+/// Argument `n` of the traced function as a plain address. The verifier tracks typed
+/// arguments as BTF pointers, which may not be offset by load-time values.
+#[inline(always)]
+fn arg_ptr(arg: *const u8) -> Result<KPtr> {
+    let p = KPtr(launder(arg)?);
+    if p.is_null() { Err(-14) } else { Ok(p) }
+}
+
+/// `int tcp_conn_request(rsk_ops, af_ops, struct sock *sk, struct sk_buff *skb)`
+#[fentry(function = "tcp_conn_request")]
+pub fn conn_request_enter(ctx: FEntryContext) -> i32 {
+    let _ = arg_ptr(ctx.arg(2)).and_then(|sk| syn::call_enter(sk, ctx.arg(3), SYN));
+    0
+}
+
+#[fexit(function = "tcp_conn_request")]
+pub fn conn_request_exit(_ctx: FExitContext) -> i32 {
+    let _ = syn::call_exit(SYN);
+    0
+}
+
+/// `struct sock *tcp_v{4,6}_syn_recv_sock(const struct sock *sk, struct sk_buff *skb, ...)`
+#[fentry(function = "tcp_v4_syn_recv_sock")]
+pub fn syn_recv_sock4_enter(ctx: FEntryContext) -> i32 {
+    let _ = arg_ptr(ctx.arg(0)).and_then(|sk| syn::call_enter(sk, ctx.arg(1), ACK));
+    0
+}
+
+#[fexit(function = "tcp_v4_syn_recv_sock")]
+pub fn syn_recv_sock4_exit(_ctx: FExitContext) -> i32 {
+    let _ = syn::call_exit(ACK);
+    0
+}
+
+#[fentry(function = "tcp_v6_syn_recv_sock")]
+pub fn syn_recv_sock6_enter(ctx: FEntryContext) -> i32 {
+    let _ = arg_ptr(ctx.arg(0)).and_then(|sk| syn::call_enter(sk, ctx.arg(1), ACK));
+    0
+}
+
+#[fexit(function = "tcp_v6_syn_recv_sock")]
+pub fn syn_recv_sock6_exit(_ctx: FExitContext) -> i32 {
+    let _ = syn::call_exit(ACK);
+    0
+}
+
+/// `struct sock *inet_csk_reqsk_queue_add(struct sock *sk, struct request_sock *req,
+/// struct sock *child)`: returns `child` once it is on the accept queue, NULL when the
+/// listener was closing.
+#[fexit(function = "inet_csk_reqsk_queue_add")]
+pub fn reqsk_queue_add_exit(ctx: FExitContext) -> i32 {
+    let _ = try_reqsk_queue_add_exit(&ctx);
+    0
+}
+
+fn try_reqsk_queue_add_exit(ctx: &FExitContext) -> Result<()> {
+    let child: u64 = ctx.ret()?;
+    if child == 0 {
+        return Ok(());
+    }
+    accept::enqueued(arg_ptr(ctx.arg(0))?, Some(KPtr(child)))
+}
+
+/// `struct sock *inet_csk_accept(struct sock *sk, ...)`: the accepted child or NULL. (The
+/// other arguments changed in 6.10; only the first and the return value are used.)
+#[fexit(function = "inet_csk_accept")]
+pub fn inet_csk_accept_exit(ctx: FExitContext) -> i32 {
+    let _ = try_accept_exit(&ctx);
+    0
+}
+
+fn try_accept_exit(ctx: &FExitContext) -> Result<()> {
+    let child: u64 = ctx.ret()?;
+    if child == 0 {
+        return Ok(());
+    }
+    accept::accepted(arg_ptr(ctx.arg(0))?, KPtr(child))
+}

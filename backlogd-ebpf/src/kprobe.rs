@@ -1,0 +1,89 @@
+//! kprobe mode: the same functions as fentry mode (see `fentry.rs`), for kernels without
+//! BPF trampolines. A kretprobe sees no arguments, so what the return needs is parked per
+//! CPU at entry (these functions run in softirq and do not sleep).
+//!
+//! Accepts are counted by the syscall tracepoints, as in tracepoint mode, not by a
+//! kretprobe on `inet_csk_accept`: that function sleeps, and a kretprobe tracks at most
+//! max(10, 2 x CPUs) sleeping calls, so a server with many threads blocked in accept()
+//! would lose counts.
+//!
+//! kprobe programs share the kernel's global per-CPU recursion guard with
+//! classic tracepoints: one that fires while another such program runs on the CPU is
+//! skipped by the kernel (a SYN arriving in the microsecond an accept probe runs).
+
+use aya_ebpf::{
+    macros::{kprobe, kretprobe, map},
+    maps::PerCpuArray,
+    programs::{ProbeContext, RetProbeContext},
+};
+use backlogd_common::segment_kind::{ACK, SYN};
+
+use crate::{
+    accept,
+    kernel::{KPtr, Result},
+    syn,
+};
+
+/// `inet_csk_reqsk_queue_add` in flight on this CPU: (listener, child).
+#[map]
+static QUEUE_ADD: PerCpuArray<[u64; 2]> = PerCpuArray::with_max_entries(1, 0);
+
+#[inline(always)]
+fn arg(ctx: &ProbeContext, n: usize) -> Result<u64> {
+    match ctx.arg::<u64>(n) {
+        Some(v) if v != 0 => Ok(v),
+        _ => Err(-14),
+    }
+}
+
+#[kprobe]
+pub fn conn_request_kprobe(ctx: ProbeContext) -> u32 {
+    let _ = arg(&ctx, 2).and_then(|sk| syn::call_enter(KPtr(sk), arg(&ctx, 3)?, SYN));
+    0
+}
+
+#[kretprobe]
+pub fn conn_request_kretprobe(_ctx: RetProbeContext) -> u32 {
+    let _ = syn::call_exit(SYN);
+    0
+}
+
+/// Attached to both `tcp_v4_syn_recv_sock` and `tcp_v6_syn_recv_sock`.
+#[kprobe]
+pub fn syn_recv_sock_kprobe(ctx: ProbeContext) -> u32 {
+    let _ = arg(&ctx, 0).and_then(|sk| syn::call_enter(KPtr(sk), arg(&ctx, 1)?, ACK));
+    0
+}
+
+#[kretprobe]
+pub fn syn_recv_sock_kretprobe(_ctx: RetProbeContext) -> u32 {
+    let _ = syn::call_exit(ACK);
+    0
+}
+
+#[kprobe]
+pub fn reqsk_queue_add_kprobe(ctx: ProbeContext) -> u32 {
+    if let (Ok(sk), Ok(child), Some(slot)) = (arg(&ctx, 0), arg(&ctx, 2), QUEUE_ADD.get_ptr_mut(0))
+    {
+        // SAFETY: this CPU's element; the function runs in softirq and does not nest.
+        unsafe { *slot = [sk, child] };
+    }
+    0
+}
+
+#[kretprobe]
+pub fn reqsk_queue_add_kretprobe(ctx: RetProbeContext) -> u32 {
+    let _ = try_reqsk_queue_add_ret(&ctx);
+    0
+}
+
+fn try_reqsk_queue_add_ret(ctx: &RetProbeContext) -> Result<()> {
+    let slot = QUEUE_ADD.get_ptr_mut(0).ok_or(-2)?;
+    // SAFETY: this CPU's element.
+    let [sk, child] = unsafe { core::mem::take(&mut *slot) };
+    let ret: u64 = ctx.ret();
+    if sk == 0 || ret == 0 || ret != child {
+        return Ok(());
+    }
+    accept::enqueued(KPtr(sk), Some(KPtr(child)))
+}
