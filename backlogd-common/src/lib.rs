@@ -75,19 +75,22 @@ impl ListenerStats {
 /// Finite buckets of the accept-wait histogram: 1 µs, 2 µs, ... 2^23 µs (8.4 s).
 pub const ACCEPT_WAIT_BUCKETS: usize = 24;
 
-/// Queue depths of one listener as last observed by the kernel-side programs (at SYN
-/// ingress, when a connection is queued, when one is accepted). Not per CPU: the latest
-/// write is the current depth.
+/// Queue depths of one listener as one CPU last observed them (at a SYN, when a
+/// connection is queued, when one is accepted). Per CPU, so concurrent observers never
+/// lose each other's maxima; the daemon merges the CPUs (see `backlogd/src/queues.rs`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct QueueState {
     /// `sk_ack_backlog`: connections waiting for accept().
     pub accept_depth: u32,
-    /// Highest `sk_ack_backlog` seen since the daemon last sampled this entry.
+    /// Highest `sk_ack_backlog` this CPU saw during sampling epoch `epoch`.
     pub accept_hwm: u32,
-    /// Highest SYN-queue length (`icsk_accept_queue.qlen`) seen since the last sample.
+    /// Highest SYN-queue length (`icsk_accept_queue.qlen`) during `epoch`.
     pub syn_hwm: u32,
-    pub _pad: u32,
+    /// The [`QUEUE_EPOCH`](index.html) value the maxima belong to; 0: never observed.
+    pub epoch: u32,
+    /// `bpf_ktime_get_ns()` of this CPU's last observation: the newest is the current depth.
+    pub observed_ns: u64,
 }
 
 /// What the cgroup_skb ingress program saw of a segment reaching a listener, held per
@@ -213,6 +216,10 @@ pub struct KernelOffsets {
     pub icsk_syn_qlen: u32,
     /// `offsetof(struct request_sock, sk)`: the child socket of a queued request.
     pub request_sock_sk: u32,
+    /// `offsetof(struct sk_buff, head)` and `transport_header`: the TCP header of a
+    /// segment is at `head + transport_header`.
+    pub skb_head: u32,
+    pub skb_transport_header: u32,
     // tracepoint records (from /sys/kernel/tracing/events/*/*/format)
     pub tp_listen_fd: u32,
     pub tp_listen_backlog: u32,

@@ -13,7 +13,7 @@
 use aya_ebpf::{
     helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns},
     macros::{map, tracepoint},
-    maps::{HashMap, LruHashMap},
+    maps::{Array, LruHashMap, PerCpuHashMap},
     programs::TracePointContext,
 };
 use backlogd_common::{ACCEPT_WAIT_BUCKETS, LISTENER_STATS_ENTRIES, QueueState, TCP_LISTEN};
@@ -23,10 +23,16 @@ use crate::{
     syn::update,
 };
 
-/// Queue depths per listener inode.
+/// Queue depths per listener inode, per CPU.
 #[map]
-pub(crate) static LISTENER_QUEUES: HashMap<u64, QueueState> =
-    HashMap::with_max_entries(LISTENER_STATS_ENTRIES, 0);
+pub(crate) static LISTENER_QUEUES: PerCpuHashMap<u64, QueueState> =
+    PerCpuHashMap::with_max_entries(LISTENER_STATS_ENTRIES, 0);
+
+/// Sampling epoch, advanced by the daemon each time it takes the maxima. A CPU's entry
+/// from an older epoch restarts its maxima, so the daemon never writes the entries (a
+/// read-then-reset from userspace would race with the programs and lose a peak).
+#[map]
+static QUEUE_EPOCH: Array<u32> = Array::with_max_entries(1, 0);
 
 /// Enqueue time (ns) of children still on an accept queue, by child `struct sock *`.
 #[map]
@@ -41,21 +47,31 @@ static PENDING_ACCEPT: LruHashMap<u64, u64> = LruHashMap::with_max_entries(4096,
 pub(crate) fn observe_queues(sk: KPtr, ino: u64) -> Result<()> {
     let accept: u32 = sk.read(offset(|o| &o.sk_ack_backlog))?;
     let syn: u32 = sk.read(offset(|o| &o.icsk_syn_qlen))?;
+    let epoch = QUEUE_EPOCH.get(0).copied().unwrap_or(0);
+    // SAFETY: the helper takes no arguments.
+    let now = unsafe { bpf_ktime_get_ns() };
     match LISTENER_QUEUES.get_ptr_mut(ino) {
         Some(q) => {
-            // SAFETY: a valid map value; concurrent writers can only lose a max update,
-            // never corrupt the entry (plain u32 stores).
+            // SAFETY: this CPU's copy of the entry; no other CPU writes it.
             let q = unsafe { &mut *q };
+            if q.epoch == epoch {
+                q.accept_hwm = q.accept_hwm.max(accept);
+                q.syn_hwm = q.syn_hwm.max(syn);
+            } else {
+                q.accept_hwm = accept;
+                q.syn_hwm = syn;
+                q.epoch = epoch;
+            }
             q.accept_depth = accept;
-            q.accept_hwm = q.accept_hwm.max(accept);
-            q.syn_hwm = q.syn_hwm.max(syn);
+            q.observed_ns = now;
         }
         None => {
             let state = QueueState {
                 accept_depth: accept,
                 accept_hwm: accept,
                 syn_hwm: syn,
-                _pad: 0,
+                epoch,
+                observed_ns: now,
             };
             LISTENER_QUEUES.insert(ino, state, 0)?;
         }

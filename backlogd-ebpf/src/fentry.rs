@@ -5,7 +5,10 @@
 //!
 //! - `tcp_conn_request` entry/return: SYNs, SYN-path drops by reason, syncookies
 //!   ([`syn::call_enter`] / [`syn::call_exit`]).
-//! - `tcp_v4_syn_recv_sock` / `tcp_v6_syn_recv_sock` entry/return: overflow at the final ACK.
+//! - `tcp_check_req` and `tcp_get_cookie_sock` entry/return: overflow at the final ACK of
+//!   a handshake (regular and syncookie); retransmitted SYNs for pending requests.
+//!   (Not `tcp_v{4,6}_syn_recv_sock` itself: Debian's 6.1 refuses a trampoline on it with
+//!   ENOTSUPP; its two callers bracket it.)
 //! - `inet_csk_reqsk_queue_add` return: a connection queued for accept.
 //! - `inet_csk_accept` return: a connection accepted, and how long it waited.
 
@@ -42,27 +45,37 @@ pub fn conn_request_exit(_ctx: FExitContext) -> i32 {
     0
 }
 
-/// `struct sock *tcp_v{4,6}_syn_recv_sock(const struct sock *sk, struct sk_buff *skb, ...)`
-#[fentry(function = "tcp_v4_syn_recv_sock")]
-pub fn syn_recv_sock4_enter(ctx: FEntryContext) -> i32 {
-    let _ = arg_ptr(ctx.arg(0)).and_then(|sk| syn::call_enter(sk, ctx.arg(1), ACK));
+/// `struct sock *tcp_check_req(struct sock *sk, struct sk_buff *skb, ...)`: a segment for
+/// a pending request of listener `sk`. The final ACK's overflow (in `syn_recv_sock` or at
+/// `listen_overflow:`) happens inside; a SYN here is a retransmission, counted as received.
+#[fentry(function = "tcp_check_req")]
+pub fn check_req_enter(ctx: FEntryContext) -> i32 {
+    let _ = check_req(&ctx);
     0
 }
 
-#[fexit(function = "tcp_v4_syn_recv_sock")]
-pub fn syn_recv_sock4_exit(_ctx: FExitContext) -> i32 {
+fn check_req(ctx: &FEntryContext) -> Result<()> {
+    let (sk, skb) = (arg_ptr(ctx.arg(0))?, arg_ptr(ctx.arg(1))?);
+    let _ = syn::pending_request_segment(sk, skb);
+    syn::call_enter(sk, skb.0, ACK)
+}
+
+#[fexit(function = "tcp_check_req")]
+pub fn check_req_exit(_ctx: FExitContext) -> i32 {
     let _ = syn::call_exit(ACK);
     0
 }
 
-#[fentry(function = "tcp_v6_syn_recv_sock")]
-pub fn syn_recv_sock6_enter(ctx: FEntryContext) -> i32 {
+/// `struct sock *tcp_get_cookie_sock(struct sock *sk, struct sk_buff *skb, ...)`: the ACK
+/// of a syncookie handshake creates its child here, where it can overflow, too.
+#[fentry(function = "tcp_get_cookie_sock")]
+pub fn cookie_sock_enter(ctx: FEntryContext) -> i32 {
     let _ = arg_ptr(ctx.arg(0)).and_then(|sk| syn::call_enter(sk, ctx.arg(1), ACK));
     0
 }
 
-#[fexit(function = "tcp_v6_syn_recv_sock")]
-pub fn syn_recv_sock6_exit(_ctx: FExitContext) -> i32 {
+#[fexit(function = "tcp_get_cookie_sock")]
+pub fn cookie_sock_exit(_ctx: FExitContext) -> i32 {
     let _ = syn::call_exit(ACK);
     0
 }

@@ -48,15 +48,29 @@ pub fn conn_request_kretprobe(_ctx: RetProbeContext) -> u32 {
     0
 }
 
-/// Attached to both `tcp_v4_syn_recv_sock` and `tcp_v6_syn_recv_sock`.
+/// `tcp_get_cookie_sock`: the syncookie final-ACK window, as in fentry mode.
 #[kprobe]
-pub fn syn_recv_sock_kprobe(ctx: ProbeContext) -> u32 {
-    let _ = arg(&ctx, 0).and_then(|sk| syn::call_enter(KPtr(sk), arg(&ctx, 1)?, ACK));
+pub fn cookie_sock_kprobe(ctx: ProbeContext) -> u32 {
+    let _ = final_ack(&ctx);
     0
 }
 
+/// `tcp_check_req`: the final-ACK window; a SYN here is a retransmission.
+#[kprobe]
+pub fn check_req_kprobe(ctx: ProbeContext) -> u32 {
+    let _ = arg(&ctx, 0)
+        .and_then(|sk| syn::pending_request_segment(KPtr(sk), KPtr(arg(&ctx, 1)?)));
+    let _ = final_ack(&ctx);
+    0
+}
+
+fn final_ack(ctx: &ProbeContext) -> Result<()> {
+    syn::call_enter(KPtr(arg(ctx, 0)?), arg(ctx, 1)?, ACK)
+}
+
+/// Return of either final-ACK function.
 #[kretprobe]
-pub fn syn_recv_sock_kretprobe(_ctx: RetProbeContext) -> u32 {
+pub fn final_ack_kretprobe(_ctx: RetProbeContext) -> u32 {
     let _ = syn::call_exit(ACK);
     0
 }

@@ -18,7 +18,7 @@
 //!
 //! fentry and kprobe modes (programs in `fentry.rs` / `kprobe.rs`) use the same counter
 //! deltas with exact boundaries: [`call_enter`] at the entry of `tcp_conn_request` (SYN)
-//! or `tcp_v{4,6}_syn_recv_sock` (final ACK) and [`call_exit`] at its return.
+//! or `tcp_check_req` / `tcp_get_cookie_sock` (final ACK) and [`call_exit`] at its return.
 //!
 //! `synack_retransmit` counts `tcp:tcp_retransmit_synack` per listener.
 
@@ -108,7 +108,8 @@ fn try_listener_ingress(ctx: &SkBuffContext) -> Result<()> {
 }
 
 /// Function-hook modes: the kernel starts processing `skb` on listener `sk` (`kind` SYN:
-/// `tcp_conn_request`; ACK: `syn_recv_sock`). Runs in softirq, so calls of one kind never
+/// `tcp_conn_request`; ACK: `tcp_check_req` or `tcp_get_cookie_sock`, which never nest in
+/// each other or in `tcp_conn_request`). Runs in softirq, so calls of one kind never
 /// interleave on a CPU; a call whose exit hook was missed (kretprobe) is settled here, with
 /// deltas that are still that call's own.
 #[inline(always)]
@@ -120,14 +121,9 @@ pub(crate) fn call_enter(sk: KPtr, skb: u64, kind: u32) -> Result<()> {
         // SAFETY: as above.
         let _ = settle(unsafe { &*slot });
     }
-    if kind == segment_kind::ACK {
-        let syn = call_slot(segment_kind::SYN)?;
-        // SAFETY: as above.
-        if unsafe { (*syn).skb } == skb {
-            // A TCP Fast Open SYN creating its child inside tcp_conn_request: that call's
-            // window already covers whatever this one counts.
-            return Ok(());
-        }
+    let state: u8 = sk.read(offset(|o| &o.sk_state))?;
+    if u32::from(state) != TCP_LISTEN {
+        return Ok(()); // tcp_check_req on a Fast Open child
     }
     let ino = socket_inode(sk)?;
     let net = sk.deref(offset(|o| &o.sk_net))?;
@@ -159,12 +155,26 @@ pub(crate) fn call_exit(kind: u32) -> Result<()> {
         return Ok(());
     }
     stash.skb = 0;
-    let result = settle(stash);
-    if kind == segment_kind::SYN {
-        // Depth after the request (or child) was added: the SYN queue's high-water mark.
-        let _ = crate::accept::observe_queues(KPtr(stash.sk), stash.ino);
+    settle(stash)
+}
+
+/// Function-hook modes: `tcp_check_req` got a segment for a pending request of listener
+/// `sk`. A SYN here is a retransmitted SYN: it never reaches `tcp_conn_request` (the
+/// kernel answers it from the SYN queue), but it did reach the listener and counts as
+/// received, as in tracepoint mode.
+#[inline(always)]
+pub(crate) fn pending_request_segment(sk: KPtr, skb: KPtr) -> Result<()> {
+    let state: u8 = sk.read(offset(|o| &o.sk_state))?;
+    if u32::from(state) != TCP_LISTEN {
+        return Ok(()); // a Fast Open child's own segment
     }
-    result
+    let head: u64 = skb.read(offset(|o| &o.skb_head))?;
+    let transport: u16 = skb.read(offset(|o| &o.skb_transport_header))?;
+    let flags: u8 = KPtr(head).read(usize::from(transport) + 13)?;
+    if flags & (TCP_FLAG_SYN | TCP_FLAG_ACK | TCP_FLAG_RST) == TCP_FLAG_SYN {
+        update(socket_inode(sk)?, |s| s.syns += 1);
+    }
+    Ok(())
 }
 
 #[inline(always)]
@@ -264,6 +274,9 @@ fn released(skb: u64) -> Result<()> {
 /// Attributes the counter deltas since `stash` to its listener.
 #[inline(always)]
 fn settle(stash: &SynStash) -> Result<()> {
+    // Queue lengths after the segment was processed: a SYN added a request (SYN-queue
+    // peak), a final ACK moved a child to the accept queue (accept-queue peak).
+    let _ = crate::accept::observe_queues(KPtr(stash.sk), stash.ino);
     let mut now = [0u64; mib::COUNT];
     read_mib(KPtr(stash.net), &mut now)?;
     let d = |i: usize| now[i].wrapping_sub(stash.mib[i]);
@@ -277,10 +290,6 @@ fn settle(stash: &SynStash) -> Result<()> {
         return Ok(());
     }
     let kind = stash.kind;
-    if kind == segment_kind::SYN {
-        // The SYN queue grew (or the SYN was refused because it was full).
-        let _ = crate::accept::observe_queues(KPtr(stash.sk), stash.ino);
-    }
     update(stash.ino, |s| {
         // Every listen drop goes through tcp_listendrop (ListenDrops); the specific
         // counters say why. What they do not explain is "other".

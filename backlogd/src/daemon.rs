@@ -119,6 +119,7 @@ pub async fn run(config: RunConfig) -> anyhow::Result<()> {
         listener_stats: probes.listener_stats,
         listener_stats_full: probes.listener_stats_full,
         listener_queues: probes.listener_queues,
+        queue_epoch: probes.queue_epoch,
     }));
     let windows = Arc::new(Mutex::new(QueueWindows::new(config.hwm_window)));
     let sampler = tokio::spawn(sample_queues(maps.clone(), windows.clone()));
@@ -266,7 +267,12 @@ async fn sample_queues(maps: SharedMaps, windows: Arc<Mutex<QueueWindows>>) {
         tick.tick().await;
         let mut maps = maps.lock().unwrap_or_else(|e| e.into_inner());
         let mut windows = windows.lock().unwrap_or_else(|e| e.into_inner());
-        windows.sample(&mut maps.listener_queues, std::time::Instant::now());
+        let maps = &mut *maps;
+        windows.sample(
+            &maps.listener_queues,
+            &mut maps.queue_epoch,
+            std::time::Instant::now(),
+        );
     }
 }
 

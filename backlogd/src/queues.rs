@@ -1,18 +1,55 @@
 //! Queue high-water marks over a time window.
 //!
-//! The kernel side raises per-listener maxima as queues grow. Every second the daemon
-//! takes those maxima and resets them, keeping one sample per second per listener, so
-//! `/metrics` can report the highest queue length over the last `window` however many
-//! scrapers there are: a burst that filled a queue for 50 ms stays visible to a 15 s
-//! scrape.
+//! The kernel side raises per-listener, per-CPU maxima as queues grow, tagged with the
+//! sampling epoch. Every second the daemon takes those maxima and advances the epoch
+//! (each CPU restarts its maxima at its next observation), keeping one sample per second
+//! per listener, so `/metrics` can report the highest queue length over the last
+//! `window` however many scrapers there are: a burst that filled a queue for 50 ms stays
+//! visible to a 15 s scrape.
+//!
+//! The daemon never writes the kernel's entries, so no peak is lost to a race: an
+//! observation landing between the daemon's read and its epoch advance is still tagged
+//! with the old epoch and is picked up at the next sample (maxima of the previous epoch
+//! count too), at the price of a window up to one second longer.
 
 use std::{
     collections::{HashMap, VecDeque},
     time::{Duration, Instant},
 };
 
-use aya::maps::{HashMap as BpfHashMap, MapData};
+use aya::maps::{Array, MapData, PerCpuHashMap, PerCpuValues};
 use backlogd_common::QueueState;
+
+/// The epoch the loader publishes before attaching anything (0 marks a CPU slot that
+/// never observed).
+pub const FIRST_EPOCH: u32 = 1;
+
+/// One listener's queue state merged over CPUs for sampling epoch `epoch`: the depth the
+/// newest observation saw, and the maxima of CPUs that observed during `epoch` or the
+/// one before (older maxima belong to samples already taken).
+pub fn merge(per_cpu: &[QueueState], epoch: u32) -> QueueState {
+    let newest = per_cpu
+        .iter()
+        .filter(|q| q.observed_ns != 0)
+        .max_by_key(|q| q.observed_ns)
+        .copied()
+        .unwrap_or_default();
+    let recent = per_cpu
+        .iter()
+        .filter(|q| q.epoch != 0 && (q.epoch == epoch || q.epoch.wrapping_add(1) == epoch));
+    let mut merged = QueueState {
+        accept_depth: newest.accept_depth,
+        accept_hwm: newest.accept_depth,
+        syn_hwm: 0,
+        epoch,
+        observed_ns: newest.observed_ns,
+    };
+    for q in recent {
+        merged.accept_hwm = merged.accept_hwm.max(q.accept_hwm);
+        merged.syn_hwm = merged.syn_hwm.max(q.syn_hwm);
+    }
+    merged
+}
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct QueueFigures {
@@ -28,6 +65,8 @@ pub struct QueueFigures {
 pub struct QueueWindows {
     window: Duration,
     samples: HashMap<u64, VecDeque<(Instant, u32, u32)>>,
+    /// The epoch the kernel side is tagging observations with now.
+    epoch: u32,
 }
 
 impl QueueWindows {
@@ -35,25 +74,34 @@ impl QueueWindows {
         Self {
             window,
             samples: HashMap::new(),
+            epoch: FIRST_EPOCH,
         }
     }
 
-    /// Takes the kernel's maxima since the last sample and resets them to the current
-    /// accept depth (and 0 for the SYN queue, which the next observation raises again).
-    pub fn sample(&mut self, map: &mut BpfHashMap<MapData, u64, QueueState>, now: Instant) {
-        let entries: Vec<(u64, QueueState)> = map.iter().filter_map(Result::ok).collect();
+    /// The current epoch, for merging entries outside `sample` (see [`merge`]).
+    pub fn epoch(&self) -> u32 {
+        self.epoch
+    }
+
+    /// Takes the kernel's maxima of the epoch that ends now, then starts the next one.
+    pub fn sample(
+        &mut self,
+        map: &PerCpuHashMap<MapData, u64, QueueState>,
+        epoch_map: &mut Array<MapData, u32>,
+        now: Instant,
+    ) {
+        let entries: Vec<(u64, PerCpuValues<QueueState>)> =
+            map.iter().filter_map(Result::ok).collect();
         let live: std::collections::HashSet<u64> = entries.iter().map(|(k, _)| *k).collect();
-        for (ino, state) in entries {
-            self.record(ino, state, now);
-            let reset = QueueState {
-                accept_hwm: state.accept_depth,
-                syn_hwm: 0,
-                ..state
-            };
-            // A concurrent kernel update between read and reset loses at most one max.
-            let _ = map.insert(ino, reset, 0);
+        for (ino, per_cpu) in entries {
+            self.record(ino, merge(&per_cpu, self.epoch), now);
         }
         self.samples.retain(|ino, _| live.contains(ino));
+        let next = self.epoch.wrapping_add(1).max(1);
+        match epoch_map.set(0, next, 0) {
+            Ok(()) => self.epoch = next,
+            Err(e) => tracing::warn!(error = %e, "cannot advance the queue sampling epoch"),
+        }
     }
 
     fn record(&mut self, ino: u64, state: QueueState, now: Instant) {
@@ -96,7 +144,7 @@ mod tests {
             accept_depth: 0,
             accept_hwm: 129,
             syn_hwm: 40,
-            _pad: 0,
+            ..Default::default()
         };
         w.record(1, peak, t0);
         let quiet = QueueState::default();
@@ -114,7 +162,7 @@ mod tests {
             accept_depth: 3,
             accept_hwm: 7,
             syn_hwm: 2,
-            _pad: 0,
+            ..Default::default()
         };
         assert_eq!(
             w.figures(9, Some(now)),
@@ -124,5 +172,33 @@ mod tests {
                 syn_max: 2
             }
         );
+    }
+
+    fn cpu(depth: u32, hwm: u32, syn: u32, epoch: u32, at: u64) -> QueueState {
+        QueueState {
+            accept_depth: depth,
+            accept_hwm: hwm,
+            syn_hwm: syn,
+            epoch,
+            observed_ns: at,
+        }
+    }
+
+    #[test]
+    fn merge_takes_the_newest_depth_and_recent_maxima_of_every_cpu() {
+        let per_cpu = [
+            cpu(9, 12, 3, 5, 100), // this epoch, older observation
+            cpu(4, 6, 8, 4, 200),  // previous epoch, newest observation
+            cpu(0, 0, 0, 0, 0),    // never observed
+        ];
+        let m = merge(&per_cpu, 5);
+        assert_eq!((m.accept_depth, m.accept_hwm, m.syn_hwm), (4, 12, 8));
+    }
+
+    #[test]
+    fn maxima_of_older_epochs_are_not_merged_again() {
+        let per_cpu = [cpu(2, 50, 20, 3, 100)];
+        let m = merge(&per_cpu, 5);
+        assert_eq!((m.accept_depth, m.accept_hwm, m.syn_hwm), (2, 2, 0));
     }
 }

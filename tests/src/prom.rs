@@ -49,6 +49,17 @@ impl Scrape {
             .collect()
     }
 
+    /// The hook mode the daemon reports it is using (`backlogd_hook_mode{mode} 1`).
+    pub fn hook_mode(&self) -> String {
+        let on: Vec<_> = self
+            .find("backlogd_hook_mode", &[])
+            .into_iter()
+            .filter(|s| s.value == 1.0)
+            .collect();
+        assert_eq!(on.len(), 1, "exactly one hook mode in use: {on:?}");
+        on[0].labels["mode"].clone()
+    }
+
     /// The value of the single sample matching; panics if there are several.
     pub fn value(&self, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
         let found = self.find(name, labels);

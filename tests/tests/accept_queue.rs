@@ -51,39 +51,46 @@ fn slow_acceptor_depth_peak_counts_and_wait_match_kernel_and_application() {
     let scrape = daemon.scrape();
     drop(clients);
 
+    // One comparison, so a failure shows every figure at once.
+    let v = |name| value(&scrape, name, &listener) as u64;
+    assert_eq!(
+        (
+            v("backlogd_listen_accept_queue_length"),
+            v("backlogd_listen_accept_queue_max_length"),
+            v("backlogd_listen_accepted_total"),
+        ),
+        (queue.recv_q, peak, 5),
+        "(length, peak, accepted): backlogd vs the kernel and the application"
+    );
     assert_eq!(queue.recv_q, 7);
+    let socket = listener.inode.to_string();
+    let enqueue_events = scrape
+        .value("backlogd_listen_queued_total", &[("socket", &socket)])
+        .is_some();
+    if !enqueue_events {
+        // Tracepoint mode on a kernel without sock:sk_data_ready (Linux < 6.x, e.g. Debian
+        // 6.1): queued and accept waits are documented as not reported. Check that they
+        // are absent rather than wrong, and that the daemon said why.
+        assert!(
+            scrape.find("backlogd_listen_accept_wait_seconds_count", &[("socket", &socket)]).is_empty(),
+            "accept waits reported without enqueue events"
+        );
+        assert!(daemon.log().contains("no sock:sk_data_ready"), "{}", daemon.log());
+        eprintln!(
+            "SKIPPED queued and accept-wait checks: this kernel has no sock:sk_data_ready \
+             tracepoint, so {} mode does not report them (documented)",
+            scrape.hook_mode()
+        );
+        return;
+    }
     assert_eq!(
-        value(&scrape, "backlogd_listen_accept_queue_length", &listener),
-        7.0
-    );
-    assert_eq!(
-        value(
-            &scrape,
-            "backlogd_listen_accept_queue_max_length",
-            &listener
+        (
+            v("backlogd_listen_queued_total"),
+            v("backlogd_listen_queued_total") - v("backlogd_listen_accepted_total"),
+            v("backlogd_listen_accept_wait_seconds_count"),
         ),
-        peak as f64
-    );
-    assert_eq!(
-        value(&scrape, "backlogd_listen_queued_total", &listener),
-        12.0
-    );
-    assert_eq!(
-        value(&scrape, "backlogd_listen_accepted_total", &listener),
-        5.0
-    );
-    assert_eq!(
-        value(&scrape, "backlogd_listen_queued_total", &listener)
-            - value(&scrape, "backlogd_listen_accepted_total", &listener),
-        queue.recv_q as f64
-    );
-    assert_eq!(
-        value(
-            &scrape,
-            "backlogd_listen_accept_wait_seconds_count",
-            &listener
-        ),
-        5.0
+        (12, queue.recv_q, 5),
+        "(queued, queued - accepted, accept waits): backlogd vs the kernel and the application"
     );
     // Timing, not counting: the kernel-side clock starts when the final ACK is processed,
     // the application's when that connection's connect() returned; they differ by well under
@@ -104,7 +111,7 @@ fn slow_acceptor_depth_peak_counts_and_wait_match_kernel_and_application() {
         scrape
             .value(
                 "backlogd_listen_accept_wait_seconds_bucket",
-                &[("socket", &listener.inode.to_string()), ("le", bound)],
+                &[("socket", &socket), ("le", bound)],
             )
             .unwrap_or_else(|| panic!("no bucket le={bound}"))
     };

@@ -44,14 +44,26 @@ fn loaded_programs() -> Vec<(u64, String)> {
 #[test]
 fn sigkill_leaves_no_program_attached_or_loaded() {
     let daemon = Daemon::start();
+    let mode = daemon.scrape().hook_mode();
     let ours = programs_of(daemon.pid());
-    // The cgroup_skb program is the one a non-link attachment would keep alive.
-    let cgroup_skb: Vec<u64> = loaded_programs()
+    let types: Vec<String> = loaded_programs()
         .into_iter()
-        .filter(|(id, ty)| ours.contains(id) && ty == "cgroup_skb")
-        .map(|(id, _)| id)
+        .filter(|(id, _)| ours.contains(id))
+        .map(|(_, ty)| ty)
         .collect();
-    assert_eq!(cgroup_skb.len(), 1, "backlogd's programs: {ours:?}");
+    // What each mode attaches: the listener lifecycle tracepoints always; then the
+    // cgroup_skb program (the one a non-link attachment would keep alive), trampolines,
+    // or kprobes.
+    let expected = match mode.as_str() {
+        "tracepoint" => "cgroup_skb",
+        "fentry" => "tracing",
+        "kprobe" => "kprobe",
+        other => panic!("unknown hook mode {other}"),
+    };
+    assert!(
+        types.iter().any(|t| t == "tracepoint") && types.iter().any(|t| t == expected),
+        "backlogd's programs in {mode} mode: {types:?}"
+    );
 
     daemon.kill_hard();
     // Links and programs are released as the dead process's fds are closed.

@@ -8,7 +8,9 @@ use anyhow::{Context as _, Result, bail};
 
 /// Debian packages the build or the tests run: `ip`/`ss` (iproute2), `setpriv`
 /// (util-linux), `prometheus` and `promtool`, `nft` (nftables: tests hold handshakes
-/// open), `bpftool`, `nginx` and `wrk` (the real-world experiment), `tmux` (the terminal view's test).
+/// open), `bpftool`, `nginx` and `wrk` (the real-world experiment), `tmux` (the terminal view's
+/// test); for the kernel matrix: qemu, a static busybox, cpio for the initramfs, and kmod
+/// (depmod/modprobe resolve the guest's module dependencies).
 const DEBIAN_PACKAGES: &[&str] = &[
     "iproute2",
     "util-linux",
@@ -18,6 +20,10 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "nginx-light",
     "wrk",
     "tmux",
+    "qemu-system-x86",
+    "busybox-static",
+    "cpio",
+    "kmod",
 ];
 
 const BPF_LINKER_VERSION: &str = "0.13.0";

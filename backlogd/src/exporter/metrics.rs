@@ -7,7 +7,7 @@ use std::{
     sync::{Arc, Mutex},
 };
 
-use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, PerCpuHashMap};
+use aya::maps::{Array, MapData, PerCpuArray, PerCpuHashMap, PerCpuValues};
 use backlogd_common::{ACCEPT_WAIT_BUCKETS, ListenerStats, QueueState};
 use serde::{Deserialize, Serialize};
 
@@ -16,7 +16,7 @@ use crate::{
     daemon::Shared,
     listeners::Listener,
     loader::modes::{HookMode, KernelSupport},
-    queues::{QueueFigures, QueueWindows},
+    queues::{QueueFigures, QueueWindows, merge},
     sampling::tcpext::{self, ListenSysctls},
 };
 
@@ -28,8 +28,10 @@ pub struct KernelMaps {
     pub listener_stats: PerCpuHashMap<MapData, u64, ListenerStats>,
     /// Per-CPU count of counter updates that found the listener map full.
     pub listener_stats_full: PerCpuArray<MapData, u64>,
-    /// Queue depths and not-yet-sampled maxima, keyed by socket inode.
-    pub listener_queues: BpfHashMap<MapData, u64, QueueState>,
+    /// Queue depths and not-yet-sampled maxima, per CPU, keyed by socket inode.
+    pub listener_queues: PerCpuHashMap<MapData, u64, QueueState>,
+    /// Sampling epoch the kernel tags queue maxima with.
+    pub queue_epoch: Array<MapData, u32>,
 }
 
 pub type SharedMaps = Arc<Mutex<KernelMaps>>;
@@ -223,7 +225,7 @@ impl Metrics {
                 maps.listener_queues
                     .iter()
                     .filter_map(Result::ok)
-                    .collect::<HashMap<u64, QueueState>>(),
+                    .collect::<HashMap<u64, PerCpuValues<QueueState>>>(),
             )
         };
         let queues = {
@@ -232,7 +234,9 @@ impl Metrics {
                 .listeners()
                 .iter()
                 .map(|l| {
-                    let current = queue_states.get(&l.inode).copied();
+                    let current = queue_states
+                        .get(&l.inode)
+                        .map(|per_cpu| merge(per_cpu, windows.epoch()));
                     (l.inode, windows.figures(l.inode, current))
                 })
                 .collect()

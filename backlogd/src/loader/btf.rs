@@ -96,6 +96,8 @@ impl KernelBtf {
             icsk_syn_qlen: self.offset_of("inet_connection_sock", "icsk_accept_queue", None)?
                 + f("request_sock_queue", "qlen", 4)?,
             request_sock_sk: f("request_sock", "sk", 8)?,
+            skb_head: f("sk_buff", "head", 8)?,
+            skb_transport_header: f("sk_buff", "transport_header", 2)?,
             ..KernelOffsets::default()
         })
     }

@@ -3,7 +3,7 @@
 //! Listener lifecycle and SYN-ACK retransmits use tracepoints every kernel has, in every
 //! mode. The SYN path and the accept queue depend on the hook mode (see `modes.rs` and
 //! docs/hook-modes.md):
-//! - fentry: fentry/fexit on tcp_conn_request, tcp_v{4,6}_syn_recv_sock,
+//! - fentry: fentry/fexit on tcp_conn_request, tcp_check_req, tcp_get_cookie_sock,
 //!   inet_csk_reqsk_queue_add and inet_csk_accept;
 //! - kprobe: kprobes/kretprobes on the same functions, accept() by syscall tracepoints;
 //! - tracepoint: a cgroup_skb ingress program on the cgroup v2 root plus skb-release
@@ -19,7 +19,7 @@ use std::{os::fd::AsFd as _, path::PathBuf};
 
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{HashMap, MapData, PerCpuArray, PerCpuHashMap, RingBuf},
+    maps::{Array, MapData, PerCpuArray, PerCpuHashMap, RingBuf},
     programs::{BtfTracePoint, CgroupSkb, FEntry, FExit, KProbe, ProgramError, TracePoint},
 };
 use backlogd_common::{KernelOffsets, ListenerStats, QueueState};
@@ -96,7 +96,9 @@ pub struct Probes {
     pub listener_events_lost: PerCpuArray<MapData, u64>,
     pub listener_stats: PerCpuHashMap<MapData, u64, ListenerStats>,
     pub listener_stats_full: PerCpuArray<MapData, u64>,
-    pub listener_queues: HashMap<MapData, u64, QueueState>,
+    pub listener_queues: PerCpuHashMap<MapData, u64, QueueState>,
+    /// Sampling epoch of the queue maxima (see `queues.rs`).
+    pub queue_epoch: Array<MapData, u32>,
     _cgroup_ingress: Option<CgroupAttachment>,
     pub mode: HookMode,
     pub kernel: KernelSupport,
@@ -140,10 +142,10 @@ const ACCEPT_TRACEPOINTS: &Tracepoints = &[
 const FUNCTION_HOOKS_FENTRY: &[(&str, &str, bool)] = &[
     ("conn_request_enter", "tcp_conn_request", false),
     ("conn_request_exit", "tcp_conn_request", true),
-    ("syn_recv_sock4_enter", "tcp_v4_syn_recv_sock", false),
-    ("syn_recv_sock4_exit", "tcp_v4_syn_recv_sock", true),
-    ("syn_recv_sock6_enter", "tcp_v6_syn_recv_sock", false),
-    ("syn_recv_sock6_exit", "tcp_v6_syn_recv_sock", true),
+    ("check_req_enter", "tcp_check_req", false),
+    ("check_req_exit", "tcp_check_req", true),
+    ("cookie_sock_enter", "tcp_get_cookie_sock", false),
+    ("cookie_sock_exit", "tcp_get_cookie_sock", true),
     ("reqsk_queue_add_exit", "inet_csk_reqsk_queue_add", true),
     ("inet_csk_accept_exit", "inet_csk_accept", true),
 ];
@@ -152,13 +154,11 @@ const FUNCTION_HOOKS_FENTRY: &[(&str, &str, bool)] = &[
 const FUNCTION_HOOKS_KPROBE: &[(&str, &[&str])] = &[
     ("conn_request_kprobe", &["tcp_conn_request"]),
     ("conn_request_kretprobe", &["tcp_conn_request"]),
+    ("check_req_kprobe", &["tcp_check_req"]),
+    ("cookie_sock_kprobe", &["tcp_get_cookie_sock"]),
     (
-        "syn_recv_sock_kprobe",
-        &["tcp_v4_syn_recv_sock", "tcp_v6_syn_recv_sock"],
-    ),
-    (
-        "syn_recv_sock_kretprobe",
-        &["tcp_v4_syn_recv_sock", "tcp_v6_syn_recv_sock"],
+        "final_ack_kretprobe",
+        &["tcp_check_req", "tcp_get_cookie_sock"],
     ),
     ("reqsk_queue_add_kprobe", &["inet_csk_reqsk_queue_add"]),
     ("reqsk_queue_add_kretprobe", &["inet_csk_reqsk_queue_add"]),
@@ -179,9 +179,56 @@ pub fn load(opts: &LoadOptions) -> Result<Probes, LoadError> {
         }
     })?;
 
+    let attempts = modes::attempts(opts.hook_mode, mode, kernel);
+    let mut attempts = attempts.iter().peekable();
+    loop {
+        let mode = *attempts.next().expect("at least the chosen mode");
+        match load_mode(mode, &offsets, &kernel_btf) {
+            Ok(mut probes) => {
+                probes.kernel = kernel;
+                return Ok(probes);
+            }
+            Err(e) if attempts.peek().is_some() => {
+                let next = attempts.peek().map_or("", |m| m.name());
+                tracing::warn!(
+                    error = %error_chain(&e),
+                    "hook mode {} failed on this kernel; falling back to {next}",
+                    mode.name()
+                );
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        s.push_str(": ");
+        s.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    s
+}
+
+/// Loads the object and attaches `mode`'s programs; on error everything attached so far is
+/// detached again (dropping `Ebpf` releases its links).
+fn load_mode(
+    mode: HookMode,
+    offsets: &KernelOffsets,
+    kernel_btf: &aya::Btf,
+) -> Result<Probes, LoadError> {
     let mut ebpf = EbpfLoader::new()
-        .override_global("OFFSETS", &offsets, true)
+        .override_global("OFFSETS", offsets, true)
         .load(EBPF_OBJECT)?;
+    let mut queue_epoch: Array<MapData, u32> = typed_map(&mut ebpf, "QUEUE_EPOCH")?;
+    queue_epoch
+        .set(0, crate::queues::FIRST_EPOCH, 0)
+        .map_err(|source| LoadError::MapType {
+            name: "QUEUE_EPOCH",
+            source,
+        })?;
     for &(program, hooks) in COMMON_TRACEPOINTS {
         attach_tracepoint(&mut ebpf, program, hooks)?;
     }
@@ -189,7 +236,7 @@ pub fn load(opts: &LoadOptions) -> Result<Probes, LoadError> {
     let enqueue_events = match mode {
         HookMode::Fentry => {
             for &(program, function, exit) in FUNCTION_HOOKS_FENTRY {
-                attach_fentry(&mut ebpf, &kernel_btf, program, function, exit)?;
+                attach_fentry(&mut ebpf, kernel_btf, program, function, exit)?;
             }
             true
         }
@@ -221,7 +268,7 @@ pub fn load(opts: &LoadOptions) -> Result<Probes, LoadError> {
             // skip a BPF program whenever any other tracing program is running on the CPU).
             for (program, function) in [("syn_consumed", "consume_skb"), ("syn_freed", "kfree_skb")]
             {
-                attach_btf_tracepoint(&mut ebpf, &kernel_btf, program, function)?;
+                attach_btf_tracepoint(&mut ebpf, kernel_btf, program, function)?;
             }
             cgroup_ingress = Some(attach_cgroup_ingress(&mut ebpf)?);
             enqueue_events
@@ -235,8 +282,9 @@ pub fn load(opts: &LoadOptions) -> Result<Probes, LoadError> {
     Ok(Probes {
         enqueue_events,
         mode,
-        kernel,
+        kernel: KernelSupport::default(),
         listener_queues,
+        queue_epoch,
         _ebpf: ebpf,
         listener_events,
         listener_events_lost,

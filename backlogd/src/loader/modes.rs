@@ -37,7 +37,7 @@ impl HookMode {
 }
 
 /// What the running kernel allows, as found by trying.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct KernelSupport {
     /// A BPF_PROG_TYPE_TRACING program loads (BPF trampolines work).
     pub fentry: bool,
@@ -97,6 +97,24 @@ pub fn choose(requested: HookModeArg, kernel: KernelSupport) -> Result<HookMode,
     }
 }
 
+/// The modes to try in order: with `auto`, the chosen mode and then every lesser mode the
+/// kernel allows (a kernel can pass the probe yet refuse one hook: Debian's 6.1 builds no
+/// trampoline for some functions); with an explicit mode, that mode only.
+pub fn attempts(requested: HookModeArg, chosen: HookMode, kernel: KernelSupport) -> Vec<HookMode> {
+    if requested != HookModeArg::Auto {
+        return vec![chosen];
+    }
+    [HookMode::Fentry, HookMode::Kprobe, HookMode::Tracepoint]
+        .into_iter()
+        .skip_while(|m| *m != chosen)
+        .filter(|m| match m {
+            HookMode::Fentry => kernel.fentry,
+            HookMode::Kprobe => kernel.kprobe,
+            HookMode::Tracepoint => true,
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -147,5 +165,18 @@ mod tests {
             e.contains("trampoline") && e.contains("(kprobe here)"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn auto_falls_back_through_what_the_kernel_allows() {
+        use HookMode::*;
+        assert_eq!(attempts(HookModeArg::Auto, Fentry, ALL), [Fentry, Kprobe, Tracepoint]);
+        let fentry_only = KernelSupport {
+            fentry: true,
+            kprobe: false,
+        };
+        assert_eq!(attempts(HookModeArg::Auto, Fentry, fentry_only), [Fentry, Tracepoint]);
+        assert_eq!(attempts(HookModeArg::Auto, Tracepoint, NONE), [Tracepoint]);
+        assert_eq!(attempts(HookModeArg::Fentry, Fentry, ALL), [Fentry]);
     }
 }
