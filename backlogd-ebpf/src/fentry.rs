@@ -9,7 +9,8 @@
 //!   a handshake (regular and syncookie); retransmitted SYNs for pending requests.
 //!   (Not `tcp_v{4,6}_syn_recv_sock` itself: Debian's 6.1 refuses a trampoline on it with
 //!   ENOTSUPP; its two callers bracket it.)
-//! - `inet_csk_reqsk_queue_add` return: a connection queued for accept.
+//! - the final-ACK functions' return, and `inet_csk_reqsk_queue_add`'s for Fast Open: a
+//!   connection queued for accept.
 //! - `inet_csk_accept` return: a connection accepted, and how long it waited.
 
 use aya_ebpf::{
@@ -41,7 +42,7 @@ pub fn conn_request_enter(ctx: FEntryContext) -> i32 {
 
 #[fexit(function = "tcp_conn_request")]
 pub fn conn_request_exit(_ctx: FExitContext) -> i32 {
-    let _ = syn::call_exit(SYN);
+    let _ = syn::call_exit(SYN, 0);
     0
 }
 
@@ -60,9 +61,12 @@ fn check_req(ctx: &FEntryContext) -> Result<()> {
     syn::call_enter(sk, skb.0, ACK)
 }
 
+/// Returns the child once `inet_csk_complete_hashdance` queued it for accept.
 #[fexit(function = "tcp_check_req")]
-pub fn check_req_exit(_ctx: FExitContext) -> i32 {
-    let _ = syn::call_exit(ACK);
+pub fn check_req_exit(ctx: FExitContext) -> i32 {
+    let _ = ctx
+        .ret::<u64>()
+        .and_then(|child| syn::call_exit(ACK, child));
     0
 }
 
@@ -74,15 +78,21 @@ pub fn cookie_sock_enter(ctx: FEntryContext) -> i32 {
     0
 }
 
+/// Returns the child once it is on the accept queue.
 #[fexit(function = "tcp_get_cookie_sock")]
-pub fn cookie_sock_exit(_ctx: FExitContext) -> i32 {
-    let _ = syn::call_exit(ACK);
+pub fn cookie_sock_exit(ctx: FExitContext) -> i32 {
+    let _ = ctx
+        .ret::<u64>()
+        .and_then(|child| syn::call_exit(ACK, child));
     0
 }
 
 /// `struct sock *inet_csk_reqsk_queue_add(struct sock *sk, struct request_sock *req,
 /// struct sock *child)`: returns `child` once it is on the accept queue, NULL when the
-/// listener was closing.
+/// listener was closing. Counted here only for TCP Fast Open (called from
+/// `tcp_conn_request`): the final-ACK and syncookie paths are counted at their callers'
+/// return, because the compiler inlines this function into `inet_csk_complete_hashdance`
+/// and a hook on it never sees those calls.
 #[fexit(function = "inet_csk_reqsk_queue_add")]
 pub fn reqsk_queue_add_exit(ctx: FExitContext) -> i32 {
     let _ = try_reqsk_queue_add_exit(&ctx);
@@ -91,7 +101,7 @@ pub fn reqsk_queue_add_exit(ctx: FExitContext) -> i32 {
 
 fn try_reqsk_queue_add_exit(ctx: &FExitContext) -> Result<()> {
     let child: u64 = ctx.ret()?;
-    if child == 0 {
+    if child == 0 || !syn::in_conn_request() {
         return Ok(());
     }
     accept::enqueued(arg_ptr(ctx.arg(0))?, Some(KPtr(child)))

@@ -44,34 +44,29 @@ pub fn conn_request_kprobe(ctx: ProbeContext) -> u32 {
 
 #[kretprobe]
 pub fn conn_request_kretprobe(_ctx: RetProbeContext) -> u32 {
-    let _ = syn::call_exit(SYN);
+    let _ = syn::call_exit(SYN, 0);
     0
 }
 
-/// `tcp_get_cookie_sock`: the syncookie final-ACK window, as in fentry mode.
+/// `tcp_check_req` and `tcp_get_cookie_sock`: the final-ACK windows, as in fentry mode.
 #[kprobe]
-pub fn cookie_sock_kprobe(ctx: ProbeContext) -> u32 {
-    let _ = final_ack(&ctx);
+pub fn final_ack_kprobe(ctx: ProbeContext) -> u32 {
+    let _ = arg(&ctx, 0).and_then(|sk| syn::call_enter(KPtr(sk), arg(&ctx, 1)?, ACK));
     0
 }
 
-/// `tcp_check_req`: the final-ACK window; a SYN here is a retransmission.
+/// Return of either final-ACK function: the child if it was queued for accept.
+#[kretprobe]
+pub fn final_ack_kretprobe(ctx: RetProbeContext) -> u32 {
+    let _ = syn::call_exit(ACK, ctx.ret());
+    0
+}
+
+/// `tcp_check_req` again (its own program: the verifier bounds each program's stack): a
+/// SYN for a pending request is a retransmission, counted as received.
 #[kprobe]
 pub fn check_req_kprobe(ctx: ProbeContext) -> u32 {
-    let _ = arg(&ctx, 0)
-        .and_then(|sk| syn::pending_request_segment(KPtr(sk), KPtr(arg(&ctx, 1)?)));
-    let _ = final_ack(&ctx);
-    0
-}
-
-fn final_ack(ctx: &ProbeContext) -> Result<()> {
-    syn::call_enter(KPtr(arg(ctx, 0)?), arg(ctx, 1)?, ACK)
-}
-
-/// Return of either final-ACK function.
-#[kretprobe]
-pub fn final_ack_kretprobe(_ctx: RetProbeContext) -> u32 {
-    let _ = syn::call_exit(ACK);
+    let _ = arg(&ctx, 0).and_then(|sk| syn::pending_request_segment(KPtr(sk), KPtr(arg(&ctx, 1)?)));
     0
 }
 
@@ -96,7 +91,8 @@ fn try_reqsk_queue_add_ret(ctx: &RetProbeContext) -> Result<()> {
     // SAFETY: this CPU's element.
     let [sk, child] = unsafe { core::mem::take(&mut *slot) };
     let ret: u64 = ctx.ret();
-    if sk == 0 || ret == 0 || ret != child {
+    // Fast Open only, as in fentry mode (see fentry.rs).
+    if sk == 0 || ret == 0 || ret != child || !syn::in_conn_request() {
         return Ok(());
     }
     accept::enqueued(KPtr(sk), Some(KPtr(child)))

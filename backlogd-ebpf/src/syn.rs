@@ -145,9 +145,11 @@ pub(crate) fn call_enter(sk: KPtr, skb: u64, kind: u32) -> Result<()> {
     Ok(())
 }
 
-/// Function-hook modes: the call [`call_enter`] opened for `kind` on this CPU returned.
+/// Function-hook modes: the call [`call_enter`] opened for `kind` on this CPU returned
+/// `ret`. A final-ACK call that returns a socket other than the listener has put that
+/// child on the accept queue (`inet_csk_complete_hashdance` / `tcp_get_cookie_sock`).
 #[inline(always)]
-pub(crate) fn call_exit(kind: u32) -> Result<()> {
+pub(crate) fn call_exit(kind: u32, ret: u64) -> Result<()> {
     let slot = call_slot(kind)?;
     // SAFETY: this CPU's element of CALL_STASH.
     let stash = unsafe { &mut *slot };
@@ -155,7 +157,18 @@ pub(crate) fn call_exit(kind: u32) -> Result<()> {
         return Ok(());
     }
     stash.skb = 0;
+    if kind == segment_kind::ACK && ret != 0 && ret != stash.sk {
+        let _ = crate::accept::enqueued(KPtr(stash.sk), Some(KPtr(ret)));
+    }
     settle(stash)
+}
+
+/// Whether this CPU is inside `tcp_conn_request` (where only a TCP Fast Open SYN queues a
+/// child for accept).
+#[inline(always)]
+pub(crate) fn in_conn_request() -> bool {
+    // SAFETY: this CPU's element of CALL_STASH.
+    call_slot(segment_kind::SYN).is_ok_and(|slot| unsafe { (*slot).skb } != 0)
 }
 
 /// Function-hook modes: `tcp_check_req` got a segment for a pending request of listener

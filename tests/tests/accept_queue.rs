@@ -72,10 +72,19 @@ fn slow_acceptor_depth_peak_counts_and_wait_match_kernel_and_application() {
         // 6.1): queued and accept waits are documented as not reported. Check that they
         // are absent rather than wrong, and that the daemon said why.
         assert!(
-            scrape.find("backlogd_listen_accept_wait_seconds_count", &[("socket", &socket)]).is_empty(),
+            scrape
+                .find(
+                    "backlogd_listen_accept_wait_seconds_count",
+                    &[("socket", &socket)]
+                )
+                .is_empty(),
             "accept waits reported without enqueue events"
         );
-        assert!(daemon.log().contains("no sock:sk_data_ready"), "{}", daemon.log());
+        assert!(
+            daemon.log().contains("no sock:sk_data_ready"),
+            "{}",
+            daemon.log()
+        );
         eprintln!(
             "SKIPPED queued and accept-wait checks: this kernel has no sock:sk_data_ready \
              tracepoint, so {} mode does not report them (documented)",

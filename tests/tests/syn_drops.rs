@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use backlogd_tests::{
     Daemon, Netns, Scrape,
+    daemon::assert_exact_unless_missed,
     kernel::{ListenCounters, tcp_ext},
     prom::DROP_REASONS,
     sockets::{KernelQueue, Listener, connect_burst, kernel_queue, syns_sent},
@@ -53,22 +54,30 @@ impl Figures {
 
     /// The identities that must hold between backlogd and the namespace's counters for a
     /// listener alone in its namespace, whatever the scenario.
-    fn assert_match(&self, kernel: &ListenCounters) {
+    /// Equal to the namespace's counters; `missed`: runs of backlogd's programs the kernel
+    /// skipped meanwhile (see `assert_exact_unless_missed`).
+    fn assert_match(&self, kernel: &ListenCounters, missed: u64) {
         let ctx = format!("backlogd {self:?}\nkernel {kernel:?}");
-        assert_eq!(
-            self.accept_queue_full + self.final_ack_overflow,
-            kernel.listen_overflows,
-            "ListenOverflows: {ctx}"
-        );
-        assert_eq!(
-            self.syn_queue_full, kernel.reqq_full_drop,
-            "TCPReqQFullDrop: {ctx}"
-        );
-        assert_eq!(self.all_drops(), kernel.listen_drops, "ListenDrops: {ctx}");
-        assert_eq!(
-            self.syncookies, kernel.reqq_full_do_cookies,
-            "cookies: {ctx}"
-        );
+        for (ours, theirs, what) in [
+            (
+                self.accept_queue_full + self.final_ack_overflow,
+                kernel.listen_overflows,
+                "ListenOverflows",
+            ),
+            (
+                self.syn_queue_full,
+                kernel.reqq_full_drop,
+                "TCPReqQFullDrop",
+            ),
+            (self.all_drops(), kernel.listen_drops, "ListenDrops"),
+            (
+                self.syncookies,
+                kernel.reqq_full_do_cookies,
+                "TCPReqQFullDoCookies",
+            ),
+        ] {
+            assert_exact_unless_missed(ours, theirs, missed, &format!("{what}: {ctx}"));
+        }
     }
 
     /// The socket's own sk_drops, in scenarios where no segment reaches a pending request
@@ -126,7 +135,7 @@ fn accept_queue_full(bind: &str) {
     assert!(kernel.listen_overflows >= 25, "{kernel:?}");
     assert_eq!(queue.recv_q, 5, "accept queue holds backlog + 1");
 
-    ours.assert_match(&kernel);
+    ours.assert_match(&kernel, daemon.missed_runs());
     ours.assert_sk_drops(&queue);
     assert_eq!(ours.accept_queue_full, kernel.listen_overflows);
     // Every SYN the clients sent reached the listener.
@@ -177,7 +186,7 @@ fn syn_queue_burst(syncookies: &str) -> (Figures, ListenCounters, u64) {
     // SYN-ACK again and is then discarded through tcp_v4_rcv's discard path, which adds
     // to sk_drops although neither TcpExt nor backlogd counts a drop (with 9 requests
     // pending, sk_drops is ListenDrops + 9). The namespace's counters are the ground truth.
-    ours.assert_match(&kernel);
+    ours.assert_match(&kernel, daemon.missed_runs());
     assert_eq!(ours.syns, sent, "SYNs the clients sent");
     (ours, kernel, sent)
 }
@@ -229,7 +238,7 @@ fn final_ack_overflow(abort_on_overflow: &str) {
 
     assert!(kernel.listen_overflows >= 4, "{kernel:?}");
     assert_eq!(queue.recv_q, 9, "accept queue full");
-    ours.assert_match(&kernel);
+    ours.assert_match(&kernel, daemon.missed_runs());
     ours.assert_sk_drops(&queue);
     assert_eq!(ours.final_ack_overflow, kernel.listen_overflows);
     // No client retransmitted a SYN (all got SYN-ACKs): every TCPSynRetrans is ours.

@@ -97,7 +97,10 @@ pub fn run(opts: &Options) -> Result<Vec<String>> {
     };
     for m in &modes {
         if !MODES.contains(m) {
-            bail!("unknown hook mode {m:?}; the modes are {}", MODES.join(", "));
+            bail!(
+                "unknown hook mode {m:?}; the modes are {}",
+                MODES.join(", ")
+            );
         }
     }
     let kernels: Vec<&KernelSpec> = KERNELS
@@ -106,7 +109,11 @@ pub fn run(opts: &Options) -> Result<Vec<String>> {
         .collect();
     if kernels.is_empty() {
         let known: Vec<_> = KERNELS.iter().map(|k| k.label).collect();
-        bail!("no such kernel {:?}; known: {}", opts.kernels, known.join(", "));
+        bail!(
+            "no such kernel {:?}; known: {}",
+            opts.kernels,
+            known.join(", ")
+        );
     }
     let payload = build_payload()?;
     let mut rows = Vec::new();
@@ -187,10 +194,9 @@ fn build_payload() -> Result<Payload> {
         if msg["reason"] != "compiler-artifact" || msg["target"]["kind"][0] != "test" {
             continue;
         }
-        if let (Some(name), Some(exe)) = (
-            msg["target"]["name"].as_str(),
-            msg["executable"].as_str(),
-        ) {
+        if let (Some(name), Some(exe)) =
+            (msg["target"]["name"].as_str(), msg["executable"].as_str())
+        {
             suites.push((name.to_owned(), PathBuf::from(exe)));
         }
     }
@@ -319,10 +325,25 @@ fn output(cmd: &mut Command) -> Result<String> {
 }
 
 /// Stages the guest's root file system under `work/root` and packs it as a newc cpio.
-fn build_initramfs(work: &Path, kernel: &Kernel, payload: &Payload, modes: &[&str]) -> Result<PathBuf> {
+fn build_initramfs(
+    work: &Path,
+    kernel: &Kernel,
+    payload: &Payload,
+    modes: &[&str],
+) -> Result<PathBuf> {
     let root = work.join("root");
     let _ = std::fs::remove_dir_all(&root);
-    for dir in ["bin", "sbin", "dev", "proc", "sys", "tmp", "run", "etc", "backlogd/tests"] {
+    for dir in [
+        "bin",
+        "sbin",
+        "dev",
+        "proc",
+        "sys",
+        "tmp",
+        "run",
+        "etc",
+        "backlogd/tests",
+    ] {
         std::fs::create_dir_all(root.join(dir))?;
     }
     copy_file(Path::new("/bin/busybox"), &root.join("bin/busybox"))
@@ -360,17 +381,18 @@ fn build_initramfs(work: &Path, kernel: &Kernel, payload: &Payload, modes: &[&st
     for (i, module) in modules.iter().enumerate() {
         let dst = format!("modules/{i:02}.ko");
         decompress_module(module, &root.join(&dst))?;
-        writeln!(insmods, "insmod /{dst} || echo \"{MARK} insmod {} failed\"", module.display())?;
+        writeln!(
+            insmods,
+            "insmod /{dst} || echo \"{MARK} insmod {} failed\"",
+            module.display()
+        )?;
     }
 
     let mut runs = String::new();
     for mode in modes {
         for (suite, filter) in GUEST_SUITES {
             let filter = filter.unwrap_or("");
-            writeln!(
-                runs,
-                "run_suite {mode} {suite} {filter}"
-            )?;
+            writeln!(runs, "run_suite {mode} {suite} {filter}")?;
         }
     }
     let init = INIT_TEMPLATE
@@ -384,7 +406,10 @@ fn build_initramfs(work: &Path, kernel: &Kernel, payload: &Payload, modes: &[&st
 
     let cpio = work.join("initramfs.cpio");
     let status = Command::new("sh")
-        .args(["-c", "find . -print0 | cpio --null --quiet -o -H newc -R 0:0 > \"$0\""])
+        .args([
+            "-c",
+            "find . -print0 | cpio --null --quiet -o -H newc -R 0:0 > \"$0\"",
+        ])
         .arg(&cpio)
         .current_dir(&root)
         .status()
@@ -426,7 +451,16 @@ poweroff -f
 fn boot(kernel: &Kernel, initrd: &Path, log: &Path) -> Result<()> {
     let log_file = std::fs::File::create(log)?;
     let mut child = Command::new("qemu-system-x86_64")
-        .args(["-accel", "tcg,thread=multi", "-cpu", "max", "-smp", "2", "-m", "3072"])
+        .args([
+            "-accel",
+            "tcg,thread=multi",
+            "-cpu",
+            "max",
+            "-smp",
+            "2",
+            "-m",
+            "3072",
+        ])
         .args(["-nographic", "-no-reboot", "-nic", "none"])
         .arg("-kernel")
         .arg(&kernel.vmlinuz)
@@ -449,8 +483,10 @@ fn boot(kernel: &Kernel, initrd: &Path, log: &Path) -> Result<()> {
         for line in BufReader::new(stdout).lines() {
             let line = line?;
             // Progress in the CI log: one line per suite.
-            if line.contains(MARK) && (line.contains(" end ") || line.contains(" kernel ")) {
-                eprintln!("xtask vm: {}", line.trim_end());
+            if let Some(at) = line.find(MARK)
+                && (line.contains(" end ") || line.contains(" kernel "))
+            {
+                eprintln!("xtask vm: {}", line[at..].trim_end());
             }
             writeln!(log_file, "{line}")?;
         }
@@ -468,7 +504,10 @@ fn boot(kernel: &Kernel, initrd: &Path, log: &Path) -> Result<()> {
             let _ = child.kill();
             let _ = child.wait();
             let _ = reader.join();
-            bail!("the guest did not finish within {} s and was killed", GUEST_TIMEOUT.as_secs());
+            bail!(
+                "the guest did not finish within {} s and was killed",
+                GUEST_TIMEOUT.as_secs()
+            );
         }
         std::thread::sleep(Duration::from_millis(500));
     }
@@ -512,7 +551,9 @@ fn parse_console(kernel: &str, console: &str, modes: &[&str]) -> Vec<Row> {
         }
     }
     if let Some((i, suite, _)) = current {
-        rows[i].broken.push(format!("{suite} (no end: guest died or timed out)"));
+        rows[i]
+            .broken
+            .push(format!("{suite} (no end: guest died or timed out)"));
     }
     for row in &mut rows {
         let ran = console.contains(&format!("{MARK} begin mode={} ", row.mode));
@@ -565,7 +606,11 @@ fn render_table(rows: &[Row]) -> String {
             .join(" "),
     );
     t.push_str(")\n");
-    let _ = writeln!(t, "{:<14} {:<11} {:>6} {:>6}  result", "kernel", "mode", "passed", "failed");
+    let _ = writeln!(
+        t,
+        "{:<14} {:<11} {:>6} {:>6}  result",
+        "kernel", "mode", "passed", "failed"
+    );
     for r in rows {
         let verdict = if r.ok() {
             "PASS".to_owned()
@@ -621,12 +666,12 @@ fn module_load_order(kernel: &Kernel) -> Result<Vec<PathBuf>> {
     .context("depmod (Debian package kmod)")?;
     let mut order: Vec<PathBuf> = Vec::new();
     for module in GUEST_MODULES {
-        let deps = output(
-            Command::new("modprobe")
-                .arg("-d")
-                .arg(&kernel.root)
-                .args(["-S", &kernel.release, "--show-depends", module]),
-        )?;
+        let deps = output(Command::new("modprobe").arg("-d").arg(&kernel.root).args([
+            "-S",
+            &kernel.release,
+            "--show-depends",
+            module,
+        ]))?;
         for line in deps.lines() {
             // "insmod /path/to/x.ko[.xz] " or "builtin x"
             if let Some(path) = line.strip_prefix("insmod ") {

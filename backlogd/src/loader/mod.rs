@@ -155,7 +155,10 @@ const FUNCTION_HOOKS_KPROBE: &[(&str, &[&str])] = &[
     ("conn_request_kprobe", &["tcp_conn_request"]),
     ("conn_request_kretprobe", &["tcp_conn_request"]),
     ("check_req_kprobe", &["tcp_check_req"]),
-    ("cookie_sock_kprobe", &["tcp_get_cookie_sock"]),
+    (
+        "final_ack_kprobe",
+        &["tcp_check_req", "tcp_get_cookie_sock"],
+    ),
     (
         "final_ack_kretprobe",
         &["tcp_check_req", "tcp_get_cookie_sock"],

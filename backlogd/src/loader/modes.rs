@@ -170,12 +170,18 @@ mod tests {
     #[test]
     fn auto_falls_back_through_what_the_kernel_allows() {
         use HookMode::*;
-        assert_eq!(attempts(HookModeArg::Auto, Fentry, ALL), [Fentry, Kprobe, Tracepoint]);
+        assert_eq!(
+            attempts(HookModeArg::Auto, Fentry, ALL),
+            [Fentry, Kprobe, Tracepoint]
+        );
         let fentry_only = KernelSupport {
             fentry: true,
             kprobe: false,
         };
-        assert_eq!(attempts(HookModeArg::Auto, Fentry, fentry_only), [Fentry, Tracepoint]);
+        assert_eq!(
+            attempts(HookModeArg::Auto, Fentry, fentry_only),
+            [Fentry, Tracepoint]
+        );
         assert_eq!(attempts(HookModeArg::Auto, Tracepoint, NONE), [Tracepoint]);
         assert_eq!(attempts(HookModeArg::Fentry, Fentry, ALL), [Fentry]);
     }
