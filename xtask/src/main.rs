@@ -28,11 +28,9 @@ enum Cmd {
         #[arg(last = true)]
         args: Vec<String>,
     },
-    /// Set up, then run formatting and lint checks, unit tests, the integration suite and
-    /// the qemu kernel matrix.
+    /// Set up, then run formatting and lint checks, unit tests and the integration suite.
     Test {
-        /// Only run integration tests whose name contains this filter (on the host; the
-        /// kernel matrix is skipped).
+        /// Only run integration tests whose name contains this filter.
         filter: Option<String>,
     },
     /// Boot Debian kernels under qemu and run the hook-mode suites in each mode.
@@ -164,34 +162,15 @@ fn test(filter: Option<&str>) -> Result<()> {
     } else {
         Ok(())
     };
-    // The hook modes the CI kernel lacks, on real distribution kernels.
-    let matrix = if filter.is_some() {
-        eprintln!("xtask: kernel matrix SKIPPED: a test filter was given");
-        Ok(Vec::new())
-    } else {
-        vm::run(&vm::Options {
-            kernels: Vec::new(),
-            modes: Vec::new(),
-        })
-    };
-    // One closing summary for the whole run, so a log reader sees the totals at the end.
-    if let Ok(table) = &matrix {
-        for line in table {
-            println!("{line}");
-        }
-    }
+    // One closing line for the whole run, so a log reader sees the total at the end. The
+    // kernel matrix (`cargo xtask vm`) is not part of this command yet: some of its rows
+    // on Debian 6.1 are not yet stable under qemu TCG (see issue #6).
     println!(
-        "tests: {} passed, {} failed, {} skipped (host); kernel matrix: {}",
-        totals.passed,
-        totals.failed,
-        totals.ignored,
-        match (&matrix, filter) {
-            (_, Some(_)) => "skipped (filter)".to_owned(),
-            (Ok(_), None) => "passed".to_owned(),
-            (Err(e), None) => format!("FAILED: {e:#}"),
-        }
+        "tests: {} passed, {} failed, {} skipped (host); kernel matrix: not run here, \
+         run `cargo xtask vm`",
+        totals.passed, totals.failed, totals.ignored
     );
-    unit.and(integration).and(matrix.map(drop))
+    unit.and(integration)
 }
 
 #[derive(Default)]
