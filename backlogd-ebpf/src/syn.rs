@@ -82,21 +82,8 @@ fn try_listener_ingress(ctx: &SkBuffContext) -> Result<()> {
     };
     let sk = KPtr(launder(sk.cast::<u8>())?);
     let ino = socket_inode(sk)?;
-    let net = sk.deref(offset(|o| &o.sk_net))?;
     let _ = crate::accept::observe_queues(sk, ino);
-    let mut stash = SynStash {
-        sk: sk.0,
-        skb: launder(skb.cast::<u8>())?,
-        net: net.0,
-        ino,
-        kind,
-        _pad: 0,
-        mib: [0; mib::COUNT],
-    };
-    read_mib(net, &mut stash.mib)?;
-    if kind == segment_kind::SYN {
-        update(ino, |s| s.syns += 1);
-    }
+    let stash = open_window(sk, launder(skb.cast::<u8>())?, ino, kind)?;
     let slot = STASH.get_ptr_mut(0).ok_or(-2)?;
     // SAFETY: this CPU's element of STASH. Ingress runs in softirq, so none of our
     // release hooks can interleave with it on this CPU.
@@ -125,21 +112,7 @@ pub(crate) fn call_enter(sk: KPtr, skb: u64, kind: u32) -> Result<()> {
     if u32::from(state) != TCP_LISTEN {
         return Ok(()); // tcp_check_req on a Fast Open child
     }
-    let ino = socket_inode(sk)?;
-    let net = sk.deref(offset(|o| &o.sk_net))?;
-    let mut stash = SynStash {
-        sk: sk.0,
-        skb,
-        net: net.0,
-        ino,
-        kind,
-        _pad: 0,
-        mib: [0; mib::COUNT],
-    };
-    read_mib(net, &mut stash.mib)?;
-    if kind == segment_kind::SYN {
-        update(ino, |s| s.syns += 1);
-    }
+    let stash = open_window(sk, skb, socket_inode(sk)?, kind)?;
     // SAFETY: as above.
     unsafe { *slot = stash };
     Ok(())
@@ -193,6 +166,27 @@ pub(crate) fn pending_request_segment(sk: KPtr, skb: KPtr) -> Result<()> {
 #[inline(always)]
 fn call_slot(kind: u32) -> Result<*mut SynStash> {
     CALL_STASH.get_ptr_mut(kind.wrapping_sub(1)).ok_or(-2)
+}
+
+/// A window on listener `sk` (inode `ino`) processing `skb`: this CPU's MIB counters now.
+/// A SYN counts as received.
+#[inline(always)]
+fn open_window(sk: KPtr, skb: u64, ino: u64, kind: u32) -> Result<SynStash> {
+    let net = sk.deref(offset(|o| &o.sk_net))?;
+    let mut stash = SynStash {
+        sk: sk.0,
+        skb,
+        net: net.0,
+        ino,
+        kind,
+        _pad: 0,
+        mib: [0; mib::COUNT],
+    };
+    read_mib(net, &mut stash.mib)?;
+    if kind == segment_kind::SYN {
+        update(ino, |s| s.syns += 1);
+    }
+    Ok(stash)
 }
 
 /// TCP flags of the segment; `family` is AF_INET or AF_INET6 and the packet starts at the

@@ -128,6 +128,17 @@ impl Daemon {
             .sum()
     }
 
+    /// Runs the kernel skipped since `since` (a `missed_runs()` value) when the daemon is in
+    /// kprobe mode, the only mode whose SYN-path and queue programs share the kernel's global
+    /// recursion guard; 0 in fentry and tracepoint modes, where every figure must be exact.
+    pub fn kprobe_skips_since(&self, since: u64) -> u64 {
+        if self.scrape().hook_mode() == "kprobe" {
+            self.missed_runs().saturating_sub(since)
+        } else {
+            0
+        }
+    }
+
     pub fn log(&self) -> String {
         self.log.lock().unwrap().clone()
     }

@@ -55,6 +55,7 @@ fn stalled_member_of_a_four_socket_group_stands_out_and_matches_the_kernel() {
         .collect();
 
     let before = tcp_ext(&ns);
+    let skips = daemon.missed_runs();
     // 300 connections, paced so that accepting members keep up: only the stalled one
     // can overflow.
     let mut clients = Vec::new();
@@ -70,7 +71,7 @@ fn stalled_member_of_a_four_socket_group_stands_out_and_matches_the_kernel() {
     let kernel = ListenCounters::delta(&before, &tcp_ext(&ns));
     let queues: Vec<_> = members.iter().map(|m| kernel_queue(&ns, m)).collect();
     let scrape = daemon.scrape();
-    let missed = daemon.missed_runs();
+    let missed = daemon.kprobe_skips_since(skips);
 
     let drops = |inode: &str, reason: &str| {
         scrape

@@ -120,6 +120,7 @@ fn accept_queue_full(bind: &str) {
     // the backlog), every later SYN is dropped.
     let (daemon, ns, listener) = setup(&[("net.ipv4.tcp_syncookies", "0")], bind, 4);
     let before = tcp_ext(&ns);
+    let skips = daemon.missed_runs();
     let clients = connect_burst(&ns, listener.addr, 30);
     // Long enough for the first SYN retransmission (1 s) to be dropped too.
     std::thread::sleep(Duration::from_millis(1500));
@@ -135,7 +136,7 @@ fn accept_queue_full(bind: &str) {
     assert!(kernel.listen_overflows >= 25, "{kernel:?}");
     assert_eq!(queue.recv_q, 5, "accept queue holds backlog + 1");
 
-    ours.assert_match(&kernel, daemon.missed_runs());
+    ours.assert_match(&kernel, daemon.kprobe_skips_since(skips));
     ours.assert_sk_drops(&queue);
     assert_eq!(ours.accept_queue_full, kernel.listen_overflows);
     // Every SYN the clients sent reached the listener.
@@ -175,6 +176,7 @@ fn syn_queue_burst(syncookies: &str) -> (Figures, ListenCounters, u64) {
     );
     ns.drop_incoming("syn|ack");
     let before = tcp_ext(&ns);
+    let skips = daemon.missed_runs();
     let clients = connect_burst(&ns, listener.addr, 40);
     std::thread::sleep(Duration::from_millis(1500));
     let sent: u64 = clients.iter().map(syns_sent).sum();
@@ -186,7 +188,7 @@ fn syn_queue_burst(syncookies: &str) -> (Figures, ListenCounters, u64) {
     // SYN-ACK again and is then discarded through tcp_v4_rcv's discard path, which adds
     // to sk_drops although neither TcpExt nor backlogd counts a drop (with 9 requests
     // pending, sk_drops is ListenDrops + 9). The namespace's counters are the ground truth.
-    ours.assert_match(&kernel, daemon.missed_runs());
+    ours.assert_match(&kernel, daemon.kprobe_skips_since(skips));
     assert_eq!(ours.syns, sent, "SYNs the clients sent");
     (ours, kernel, sent)
 }
@@ -218,6 +220,7 @@ fn final_ack_overflow(abort_on_overflow: &str) {
         8,
     );
     let before = tcp_ext(&ns);
+    let skips = daemon.missed_runs();
     let queued = connect_burst(&ns, listener.addr, 5);
     std::thread::sleep(Duration::from_millis(200));
     ns.drop_incoming("ack");
@@ -238,7 +241,7 @@ fn final_ack_overflow(abort_on_overflow: &str) {
 
     assert!(kernel.listen_overflows >= 4, "{kernel:?}");
     assert_eq!(queue.recv_q, 9, "accept queue full");
-    ours.assert_match(&kernel, daemon.missed_runs());
+    ours.assert_match(&kernel, daemon.kprobe_skips_since(skips));
     ours.assert_sk_drops(&queue);
     assert_eq!(ours.final_ack_overflow, kernel.listen_overflows);
     // No client retransmitted a SYN (all got SYN-ACKs): every TCPSynRetrans is ours.

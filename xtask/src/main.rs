@@ -69,7 +69,7 @@ fn main() -> Result<()> {
         }
         Cmd::Vm { kernels, modes } => {
             setup::run()?;
-            vm::run(&vm::Options { kernels, modes }).map(drop)
+            vm::run(&vm::Options { kernels, modes })
         }
         Cmd::Lint => lint(),
     }
@@ -137,7 +137,7 @@ fn test(filter: Option<&str>) -> Result<()> {
     // Unit tests of every host crate, then the integration suite against the release
     // binary the README's run command builds.
     cargo(&["build", "--release", "--package", "backlogd"])?;
-    let mut totals = Totals::default();
+    let mut totals = TestCounts::default();
     let unit = cargo_test(
         Command::new("cargo").args([
             "test",
@@ -173,15 +173,43 @@ fn test(filter: Option<&str>) -> Result<()> {
     unit.and(integration)
 }
 
+/// Counts of libtest `test result:` lines, added up.
 #[derive(Default)]
-struct Totals {
+struct TestCounts {
     passed: u64,
     failed: u64,
     ignored: u64,
 }
 
+impl TestCounts {
+    /// Parses what follows `test result: ` (`ok. 6 passed; 0 failed; 1 ignored; ...`).
+    fn parse(rest: &str) -> Self {
+        let mut counts = Self::default();
+        for part in rest.split(';') {
+            let mut words = part.split_whitespace().rev();
+            let (Some(what), Some(n)) = (words.next(), words.next()) else {
+                continue;
+            };
+            let n: u64 = n.parse().unwrap_or(0);
+            match what {
+                "passed" => counts.passed += n,
+                "failed" => counts.failed += n,
+                "ignored" => counts.ignored += n,
+                _ => {}
+            }
+        }
+        counts
+    }
+
+    fn add(&mut self, other: Self) {
+        self.passed += other.passed;
+        self.failed += other.failed;
+        self.ignored += other.ignored;
+    }
+}
+
 /// Runs a `cargo test` command, echoing its output and adding up its `test result:` lines.
-fn cargo_test(cmd: &mut Command, totals: &mut Totals) -> Result<()> {
+fn cargo_test(cmd: &mut Command, totals: &mut TestCounts) -> Result<()> {
     use std::io::BufRead as _;
     cmd.current_dir(workspace_root())
         .stdout(std::process::Stdio::piped());
@@ -192,19 +220,7 @@ fn cargo_test(cmd: &mut Command, totals: &mut Totals) -> Result<()> {
         let line = line?;
         println!("{line}");
         if let Some(rest) = line.strip_prefix("test result: ") {
-            for part in rest.split(';') {
-                let mut words = part.split_whitespace().rev();
-                let (Some(what), Some(n)) = (words.next(), words.next()) else {
-                    continue;
-                };
-                let n: u64 = n.parse().unwrap_or(0);
-                match what {
-                    "passed" => totals.passed += n,
-                    "failed" => totals.failed += n,
-                    "ignored" => totals.ignored += n,
-                    _ => {}
-                }
-            }
+            totals.add(TestCounts::parse(rest));
         }
     }
     let status = child.wait()?;

@@ -36,7 +36,7 @@ pub fn run() -> Result<()> {
     Ok(())
 }
 
-fn output(cmd: &mut Command) -> Result<String> {
+pub(crate) fn output(cmd: &mut Command) -> Result<String> {
     let out = cmd.output().with_context(|| format!("starting {cmd:?}"))?;
     if !out.status.success() {
         bail!(

@@ -18,6 +18,8 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 
+use crate::setup::output;
+
 /// A Debian kernel package family; the newest package in the apt index is used.
 struct KernelSpec {
     label: &'static str,
@@ -89,7 +91,7 @@ impl Row {
     }
 }
 
-pub fn run(opts: &Options) -> Result<Vec<String>> {
+pub fn run(opts: &Options) -> Result<()> {
     let modes: Vec<&str> = if opts.modes.is_empty() {
         MODES.to_vec()
     } else {
@@ -155,7 +157,7 @@ pub fn run(opts: &Options) -> Result<Vec<String>> {
             failed.join(", ")
         );
     }
-    Ok(table.lines().map(str::to_owned).collect())
+    Ok(())
 }
 
 /// What goes into every guest: backlogd and the suites' test executables.
@@ -310,18 +312,6 @@ fn find_vmlinuz(root: &Path) -> Result<PathBuf> {
                 .is_some_and(|n| n.starts_with("vmlinuz-"))
         })
         .with_context(|| format!("no boot/vmlinuz-* in {}", root.display()))
-}
-
-fn output(cmd: &mut Command) -> Result<String> {
-    let out = cmd.output().with_context(|| format!("starting {cmd:?}"))?;
-    if !out.status.success() {
-        bail!(
-            "{cmd:?} failed: {}\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    Ok(String::from_utf8(out.stdout)?)
 }
 
 /// Stages the guest's root file system under `work/root` and packs it as a newc cpio.
@@ -545,9 +535,9 @@ fn parse_console(kernel: &str, console: &str, modes: &[&str]) -> Vec<Row> {
             && let Some((i, _, saw)) = current.as_mut()
         {
             *saw = true;
-            let (p, f) = counts(rest);
-            rows[*i].passed += p;
-            rows[*i].failed += f;
+            let counts = crate::TestCounts::parse(rest);
+            rows[*i].passed += counts.passed;
+            rows[*i].failed += counts.failed;
         }
     }
     if let Some((i, suite, _)) = current {
@@ -573,24 +563,6 @@ fn fields(rest: &str) -> (String, String) {
             .to_owned()
     };
     (get("mode="), get("suite="))
-}
-
-/// Passed and failed counts of a libtest `test result:` line.
-fn counts(rest: &str) -> (u64, u64) {
-    let mut passed = 0;
-    let mut failed = 0;
-    for part in rest.split(';') {
-        let mut words = part.split_whitespace().rev();
-        if let (Some(what), Some(n)) = (words.next(), words.next()) {
-            let n = n.parse().unwrap_or(0);
-            match what {
-                "passed" => passed += n,
-                "failed" => failed += n,
-                _ => {}
-            }
-        }
-    }
-    (passed, failed)
 }
 
 fn render_table(rows: &[Row]) -> String {
