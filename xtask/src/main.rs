@@ -3,6 +3,7 @@
 //! `run` and `test` are the README's two commands; both start with `setup`, which installs
 //! what a fresh machine lacks and is a fast no-op on a prepared one.
 
+mod bench;
 mod setup;
 mod vm;
 
@@ -44,6 +45,13 @@ enum Cmd {
     },
     /// Run rustfmt and clippy (-D warnings) on the host crates and the eBPF crate.
     Lint,
+    /// Measure overhead, capacity and scale (as root); prints a markdown report and writes
+    /// it to target/bench/results.md.
+    Bench {
+        /// Shorter runs and a smaller scale (about 3 minutes instead of 15).
+        #[arg(long)]
+        quick: bool,
+    },
 }
 
 fn main() -> Result<()> {
@@ -72,6 +80,11 @@ fn main() -> Result<()> {
             vm::run(&vm::Options { kernels, modes })
         }
         Cmd::Lint => lint(),
+        Cmd::Bench { quick } => {
+            setup::run()?;
+            cargo(&["build", "--release", "--package", "backlogd"])?;
+            bench::run(quick)
+        }
     }
 }
 

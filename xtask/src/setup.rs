@@ -10,7 +10,8 @@ use anyhow::{Context as _, Result, bail};
 /// (util-linux), `prometheus` and `promtool`, `nft` (nftables: tests hold handshakes
 /// open), `bpftool`, `nginx` and `wrk` (the real-world experiment), `tmux` (the terminal view's
 /// test); for the kernel matrix: qemu, a static busybox, cpio for the initramfs, and kmod
-/// (depmod/modprobe resolve the guest's module dependencies).
+/// (depmod/modprobe resolve the guest's module dependencies); `bpftrace` (the benchmark's
+/// comparison with a hand-written script).
 const DEBIAN_PACKAGES: &[&str] = &[
     "iproute2",
     "util-linux",
@@ -24,6 +25,7 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "busybox-static",
     "cpio",
     "kmod",
+    "bpftrace",
 ];
 
 const BPF_LINKER_VERSION: &str = "0.13.0";

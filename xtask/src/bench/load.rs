@@ -1,0 +1,349 @@
+//! Load generators and the throwaway network namespace they run in.
+//!
+//! Everything runs in a namespace made for the benchmark, so its sysctls (port range,
+//! somaxconn), its 100k sockets and its TIME_WAITs never touch the host or the other
+//! engineers' tests running beside it; deleting the namespace frees them all.
+
+use std::{
+    fs::File,
+    net::{Ipv4Addr, SocketAddr, SocketAddrV4},
+    os::{
+        fd::AsRawFd as _,
+        unix::{fs::MetadataExt as _, process::CommandExt as _},
+    },
+    process::Command,
+    sync::atomic::{AtomicBool, Ordering},
+    thread,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result, anyhow, bail};
+use socket2::{Domain, Protocol, Socket, Type};
+
+use crate::setup::output;
+
+pub struct Netns {
+    name: String,
+    file: File,
+}
+
+impl Netns {
+    /// `ip netns add`, so each load thread can join it with setns(2) and `ss`/`nstat` can
+    /// run in it.
+    pub fn new(tag: &str) -> Result<Self> {
+        let name = format!("backlogd-bench-{}-{tag}", std::process::id());
+        output(Command::new("ip").args(["netns", "add", &name]))?;
+        let path = format!("/run/netns/{name}");
+        let file = match File::open(&path) {
+            Ok(f) => f,
+            Err(e) => {
+                let _ = output(Command::new("ip").args(["netns", "del", &name]));
+                return Err(e).with_context(|| format!("opening {path}"));
+            }
+        };
+        let ns = Self { name, file };
+        output(Command::new("ip").args(["-n", &ns.name, "link", "set", "lo", "up"]))?;
+        Ok(ns)
+    }
+
+    /// Inode of the namespace, as backlogd's `netns` label shows it.
+    pub fn inode(&self) -> Result<u64> {
+        Ok(self.file.metadata()?.ino())
+    }
+
+    /// Moves the calling thread into the namespace.
+    pub fn enter(&self) -> Result<()> {
+        // SAFETY: plain syscall on a valid fd; affects only the calling thread.
+        if unsafe { libc::setns(self.file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+            return Err(std::io::Error::last_os_error())
+                .with_context(|| format!("setns into {}", self.name));
+        }
+        Ok(())
+    }
+
+    /// Runs `f` on a fresh thread inside the namespace (sockets it creates belong there).
+    pub fn scoped<R: Send>(&self, f: impl FnOnce() -> Result<R> + Send) -> Result<R> {
+        thread::scope(|s| {
+            s.spawn(|| {
+                self.enter()?;
+                f()
+            })
+            .join()
+            .map_err(|_| anyhow!("a thread in netns {} panicked", self.name))?
+        })
+    }
+
+    pub fn sysctl(&self, key: &str, value: &str) -> Result<()> {
+        let path = format!("/proc/sys/{}", key.replace('.', "/"));
+        self.scoped(|| std::fs::write(&path, value).with_context(|| format!("writing {path}")))
+    }
+
+    /// A command that runs inside the namespace (without `ip netns exec`'s mount setup,
+    /// so polling it costs what polling costs on a host).
+    pub fn command(&self, program: &str) -> Command {
+        let fd = self.file.as_raw_fd();
+        let mut cmd = Command::new(program);
+        // SAFETY: setns is async-signal-safe; the fd stays open in the parent.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::setns(fd, libc::CLONE_NEWNET) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        cmd
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        if let Err(e) = output(Command::new("ip").args(["netns", "del", &self.name])) {
+            eprintln!("bench: {e:#}");
+        }
+    }
+}
+
+/// A TcpExt counter of the calling thread's namespace.
+pub fn tcp_ext_here(field: &str) -> Result<u64> {
+    let text = std::fs::read_to_string("/proc/thread-self/net/netstat")?;
+    let mut lines = text.lines();
+    while let (Some(names), Some(values)) = (lines.next(), lines.next()) {
+        if !names.starts_with("TcpExt:") {
+            continue;
+        }
+        if let Some((_, v)) = names
+            .split_whitespace()
+            .zip(values.split_whitespace())
+            .find(|(n, _)| *n == field)
+        {
+            return v.parse().with_context(|| format!("TcpExt {field} = {v:?}"));
+        }
+    }
+    bail!("no TcpExt {field} in /proc/net/netstat")
+}
+
+fn tcp_socket() -> Result<Socket> {
+    Ok(Socket::new(Domain::IPV4, Type::STREAM, Some(Protocol::TCP))?)
+}
+
+/// A listener on 127.0.0.1 of the calling thread's namespace (`port` 0: any free one).
+pub fn listen_here(port: u16, backlog: i32) -> Result<Socket> {
+    let s = tcp_socket()?;
+    s.set_reuse_address(true)?;
+    let addr = SocketAddrV4::new(Ipv4Addr::LOCALHOST, port);
+    s.bind(&addr.into())
+        .with_context(|| format!("binding {addr}"))?;
+    s.listen(backlog)?;
+    Ok(s)
+}
+
+pub fn local_addr(s: &Socket) -> Result<SocketAddr> {
+    s.local_addr()?
+        .as_socket()
+        .context("listener has no inet address")
+}
+
+/// One complete handshake, then an abortive close: RST instead of FIN leaves no
+/// TIME_WAIT, so a loop can run for as long as it likes without exhausting ports.
+fn handshake(addr: SocketAddr) -> Result<()> {
+    let s = tcp_socket()?;
+    s.connect(&addr.into())
+        .with_context(|| format!("connecting to {addr}"))?;
+    s.set_linger(Some(Duration::ZERO))?;
+    Ok(())
+}
+
+/// A bare SYN: a non-blocking connect() closed at once. Aimed at a listener whose accept
+/// queue is full, each one is dropped at the SYN (TcpExt ListenOverflows).
+fn syn(addr: SocketAddr) -> Result<()> {
+    let s = tcp_socket()?;
+    s.set_nonblocking(true)?;
+    match s.connect(&addr.into()) {
+        Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => Ok(()),
+        Err(e) => Err(e).with_context(|| format!("connecting to {addr}")),
+        Ok(()) => Ok(()),
+    }
+}
+
+/// Sleeps until `done` items are due at `rate` per second; false once `duration` is over.
+fn pace(start: Instant, duration: Duration, rate: Option<f64>, done: u64) -> bool {
+    loop {
+        let elapsed = start.elapsed();
+        if elapsed >= duration {
+            return false;
+        }
+        match rate {
+            Some(r) if done as f64 >= r * elapsed.as_secs_f64() => {
+                thread::sleep(Duration::from_micros(200))
+            }
+            _ => return true,
+        }
+    }
+}
+
+/// Client threads in the namespace each running `one` against `addr` for `duration`
+/// (at `rate` per second in total, or as fast as they can); returns (count, seconds).
+fn clients(
+    ns: &Netns,
+    threads: usize,
+    duration: Duration,
+    rate: Option<f64>,
+    addr: SocketAddr,
+    one: fn(SocketAddr) -> Result<()>,
+) -> Result<(u64, f64)> {
+    let per_thread = rate.map(|r| r / threads as f64);
+    let start = Instant::now();
+    let total = thread::scope(|s| -> Result<u64> {
+        let workers: Vec<_> = (0..threads)
+            .map(|_| {
+                s.spawn(move || -> Result<u64> {
+                    ns.enter()?;
+                    let mut n = 0;
+                    while pace(start, duration, per_thread, n) {
+                        one(addr)?;
+                        n += 1;
+                    }
+                    Ok(n)
+                })
+            })
+            .collect();
+        let mut total = 0;
+        for w in workers {
+            total += w.join().map_err(|_| anyhow!("load thread panicked"))??;
+        }
+        Ok(total)
+    })?;
+    Ok((total, start.elapsed().as_secs_f64()))
+}
+
+/// Completed handshakes against a listener that accepts and closes each connection at
+/// once (one accepting thread, `threads` connecting ones). Returns (handshakes, seconds).
+pub fn handshakes(
+    ns: &Netns,
+    threads: usize,
+    duration: Duration,
+    rate: Option<f64>,
+) -> Result<(u64, f64)> {
+    let listener = ns.scoped(|| listen_here(0, 4096))?;
+    let addr = local_addr(&listener)?;
+    let stop = AtomicBool::new(false);
+    thread::scope(|s| {
+        let acceptor = s.spawn(|| {
+            while !stop.load(Ordering::Relaxed) {
+                let _ = listener.accept();
+            }
+        });
+        let result = clients(ns, threads, duration, rate, addr, handshake);
+        stop.store(true, Ordering::Relaxed);
+        // Wakes the acceptor blocked in accept().
+        let woke = ns.scoped(|| handshake(addr));
+        acceptor
+            .join()
+            .map_err(|_| anyhow!("accept thread panicked"))?;
+        woke?;
+        result
+    })
+}
+
+/// A listener with backlog 1 and a full accept queue (two completed connections nobody
+/// accepts): every further SYN is dropped as `accept_queue_full`. Keep the returned
+/// sockets alive as long as the listener is needed.
+pub struct FullListener {
+    pub addr: SocketAddr,
+    _sockets: Vec<Socket>,
+}
+
+impl FullListener {
+    pub fn new(ns: &Netns) -> Result<Self> {
+        ns.scoped(|| {
+            let listener = listen_here(0, 1)?;
+            let addr = local_addr(&listener)?;
+            let mut sockets = vec![listener];
+            for _ in 0..2 {
+                let c = tcp_socket()?;
+                c.connect(&addr.into())?;
+                sockets.push(c);
+            }
+            Ok(Self {
+                addr,
+                _sockets: sockets,
+            })
+        })
+    }
+
+    /// Sends SYNs from `threads` threads for `duration` (at `rate` per second in total, or
+    /// as fast as they can). Returns (SYNs, seconds).
+    pub fn syns(
+        &self,
+        ns: &Netns,
+        threads: usize,
+        duration: Duration,
+        rate: Option<f64>,
+    ) -> Result<(u64, f64)> {
+        clients(ns, threads, duration, rate, self.addr, syn)
+    }
+
+    /// One SYN from the calling thread (which must be in the namespace).
+    pub fn one_syn(&self) -> Result<()> {
+        syn(self.addr)
+    }
+}
+
+/// `count` listeners on consecutive ports from `first_port`, backlog 16.
+pub fn many_listeners(ns: &Netns, first_port: u16, count: usize) -> Result<Vec<Socket>> {
+    ns.scoped(|| {
+        (0..count)
+            .map(|i| listen_here(first_port + i as u16, 16))
+            .collect()
+    })
+}
+
+/// `count` established connections, spread over `ports` listeners (so no (destination,
+/// source address) pair needs more ephemeral ports than the range has). Returns both
+/// ends of every connection and the listeners; dropping them closes everything.
+pub fn established(ns: &Netns, first_port: u16, ports: u16, count: usize) -> Result<Vec<Socket>> {
+    ns.scoped(|| {
+        let listeners: Vec<Socket> = (0..ports)
+            .map(|p| listen_here(first_port + p, 65535))
+            .collect::<Result<_>>()?;
+        let addrs: Vec<SocketAddr> = listeners.iter().map(local_addr).collect::<Result<_>>()?;
+        let mut all = Vec::with_capacity(2 * count + listeners.len());
+        for (i, addr) in (0..count).zip(addrs.iter().cycle()) {
+            let c = tcp_socket()?;
+            c.connect(&(*addr).into())
+                .with_context(|| format!("connection {i} to {addr}"))?;
+            all.push(c);
+            // Accept as we go so no accept queue ever fills (it would drop SYNs and
+            // stall the loop for a 1 s retransmission).
+            if i % 1024 == 1023 || i + 1 == count {
+                for l in &listeners {
+                    l.set_nonblocking(true)?;
+                    loop {
+                        match l.accept() {
+                            Ok((s, _)) => all.push(s),
+                            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                            Err(e) => return Err(e).context("accept"),
+                        }
+                    }
+                }
+            }
+        }
+        all.extend(listeners);
+        Ok(all)
+    })
+}
+
+/// Raises RLIMIT_NOFILE (soft and hard) for this process and its children to `n`.
+pub fn raise_nofile(n: u64) -> Result<()> {
+    let lim = libc::rlimit {
+        rlim_cur: n,
+        rlim_max: n,
+    };
+    // SAFETY: plain syscall with a valid pointer.
+    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) } != 0 {
+        return Err(std::io::Error::last_os_error())
+            .with_context(|| format!("raising RLIMIT_NOFILE to {n} (fs.nr_open too low?)"));
+    }
+    Ok(())
+}
