@@ -51,6 +51,10 @@ enum Cmd {
         /// Shorter runs and a smaller scale (about 3 minutes instead of 15).
         #[arg(long)]
         quick: bool,
+        /// Internal: hold COUNT connections to PORTS listeners from FIRST_PORT on
+        /// 127.0.0.1 until stdin closes (a helper process of the scale test).
+        #[arg(long, hide = true, value_name = "COUNT,FIRST_PORT,PORTS")]
+        hold: Option<String>,
     },
 }
 
@@ -80,7 +84,10 @@ fn main() -> Result<()> {
             vm::run(&vm::Options { kernels, modes })
         }
         Cmd::Lint => lint(),
-        Cmd::Bench { quick } => {
+        Cmd::Bench {
+            hold: Some(spec), ..
+        } => bench::hold(&spec),
+        Cmd::Bench { quick, hold: None } => {
             setup::run()?;
             cargo(&["build", "--release", "--package", "backlogd"])?;
             bench::run(quick)

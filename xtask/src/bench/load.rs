@@ -6,12 +6,13 @@
 
 use std::{
     fs::File,
+    io::{BufRead as _, BufReader, Write as _},
     net::{Ipv4Addr, SocketAddr, SocketAddrV4},
     os::{
         fd::AsRawFd as _,
         unix::{fs::MetadataExt as _, process::CommandExt as _},
     },
-    process::Command,
+    process::{Child, Command, Stdio},
     sync::atomic::{AtomicBool, Ordering},
     thread,
     time::{Duration, Instant},
@@ -299,51 +300,115 @@ pub fn many_listeners(ns: &Netns, first_port: u16, count: usize) -> Result<Vec<S
     })
 }
 
-/// `count` established connections, spread over `ports` listeners (so no (destination,
-/// source address) pair needs more ephemeral ports than the range has). Returns both
-/// ends of every connection and the listeners; dropping them closes everything.
-pub fn established(ns: &Netns, first_port: u16, ports: u16, count: usize) -> Result<Vec<Socket>> {
-    ns.scoped(|| {
-        let listeners: Vec<Socket> = (0..ports)
-            .map(|p| listen_here(first_port + p, 65535))
-            .collect::<Result<_>>()?;
-        let addrs: Vec<SocketAddr> = listeners.iter().map(local_addr).collect::<Result<_>>()?;
-        let mut all = Vec::with_capacity(2 * count + listeners.len());
-        for (i, addr) in (0..count).zip(addrs.iter().cycle()) {
-            let c = tcp_socket()?;
-            c.connect(&(*addr).into())
-                .with_context(|| format!("connection {i} to {addr}"))?;
-            all.push(c);
-            // Accept as we go so no accept queue ever fills (it would drop SYNs and
-            // stall the loop for a 1 s retransmission).
-            if i % 1024 == 1023 || i + 1 == count {
-                for l in &listeners {
-                    l.set_nonblocking(true)?;
-                    loop {
-                        match l.accept() {
-                            Ok((s, _)) => all.push(s),
-                            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
-                            Err(e) => return Err(e).context("accept"),
-                        }
-                    }
-                }
-            }
-        }
-        all.extend(listeners);
-        Ok(all)
-    })
+/// Established connections held open: listeners in this process, the client ends in
+/// helper processes (`cargo xtask bench --hold`), the server ends left in the listeners'
+/// accept queues. Both are needed because the hard RLIMIT_NOFILE may be low and not
+/// raisable (no CAP_SYS_RESOURCE in a container): a queued connection needs no fd.
+pub struct Established {
+    _listeners: Vec<Socket>,
+    helpers: Vec<Child>,
 }
 
-/// Raises RLIMIT_NOFILE (soft and hard) for this process and its children to `n`.
-pub fn raise_nofile(n: u64) -> Result<()> {
+impl Established {
+    /// `count` connections spread over `ports` listeners from `first_port` (so no
+    /// destination needs more ephemeral ports than the namespace's range has).
+    pub fn new(ns: &Netns, first_port: u16, ports: u16, count: usize) -> Result<Self> {
+        let listeners: Vec<Socket> = ns.scoped(|| {
+            (0..ports)
+                .map(|p| listen_here(first_port + p, 65535))
+                .collect()
+        })?;
+        let per_helper = (nofile_limit()? as usize).saturating_sub(64).max(1000);
+        let exe = std::env::current_exe().context("locating the xtask binary")?;
+        let mut held = Self {
+            _listeners: listeners,
+            helpers: Vec::new(),
+        };
+        let mut left = count;
+        while left > 0 {
+            let n = left.min(per_helper);
+            left -= n;
+            let child = ns
+                .command(exe.to_str().context("non-UTF-8 path")?)
+                .args(["bench", "--hold", &format!("{n},{first_port},{ports}")])
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .spawn()
+                .context("starting a connection-holding helper")?;
+            held.helpers.push(child);
+        }
+        for child in &mut held.helpers {
+            let mut line = String::new();
+            BufReader::new(child.stdout.as_mut().expect("piped stdout")).read_line(&mut line)?;
+            if line.trim() != "ready" {
+                bail!("a connection-holding helper failed (see its error above)");
+            }
+        }
+        Ok(held)
+    }
+}
+
+impl Drop for Established {
+    fn drop(&mut self) {
+        for child in &mut self.helpers {
+            // Closing stdin tells the helper to exit.
+            drop(child.stdin.take());
+        }
+        for child in &mut self.helpers {
+            let _ = child.wait();
+        }
+    }
+}
+
+/// The helper: `count` connections to `ports` listeners from `first_port` on 127.0.0.1,
+/// "ready" on stdout, then held until stdin closes.
+pub fn hold(spec: &str) -> Result<()> {
+    let parsed: Vec<usize> = spec
+        .split(',')
+        .map(|v| v.parse())
+        .collect::<Result<_, _>>()
+        .with_context(|| format!("--hold {spec:?}: want COUNT,FIRST_PORT,PORTS"))?;
+    let [count, first, ports] = parsed[..] else {
+        bail!("--hold {spec:?}: want COUNT,FIRST_PORT,PORTS");
+    };
+    raise_nofile()?;
+    let mut held = Vec::with_capacity(count);
+    for i in 0..count {
+        let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, (first + i % ports) as u16));
+        let c = tcp_socket()?;
+        c.connect(&addr.into())
+            .with_context(|| format!("connection {i} to {addr}"))?;
+        held.push(c);
+    }
+    println!("ready");
+    std::io::stdout().flush()?;
+    std::io::copy(&mut std::io::stdin(), &mut std::io::sink())?;
+    Ok(())
+}
+
+fn nofile_limit() -> Result<u64> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: plain syscall with a valid pointer.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return Err(std::io::Error::last_os_error()).context("getrlimit(RLIMIT_NOFILE)");
+    }
+    Ok(lim.rlim_max)
+}
+
+/// Raises the soft RLIMIT_NOFILE to the hard one (raising the hard one needs
+/// CAP_SYS_RESOURCE, which a container may lack). Returns the new limit.
+pub fn raise_nofile() -> Result<u64> {
+    let max = nofile_limit()?;
     let lim = libc::rlimit {
-        rlim_cur: n,
-        rlim_max: n,
+        rlim_cur: max,
+        rlim_max: max,
     };
     // SAFETY: plain syscall with a valid pointer.
     if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) } != 0 {
-        return Err(std::io::Error::last_os_error())
-            .with_context(|| format!("raising RLIMIT_NOFILE to {n} (fs.nr_open too low?)"));
+        return Err(std::io::Error::last_os_error()).context("raising RLIMIT_NOFILE");
     }
-    Ok(())
+    Ok(max)
 }

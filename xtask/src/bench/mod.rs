@@ -111,6 +111,8 @@ impl Report {
     }
 }
 
+pub use load::hold;
+
 pub fn run(quick: bool) -> Result<()> {
     // SAFETY: plain libc call.
     if unsafe { libc::geteuid() } != 0 {
@@ -841,7 +843,10 @@ fn scale_state(p: &Params, d: &Daemon, ns: &Netns, label: String) -> Result<Scal
 }
 
 fn scale(p: &Params, r: &mut Report) -> Result<()> {
-    load::raise_nofile((p.listeners + 2 * p.established + 10_000) as u64)?;
+    let nofile = load::raise_nofile()?;
+    if nofile < p.listeners as u64 + 1000 {
+        bail!("RLIMIT_NOFILE is {nofile}: too low for {} listeners", p.listeners);
+    }
     let ns = Netns::new("scale")?;
     ns.sysctl("net.core.somaxconn", "65535")?;
     // Ephemeral ports below the listeners' ports.
@@ -870,7 +875,7 @@ fn scale(p: &Params, r: &mut Report) -> Result<()> {
     let with_listeners = scale_state(p, &d, &ns, format!("{} listeners", p.listeners))?;
 
     let start = Instant::now();
-    let conns = load::established(&ns, ESTABLISHED_PORT, ESTABLISHED_LISTENERS, p.established)?;
+    let conns = load::Established::new(&ns, ESTABLISHED_PORT, ESTABLISHED_LISTENERS, p.established)?;
     let connected = start.elapsed();
     let established_now = output(ns.command("ss").args(["-Htn", "state", "established"]))?
         .lines()
@@ -890,7 +895,9 @@ fn scale(p: &Params, r: &mut Report) -> Result<()> {
          idle window includes sock_diag rescans). {} listeners on 127.0.0.1 ports {}.. \
          (created in {:.2} s; all on /metrics {} after the first listen(); {events_lost} \
          ring-buffer events lost), then {} connections to {ESTABLISHED_LISTENERS} more \
-         listeners (made in {:.1} s; `ss` counts {} established sockets, i.e. both ends). \
+         listeners (made in {:.1} s by helper processes holding the client ends, {nofile} fds \
+         each at most; the server ends wait in the accept queues, unaccepted; `ss` counts \
+         {} established sockets, i.e. both ends). \
          {} GETs of each endpoint per state, one at a time; daemon CPU over {} s idle.\n",
         p.listeners,
         SCALE_PORT,
