@@ -125,7 +125,11 @@ pub fn tcp_ext_here(field: &str) -> Result<u64> {
 }
 
 fn tcp_socket() -> Result<Socket> {
-    Ok(Socket::new(Domain::IPV4, Type::STREAM, Some(Protocol::TCP))?)
+    Ok(Socket::new(
+        Domain::IPV4,
+        Type::STREAM,
+        Some(Protocol::TCP),
+    )?)
 }
 
 /// A listener on 127.0.0.1 of the calling thread's namespace (`port` 0: any free one).

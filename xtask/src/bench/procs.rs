@@ -83,7 +83,13 @@ impl Watched {
                 }
                 Err(mpsc::RecvTimeoutError::Disconnected) => {
                     let status = self.child.wait()?;
-                    let last: Vec<&str> = said.iter().rev().take(3).rev().map(|s| s.as_str()).collect();
+                    let last: Vec<&str> = said
+                        .iter()
+                        .rev()
+                        .take(3)
+                        .rev()
+                        .map(|s| s.as_str())
+                        .collect();
                     return Ok(Err(format!("exited ({status}): {}", last.join(" / "))));
                 }
                 Err(mpsc::RecvTimeoutError::Timeout) => {
@@ -199,7 +205,10 @@ impl Bpftrace {
 pub fn cpu_seconds(pid: u32) -> Result<f64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
     // Fields after the parenthesised comm, which may contain spaces.
-    let rest = stat.rsplit_once(") ").context("unparsable /proc/PID/stat")?.1;
+    let rest = stat
+        .rsplit_once(") ")
+        .context("unparsable /proc/PID/stat")?
+        .1;
     let f: Vec<&str> = rest.split_whitespace().collect();
     // utime and stime are fields 14 and 15 of stat(5), i.e. 11 and 12 after comm.
     let ticks: u64 = f[11].parse::<u64>()? + f[12].parse::<u64>()?;
