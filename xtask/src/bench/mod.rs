@@ -84,7 +84,8 @@ struct Targets {
     per_handshake_ns: Option<f64>,
     capacity: Option<(f64, f64, f64)>,
     cpu_10k: Option<(f64, f64, f64)>,
-    scrape_ms: Option<f64>,
+    /// (listeners, median ms)
+    scrape_ms: Option<(usize, f64)>,
     scrape_established_ms: Option<f64>,
     drop_visible_ms: Option<(f64, f64)>,
 }
@@ -971,7 +972,7 @@ fn scale(p: &Params, r: &mut Report) -> Result<()> {
         "The whole host's listeners are exported, not only this namespace's: {base:.0} \
          were there before (other engineers' tests, the system's own).\n"
     ));
-    r.targets.scrape_ms = Some(median(&with_listeners.scrapes.metrics_ms));
+    r.targets.scrape_ms = Some((p.listeners, median(&with_listeners.scrapes.metrics_ms)));
     r.targets.scrape_established_ms = Some(median(&with_established.scrapes.metrics_ms));
 
     r.line("**What a user would poll instead**, in the same namespace and states:\n");
@@ -1168,17 +1169,17 @@ fn summary(r: &mut Report) {
         "daemon < 1% of one core and < 30 MiB RSS at 10k SYN/s",
         t.cpu_10k.map_or_else(missing, |(cpu, rss, peak)| {
             vec![
-                format!("{cpu:.2}% CPU, {rss:.1} MiB RSS ({peak:.1} MiB peak)"),
+                format!("{cpu:.2}% CPU at 10k handshakes/s, {rss:.1} MiB RSS ({peak:.1} MiB peak)"),
                 verdict(cpu < 1.0 && peak < 30.0).into(),
             ]
         }),
     );
     row(
         "scrape < 50 ms with 10k listeners",
-        t.scrape_ms.map_or_else(missing, |ms| {
+        t.scrape_ms.map_or_else(missing, |(n, ms)| {
             vec![
                 format!(
-                    "{ms:.1} ms median{}",
+                    "{ms:.1} ms median with {n} listeners{}",
                     t.scrape_established_ms
                         .map(|e| format!(" ({e:.1} ms with the established connections too)"))
                         .unwrap_or_default()
