@@ -604,9 +604,11 @@ fn daemon_cost(p: &Params, ns: &Netns, r: &mut Report) -> Result<()> {
          15 s). CPU is the daemon's utime+stime (/proc/PID/stat) over the wall time: its \
          userspace only; the eBPF programs run in the softirq of whoever sends, and their \
          cost is the previous sections'. \"dropped SYNs\" are bare SYNs to a full accept \
-         queue (the drop path); \"handshakes\" complete and are accepted.\n",
+         queue (the drop path); \"handshakes\" complete and are accepted. Resolution: one \
+         clock tick (10 ms) per window, i.e. {:.1}% of a core.\n",
         hook_mode(&d)?,
-        p.load_secs
+        p.load_secs,
+        1.0 / p.load_secs,
     ));
     render_load_rows(r, &rows);
     if let Some((_, u)) = rows.iter().find(|(l, _)| *l == LOADS[0].0) {
