@@ -430,6 +430,7 @@ fn capacity_pairs<T>(
     mut attach: impl FnMut() -> Result<T>,
 ) -> Result<(Vec<Vec<String>>, Vec<f64>)> {
     let secs = Duration::from_secs_f64(p.capacity_secs);
+    let mut without = Vec::new();
     // Warm-up: the first run after namespace creation is slower.
     load::handshakes(ns, CLIENTS, secs, None)?;
     let (mut rows, mut pct) = (Vec::new(), Vec::new());
@@ -449,11 +450,27 @@ fn capacity_pairs<T>(
         }
         let ratio = pair[1] / pair[0] * 100.0;
         pct.push(ratio);
+        without.push(pair[0]);
         rows.push(vec![
             format!("{}", i + 1),
             format!("{:.0}", pair[0]),
             format!("{:.0}", pair[1]),
             format!("{ratio:.1}%"),
+        ]);
+    }
+    // The runs without are the same load every time: if they differ much, something else
+    // took the CPUs during the section, and the report must say so.
+    let drift = max(&without) / min(&without);
+    if drift > 1.1 {
+        rows.push(vec![
+            format!(
+                "**note**: the runs without differ by {:.0}%: other work competed for the \
+                 CPUs; treat these ratios with care",
+                (drift - 1.0) * 100.0
+            ),
+            String::new(),
+            String::new(),
+            String::new(),
         ]);
     }
     Ok((rows, pct))
