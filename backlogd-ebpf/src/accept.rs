@@ -16,10 +16,12 @@ use aya_ebpf::{
     maps::{Array, LruHashMap, PerCpuHashMap},
     programs::TracePointContext,
 };
-use backlogd_common::{ACCEPT_WAIT_BUCKETS, LISTENER_STATS_ENTRIES, QueueState, TCP_LISTEN};
+use backlogd_common::{ACCEPT_WAIT_BUCKETS, LISTENER_STATS_ENTRIES, QueueState};
 
 use crate::{
-    kernel::{KPtr, Result, offset, socket_inode, socket_of_fd, take_pending, tp_field},
+    kernel::{
+        KPtr, Result, is_tcp_listener, offset, socket_inode, socket_of_fd, take_pending, tp_field,
+    },
     syn::update,
 };
 
@@ -87,8 +89,7 @@ pub fn queued(ctx: TracePointContext) -> u32 {
 
 fn try_queued(ctx: &TracePointContext) -> Result<()> {
     let sk = KPtr(tp_field(ctx, offset(|o| &o.tp_data_ready_skaddr))?);
-    let state: u8 = sk.read(offset(|o| &o.sk_state))?;
-    if u32::from(state) != TCP_LISTEN {
+    if !is_tcp_listener(sk)? {
         return Ok(());
     }
     let child = sk
@@ -140,8 +141,7 @@ fn try_accept_exit(ctx: &TracePointContext) -> Result<()> {
 /// `accept()` on `listener` returned `child`.
 #[inline(always)]
 pub(crate) fn accepted(listener: KPtr, child: KPtr) -> Result<()> {
-    let state: u8 = listener.read(offset(|o| &o.sk_state))?;
-    if u32::from(state) != TCP_LISTEN {
+    if !is_tcp_listener(listener)? {
         return Ok(());
     }
     let ino = socket_inode(listener)?;
