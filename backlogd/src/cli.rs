@@ -32,6 +32,19 @@ pub enum Command {
     Doctor(DoctorArgs),
     /// Live view of every listener: drops by reason, queues, accept wait, sorted by drops.
     Top(TopArgs),
+    /// Remove the state `run --pin-dir` left under bpffs, detaching its programs (for
+    /// uninstalling, or before running without pins).
+    Unpin(UnpinArgs),
+}
+
+/// Where the shipped systemd unit pins.
+pub const DEFAULT_PIN_DIR: &str = "/sys/fs/bpf/backlogd";
+
+#[derive(Debug, Args)]
+pub struct UnpinArgs {
+    /// The directory given to `run --pin-dir`.
+    #[arg(long, value_name = "DIR", default_value = DEFAULT_PIN_DIR)]
+    pub pin_dir: PathBuf,
 }
 
 #[derive(Debug, Args)]
@@ -103,4 +116,11 @@ pub struct RunArgs {
     /// support and logs the choice; it is exported as backlogd_hook_mode.
     #[arg(long, value_enum, default_value_t = HookModeArg::Auto)]
     pub hook_mode: HookModeArg,
+    /// Pin the programs' links and the counter maps under this bpffs directory (the
+    /// shipped unit uses /sys/fs/bpf/backlogd): the programs keep counting while the
+    /// daemon is down, and the next daemon of the same build continues the counters
+    /// instead of starting from zero. Without it everything is detached at exit. Remove
+    /// the pins with `backlogd unpin`.
+    #[arg(long, value_name = "DIR")]
+    pub pin_dir: Option<PathBuf>,
 }

@@ -86,6 +86,7 @@ pub struct RunConfig {
     pub rescan_interval: Duration,
     pub hwm_window: Duration,
     pub hook_mode: HookModeArg,
+    pub pin_dir: Option<PathBuf>,
 }
 
 pub async fn run(config: RunConfig) -> anyhow::Result<()> {
@@ -94,14 +95,15 @@ pub async fn run(config: RunConfig) -> anyhow::Result<()> {
     let probes = loader::load(&LoadOptions {
         btf: config.btf,
         hook_mode: config.hook_mode,
+        pin_dir: config.pin_dir,
     })
     .context("cannot start")?;
     tracing::info!(
         mode = probes.mode.name(),
         kernel_fentry = probes.kernel.fentry,
         kernel_kprobe = probes.kernel.kprobe,
-        "probes attached: listener lifecycle via tracepoints; SYN path in {} mode \
-         (cgroup_skb ingress + skb release tracepoints)",
+        adopted = probes.adopted,
+        "probes attached: listener lifecycle via tracepoints; SYN path in {} mode",
         probes.mode.name()
     );
 
@@ -159,6 +161,7 @@ pub fn spawn_standalone() -> anyhow::Result<SocketAddr> {
         rescan_interval: Duration::from_secs(30),
         hwm_window: Duration::from_secs(60),
         hook_mode: HookModeArg::Auto,
+        pin_dir: None,
     };
     let (err_tx, err_rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {

@@ -85,11 +85,13 @@ fn main() -> std::process::ExitCode {
                     rescan_interval: std::time::Duration::from_secs(args.rescan_interval),
                     hwm_window: std::time::Duration::from_secs(args.hwm_window),
                     hook_mode: args.hook_mode,
+                    pin_dir: args.pin_dir,
                 }))
             })
             .map(|()| Outcome::Clean),
         Command::Doctor(args) => doctor_cmd(&args),
         Command::Top(args) => top(&args).map(|()| Outcome::Clean),
+        Command::Unpin(args) => loader::unpin(&args.pin_dir).map(|()| Outcome::Clean),
     };
     match result {
         Ok(Outcome::Clean) => std::process::ExitCode::SUCCESS,
