@@ -238,6 +238,7 @@ async fn rescan(shared: &Arc<Shared>) {
         sources.extend(scan.netns);
     }
     let found = scan.listeners;
+    let listed = scan.listed;
     let unknown: HashSet<u64> = {
         let table = shared.listeners();
         found
@@ -251,7 +252,7 @@ async fn rescan(shared: &Arc<Shared>) {
         .unwrap_or_default();
     let (added, removed) = shared
         .write_listeners()
-        .finish_scan(generation, &found, &owners);
+        .finish_scan(generation, &found, &listed, &owners);
     if added + removed > 0 {
         tracing::info!(
             added,

@@ -44,6 +44,41 @@ pub struct Metrics {
     kernel: KernelSupport,
     /// Queued counts and accept waits are only exported when enqueue events are seen.
     enqueue_events: bool,
+    retired: Mutex<Retired>,
+}
+
+/// Group label values (netns, address, port) and process label values (pid, comm).
+type GroupKey = [String; 3];
+type ProcessKey = [String; 2];
+
+/// What closed members contributed to the group and process counters, so those
+/// `_total`s never go down when a member closes (a decrease reads as a counter reset to
+/// `rate()`: a spike the size of the whole counter). A member counts with the figures the
+/// last render saw; anything it counted after that and before closing is not in the sums.
+#[derive(Default)]
+struct Retired {
+    /// Every listener of the last render, with its aggregates and figures.
+    last: HashMap<u64, (GroupKey, ProcessKey, ListenerStats)>,
+    groups: HashMap<GroupKey, ListenerStats>,
+    processes: HashMap<ProcessKey, ListenerStats>,
+}
+
+impl Retired {
+    /// Takes this render's members (`now`), retires the members of the last render that
+    /// are gone, and forgets aggregates that have no member left (their series end).
+    fn update(&mut self, now: HashMap<u64, (GroupKey, ProcessKey, ListenerStats)>) {
+        for (inode, (group, process, stats)) in self.last.drain() {
+            if !now.contains_key(&inode) {
+                self.groups.entry(group).or_default().add(&stats);
+                self.processes.entry(process).or_default().add(&stats);
+            }
+        }
+        self.groups
+            .retain(|g, _| now.values().any(|(group, _, _)| group == g));
+        self.processes
+            .retain(|p, _| now.values().any(|(_, process, _)| process == p));
+        self.last = now;
+    }
 }
 
 fn sum(map: &PerCpuArray<MapData, u64>, name: &str) -> u64 {
@@ -211,6 +246,7 @@ impl Metrics {
             mode,
             kernel,
             enqueue_events,
+            retired: Mutex::default(),
         }
     }
 
@@ -439,7 +475,9 @@ impl Metrics {
             }
         }
 
-        aggregates(&mut e, &rows, &stats, &queues);
+        let mut retired = self.retired.lock().unwrap_or_else(|e| e.into_inner());
+        aggregates(&mut e, &rows, &stats, &queues, &mut retired);
+        drop(retired);
 
         netns_counters(&mut e, &namespaces);
 
@@ -539,7 +577,18 @@ fn aggregates(
     rows: &[([String; 6], &Listener)],
     stats: &HashMap<u64, ListenerStats>,
     queues: &HashMap<u64, QueueFigures>,
+    retired: &mut Retired,
 ) {
+    retired.update(
+        rows.iter()
+            .map(|(v, l)| {
+                let group = [v[0].clone(), v[1].clone(), v[2].clone()];
+                let process = [v[4].clone(), v[5].clone()];
+                let figures = stats.get(&l.inode).copied().unwrap_or_default();
+                (l.inode, (group, process, figures))
+            })
+            .collect(),
+    );
     #[derive(Default)]
     struct Sum {
         sockets: u64,
@@ -565,6 +614,18 @@ fn aggregates(
                 sum.stats.add(s);
             }
             sum.accept_depth += u64::from(queues.get(&l.inode).map_or(0, |q| q.accept_depth));
+        }
+    }
+    for (labels, sum) in &mut groups {
+        let key = [labels[0].1, labels[1].1, labels[2].1].map(str::to_owned);
+        if let Some(gone) = retired.groups.get(&key) {
+            sum.stats.add(gone);
+        }
+    }
+    for (labels, sum) in &mut processes {
+        let key = [labels[0].1, labels[1].1].map(str::to_owned);
+        if let Some(gone) = retired.processes.get(&key) {
+            sum.stats.add(gone);
         }
     }
     for (prefix, what, sums) in [
