@@ -122,6 +122,7 @@ pub async fn run(config: RunConfig) -> anyhow::Result<()> {
         listener_stats_full: probes.listener_stats_full,
         listener_queues: probes.listener_queues,
         queue_epoch: probes.queue_epoch,
+        programs: probes.programs,
     }));
     let windows = Arc::new(Mutex::new(QueueWindows::new(config.hwm_window)));
     let sampler = tokio::spawn(sample_queues(maps.clone(), windows.clone()));

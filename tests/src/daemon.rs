@@ -115,16 +115,24 @@ impl Daemon {
     /// (Kernels before 6.7 do not count these skips and always report 0.)
     pub fn missed_runs(&self) -> u64 {
         let dir = format!("/proc/{}/fdinfo", self.pid());
+        let field = |info: &str, name: &str| -> Option<u64> {
+            info.lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|n| n.trim().parse().ok())
+        };
+        // The daemon may hold several fds of one program: count each program once.
         std::fs::read_dir(&dir)
             .unwrap_or_else(|e| panic!("{dir}: {e}"))
             .flatten()
             .filter_map(|fd| std::fs::read_to_string(fd.path()).ok())
-            .filter(|info| info.contains("prog_id:"))
             .filter_map(|info| {
-                info.lines()
-                    .find_map(|l| l.strip_prefix("recursion_misses:"))
-                    .and_then(|n| n.trim().parse::<u64>().ok())
+                Some((
+                    field(&info, "prog_id:")?,
+                    field(&info, "recursion_misses:")?,
+                ))
             })
+            .collect::<std::collections::HashMap<u64, u64>>()
+            .values()
             .sum()
     }
 

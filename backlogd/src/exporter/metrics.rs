@@ -4,10 +4,14 @@
 
 use std::{
     collections::{BTreeMap, HashMap},
+    os::fd::{AsFd as _, AsRawFd as _},
     sync::{Arc, Mutex},
 };
 
-use aya::maps::{Array, MapData, PerCpuArray, PerCpuHashMap, PerCpuValues};
+use aya::{
+    maps::{Array, MapData, PerCpuArray, PerCpuHashMap, PerCpuValues},
+    programs::ProgramFd,
+};
 use backlogd_common::{ACCEPT_WAIT_BUCKETS, ListenerStats, QueueState};
 use serde::{Deserialize, Serialize};
 
@@ -32,6 +36,25 @@ pub struct KernelMaps {
     pub listener_queues: PerCpuHashMap<MapData, u64, QueueState>,
     /// Sampling epoch the kernel tags queue maxima with.
     pub queue_epoch: Array<MapData, u32>,
+    /// backlogd's attached programs, for the runs the kernel skipped.
+    pub programs: Vec<ProgramFd>,
+}
+
+/// Runs of `programs` the kernel skipped (`recursion_misses` in their fdinfo); `None` when
+/// this kernel does not report it.
+fn missed_runs(programs: &[ProgramFd]) -> Option<u64> {
+    let mut total = None;
+    for prog in programs {
+        let info =
+            std::fs::read_to_string(format!("/proc/self/fdinfo/{}", prog.as_fd().as_raw_fd()))
+                .ok()?;
+        let misses = info
+            .lines()
+            .find_map(|l| l.strip_prefix("recursion_misses:"))
+            .and_then(|n| n.trim().parse::<u64>().ok())?;
+        *total.get_or_insert(0) += misses;
+    }
+    total
 }
 
 pub type SharedMaps = Arc<Mutex<KernelMaps>>;
@@ -502,6 +525,21 @@ impl Metrics {
             "Per-listener counter updates lost because the kernel map of listeners was full.",
         );
         e.sample("backlogd_listener_stats_full_total", &[], stats_full);
+        let missed = {
+            let maps = self.maps.lock().unwrap_or_else(|e| e.into_inner());
+            missed_runs(&maps.programs)
+        };
+        if let Some(missed) = missed {
+            e.family(
+                "backlogd_probe_missed_runs_total",
+                Kind::Counter,
+                "Runs of backlogd's eBPF programs the kernel skipped to avoid recursion \
+                 (another BPF program or a BPF map syscall was running on the CPU; kprobe \
+                 and tracepoint programs are counted since Linux 6.7). Non-zero: counts of \
+                 that interval may be short.",
+            );
+            e.sample("backlogd_probe_missed_runs_total", &[], missed);
+        }
 
         e.family(
             "backlogd_hook_mode",

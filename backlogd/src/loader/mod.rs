@@ -22,7 +22,8 @@ use aya::{
     Ebpf, EbpfLoader,
     maps::{Array, Map, MapData, PerCpuArray, PerCpuHashMap, RingBuf},
     programs::{
-        BtfTracePoint, CgroupSkb, FEntry, FExit, KProbe, ProgramError, TracePoint, links::FdLink,
+        BtfTracePoint, CgroupSkb, FEntry, FExit, KProbe, ProgramError, ProgramFd, TracePoint,
+        links::FdLink,
     },
 };
 use backlogd_common::{KernelOffsets, ListenerStats, QueueState};
@@ -116,6 +117,28 @@ pub struct Probes {
     pub enqueue_events: bool,
     /// The programs were already attached and counting: adopted from pinned state.
     pub adopted: bool,
+    /// The attached programs that count (those using LISTENER_STATS), for their kernel
+    /// statistics.
+    pub programs: Vec<ProgramFd>,
+}
+
+/// Every loaded program that uses `stats`: backlogd's own, whether this process loaded
+/// them or adopted them from pins.
+fn counting_programs(stats: &PerCpuHashMap<MapData, u64, ListenerStats>) -> Vec<ProgramFd> {
+    use aya::maps::IterableMap as _;
+    let Ok(id) = stats.map().info().map(|i| i.id()) else {
+        return Vec::new();
+    };
+    aya::programs::loaded_programs()
+        .filter_map(Result::ok)
+        .filter(|p| {
+            p.map_ids()
+                .ok()
+                .flatten()
+                .is_some_and(|ids| ids.contains(&id))
+        })
+        .filter_map(|p| p.fd().ok())
+        .collect()
 }
 
 /// Marks a tracepoint offset whose tracepoint this kernel lacks.
@@ -276,7 +299,7 @@ fn adopt(pins: &PinDir, mode: HookMode) -> Result<Probes, LoadError> {
     };
     let [events, events_lost, stats, stats_full, queues, epoch] =
         pins::DAEMON_MAPS.map(|name| pins.open_map(mode, name).map(|map| (name, map)));
-    let probes = Probes {
+    let mut probes = Probes {
         _ebpf: None,
         listener_events: typed(events?)?,
         listener_events_lost: typed(events_lost?)?,
@@ -289,7 +312,9 @@ fn adopt(pins: &PinDir, mode: HookMode) -> Result<Probes, LoadError> {
         kernel: KernelSupport::default(),
         enqueue_events,
         adopted: true,
+        programs: Vec::new(),
     };
+    probes.programs = counting_programs(&probes.listener_stats);
     tracing::info!(
         mode = mode.name(),
         state = %pins.map_path(mode, "").display(),
@@ -383,6 +408,7 @@ fn load_mode(
         pinning.complete()?;
     }
     Ok(Probes {
+        programs: counting_programs(&listener_stats),
         enqueue_events,
         adopted: false,
         mode,
