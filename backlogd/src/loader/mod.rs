@@ -204,6 +204,7 @@ const FUNCTION_HOOKS_KPROBE: &[(&str, &[&str])] = &[
 
 pub fn load(opts: &LoadOptions) -> Result<Probes, LoadError> {
     privileges::check()?;
+    warn_if_realtime();
     let kernel = KernelSupport::probe();
     let pins = match &opts.pin_dir {
         Some(dir) => Some(PinDir::open(dir, pins::build_id(EBPF_OBJECT))?),
@@ -258,6 +259,22 @@ pub fn load(opts: &LoadOptions) -> Result<Probes, LoadError> {
             }
             Err(e) => return Err(e),
         }
+    }
+}
+
+/// Every mode attributes a segment's counter deltas to it on the assumption that a
+/// listener segment is processed start to finish on one CPU without another segment's
+/// processing interleaving (softirq context). PREEMPT_RT kernels run softirqs in
+/// preemptible threads, so that no longer holds.
+fn warn_if_realtime() {
+    let realtime = std::fs::read_to_string("/sys/kernel/realtime").is_ok_and(|v| v.trim() == "1");
+    if realtime {
+        tracing::warn!(
+            "this is a PREEMPT_RT kernel: softirqs are preemptible threads here, so two \
+             listener segments can interleave on one CPU and drops may be counted twice \
+             or against the wrong listener or reason. backlogd is not verified on \
+             PREEMPT_RT; compare with the backlogd_netns_* counters"
+        );
     }
 }
 
