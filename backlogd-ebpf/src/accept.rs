@@ -68,6 +68,10 @@ pub(crate) fn observe_queues(sk: KPtr, ino: u64) -> Result<()> {
             q.observed_ns = now;
         }
         None => {
+            // As in `syn::update`: no entry for a listener that has closed.
+            if !is_tcp_listener(sk)? {
+                return Ok(());
+            }
             let state = QueueState {
                 accept_depth: accept,
                 accept_hwm: accept,
@@ -107,7 +111,7 @@ pub(crate) fn enqueued(sk: KPtr, child: Option<KPtr>) -> Result<()> {
         let now = unsafe { bpf_ktime_get_ns() };
         let _ = QUEUED_AT.insert(child.0, now, 0);
     }
-    update(ino, |s| s.queued += 1);
+    update(sk, ino, |s| s.queued += 1);
     observe_queues(sk, ino)
 }
 
@@ -150,7 +154,7 @@ pub(crate) fn accepted(listener: KPtr, child: KPtr) -> Result<()> {
     // SAFETY: a plain u64 value.
     let waited = (unsafe { QUEUED_AT.get(child.0) }).map(|&t| now.saturating_sub(t));
     let _ = QUEUED_AT.remove(child.0);
-    update(ino, |s| {
+    update(listener, ino, |s| {
         s.accepted += 1;
         if let Some(ns) = waited {
             s.accept_wait_sum_ns += ns;

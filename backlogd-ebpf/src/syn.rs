@@ -34,7 +34,8 @@ use backlogd_common::{
 };
 
 use crate::kernel::{
-    KPtr, Result, cpu_area_offset, launder, offset, offset_at, socket_inode, tp_field,
+    KPtr, Result, cpu_area_offset, is_tcp_listener, launder, offset, offset_at, socket_inode,
+    tp_field,
 };
 
 #[map]
@@ -197,7 +198,7 @@ pub(crate) fn pending_request_segment(sk: KPtr, skb: KPtr) -> Result<()> {
     let transport: u16 = skb.read(offset(|o| &o.skb_transport_header))?;
     let flags: u8 = KPtr(head).read(usize::from(transport) + 13)?;
     if flags & (TCP_FLAG_SYN | TCP_FLAG_ACK | TCP_FLAG_RST) == TCP_FLAG_SYN {
-        update(socket_inode(sk)?, |s| s.syns += 1);
+        update(sk, socket_inode(sk)?, |s| s.syns += 1);
     }
     Ok(())
 }
@@ -223,7 +224,7 @@ fn open_window(sk: KPtr, skb: u64, ino: u64, kind: u32) -> Result<SynStash> {
     };
     read_mib(net, &mut stash.mib)?;
     if kind == segment_kind::SYN {
-        update(ino, |s| s.syns += 1);
+        update(sk, ino, |s| s.syns += 1);
     }
     Ok(stash)
 }
@@ -264,10 +265,16 @@ fn read_mib(net: KPtr, out: &mut [u64; mib::COUNT]) -> Result<()> {
 }
 
 #[inline(always)]
-pub(crate) fn update(ino: u64, f: impl FnOnce(&mut ListenerStats)) {
+pub(crate) fn update(sk: KPtr, ino: u64, f: impl FnOnce(&mut ListenerStats)) {
     let ptr = match LISTENER_STATS.get_ptr_mut(ino) {
         Some(p) => p,
         None => {
+            // A window settled after its listener closed (on another CPU, or at a later
+            // ingress) must not re-create the entry the close removed: nothing would
+            // ever remove it again.
+            if !is_tcp_listener(sk).unwrap_or(false) {
+                return;
+            }
             if LISTENER_STATS
                 .insert(ino, ListenerStats::default(), 0)
                 .is_err()
@@ -335,7 +342,7 @@ fn settle(stash: &SynStash) -> Result<()> {
         return Ok(());
     }
     let kind = stash.kind;
-    update(stash.ino, |s| {
+    update(KPtr(stash.sk), stash.ino, |s| {
         // Every listen drop goes through tcp_listendrop (ListenDrops); the specific
         // counters say why. What they do not explain is "other".
         let explained = overflows + qfull;
@@ -366,6 +373,6 @@ pub fn synack_retransmit(ctx: TracePointContext) -> u32 {
 fn try_synack_retransmit(ctx: &TracePointContext) -> Result<()> {
     let sk = KPtr(tp_field(ctx, offset(|o| &o.tp_synack_skaddr))?);
     let ino = socket_inode(sk)?;
-    update(ino, |s| s.synack_retransmits += 1);
+    update(sk, ino, |s| s.synack_retransmits += 1);
     Ok(())
 }
