@@ -135,12 +135,12 @@ impl Default for Config {
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error(
-        "cannot read config file {path}: {source}. Fix: create it, or name another with \
+        "cannot read config file {path}: {error}. Fix: create it, or name another with \
          `--config FILE`"
     )]
     Read {
         path: PathBuf,
-        source: std::io::Error,
+        error: std::io::Error,
     },
     #[error(
         "config file {path}: {message}\nFix: correct the key or value above; every key is \
@@ -203,10 +203,10 @@ fn read_file(path: &Path, explicit: bool) -> Result<Option<Layer>, ConfigError> 
     let text = match std::fs::read_to_string(path) {
         Ok(text) => text,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound && !explicit => return Ok(None),
-        Err(source) => {
+        Err(error) => {
             return Err(ConfigError::Read {
                 path: path.to_owned(),
-                source,
+                error,
             });
         }
     };

@@ -127,7 +127,7 @@ pub fn run(config: RunConfig) -> anyhow::Result<()> {
         tracing::info!(
             kept = ?kept.iter().map(ToString::to_string).collect::<Vec<_>>(),
             "dropped every capability the running daemon does not need \
-             (kept: netns entry for rescans, /proc of other users, BPF map access)"
+             (kept: setns for rescans and BPF map access, /proc of other users)"
         );
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()

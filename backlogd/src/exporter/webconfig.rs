@@ -47,12 +47,12 @@ struct TlsFormat {
 #[derive(Debug, thiserror::Error)]
 pub enum WebConfigError {
     #[error(
-        "cannot read web config file {path}: {source}. Fix: create it, or correct \
+        "cannot read web config file {path}: {error}. Fix: create it, or correct \
          `http.web_config_file` / `--web-config-file`"
     )]
     Read {
         path: PathBuf,
-        source: std::io::Error,
+        error: std::io::Error,
     },
     #[error(
         "web config file {path}: {message}. Fix: use the exporter-toolkit format with the \
@@ -60,13 +60,13 @@ pub enum WebConfigError {
     )]
     Parse { path: PathBuf, message: String },
     #[error(
-        "web config file {path}: basic_auth_users.{user} is not a bcrypt hash ({source}). \
+        "web config file {path}: basic_auth_users.{user} is not a bcrypt hash ({error}). \
          Fix: generate one, e.g. `htpasswd -nBC 10 \"\" | tr -d ':\\n'`"
     )]
     Hash {
         path: PathBuf,
         user: String,
-        source: bcrypt::BcryptError,
+        error: bcrypt::BcryptError,
     },
     #[error("web config file {path}: tls_server_config.{key} {file}: {why}. Fix: {fix}")]
     Tls {
@@ -97,9 +97,9 @@ impl std::fmt::Debug for WebConfig {
 impl WebConfig {
     /// Reads and checks the file: YAML, bcrypt hashes, certificate and key.
     pub fn load(path: &Path) -> Result<Self, WebConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| WebConfigError::Read {
+        let text = std::fs::read_to_string(path).map_err(|error| WebConfigError::Read {
             path: path.to_owned(),
-            source,
+            error,
         })?;
         // An empty file is a valid exporter-toolkit config meaning "nothing".
         let file: FileFormat = if text.trim().is_empty() {
@@ -122,10 +122,10 @@ impl WebConfig {
             Some(users) if !users.is_empty() => {
                 for (user, hash) in &users {
                     hash.parse::<bcrypt::HashParts>()
-                        .map_err(|source| WebConfigError::Hash {
+                        .map_err(|error| WebConfigError::Hash {
                             path: path.to_owned(),
                             user: user.clone(),
-                            source,
+                            error,
                         })?;
                 }
                 Some(Arc::new(BasicAuth::new(users)))

@@ -8,12 +8,14 @@
 //!   owners: CAP_SYS_PTRACE (ptrace access mode) and CAP_DAC_READ_SEARCH (the directories
 //!   are mode 0500, owned by the process's user);
 //! - read the BPF maps through fds it already holds: no capability on kernels 6.5 and
-//!   later, but before 6.5 every bpf(2) command needs CAP_BPF while
-//!   `kernel.unprivileged_bpf_disabled` is set (Debian's default), so it is kept.
+//!   later, but before 6.5 every bpf(2) command needs CAP_BPF or CAP_SYS_ADMIN while
+//!   `kernel.unprivileged_bpf_disabled` is set (Debian's default); CAP_SYS_ADMIN, kept
+//!   for setns anyway, covers it.
 //!
-//! Given up: CAP_PERFMON (attaching is done), CAP_NET_ADMIN (the cgroup_skb program is
-//! attached), and everything else root had (CAP_DAC_OVERRIDE, CAP_SETUID, CAP_SYS_MODULE,
-//! CAP_NET_RAW, ...).
+//! Given up: CAP_BPF and CAP_PERFMON (loading and attaching are done, and CAP_SYS_ADMIN
+//! implies both for what is left), CAP_NET_ADMIN (the cgroup_skb program is attached), and
+//! everything else root had (CAP_DAC_OVERRIDE, CAP_SETUID, CAP_SYS_MODULE, CAP_NET_RAW,
+//! CAP_KILL, ...).
 //!
 //! Capabilities belong to threads, not processes, and capset(2) changes only the calling
 //! thread: this must run before any other thread exists, so that every thread created
@@ -22,8 +24,7 @@
 use caps::{CapSet, Capability, CapsHashSet};
 
 /// What the running daemon keeps (see the module comment for why each).
-pub const KEEP: [Capability; 4] = [
-    Capability::CAP_BPF,
+pub const KEEP: [Capability; 3] = [
     Capability::CAP_SYS_ADMIN,
     Capability::CAP_SYS_PTRACE,
     Capability::CAP_DAC_READ_SEARCH,
@@ -33,8 +34,7 @@ pub const KEEP: [Capability; 4] = [
 pub enum DropError {
     #[error(
         "cannot drop capabilities: {0}. Fix: report this; as a stopgap run backlogd with a \
-         capability bounding set of CAP_BPF CAP_PERFMON CAP_NET_ADMIN CAP_SYS_ADMIN \
-         CAP_SYS_PTRACE CAP_DAC_READ_SEARCH"
+         capability bounding set of CAP_SYS_ADMIN CAP_SYS_PTRACE CAP_DAC_READ_SEARCH"
     )]
     Caps(#[from] caps::errors::CapsError),
     #[error(
