@@ -634,3 +634,66 @@ fn systemd_analyze_verifies_the_shipped_unit() {
         .unwrap();
     assert!(value <= 3.5, "exposure rose to {value}: {score}");
 }
+
+#[test]
+fn after_dropping_capabilities_the_daemon_still_sees_other_users_listeners_in_other_namespaces() {
+    if Command::new("busybox").arg("true").output().is_err() {
+        eprintln!(
+            "SKIPPED: needs busybox (Debian busybox-static, installed by `cargo xtask setup`)"
+        );
+        return;
+    }
+    // Listening before the daemon starts, so only the scan (which runs after the drop)
+    // can find it: a listener of user nobody, alone in a namespace of its own.
+    let port = free_port().to_string();
+    let mut child = Command::new("unshare")
+        .args(["--net", "--", "setpriv", "--reuid=65534", "--regid=65534"])
+        .args([
+            "--clear-groups",
+            "--",
+            "busybox",
+            "httpd",
+            "-f",
+            "-p",
+            &port,
+        ])
+        .spawn()
+        .expect("unshare/setpriv (util-linux)");
+    let pid = child.id();
+    let hex_port = format!(":{:04X} ", port.parse::<u16>().unwrap());
+    let deadline = Instant::now() + Duration::from_secs(5);
+    // busybox httpd listens on [::] (tcp6) where IPv6 exists.
+    let listening = || {
+        ["tcp", "tcp6"].iter().any(|f| {
+            std::fs::read_to_string(format!("/proc/{pid}/net/{f}"))
+                .unwrap_or_default()
+                .lines()
+                .any(|l| l.contains(&hex_port) && l.split_whitespace().nth(3) == Some("0A"))
+        })
+    };
+    while !listening() {
+        assert!(Instant::now() < deadline, "busybox httpd did not listen");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let netns = std::fs::read_link(format!("/proc/{pid}/ns/net")).unwrap();
+    let netns = netns
+        .to_string_lossy()
+        .trim_start_matches("net:[")
+        .trim_end_matches(']')
+        .to_owned();
+    let daemon = Daemon::start();
+    let labels = daemon.wait_for("the busybox listener", |s| {
+        s.find("backlogd_listen_backlog_granted", &[("port", &port)])
+            .first()
+            .map(|sample| sample.labels.clone())
+    });
+    child.kill().ok();
+    child.wait().ok();
+    assert_eq!(labels["netns"], netns, "{labels:?}");
+    assert_eq!(
+        labels["pid"],
+        pid.to_string(),
+        "owner not found: {labels:?}"
+    );
+    assert_eq!(labels["comm"], "busybox", "{labels:?}");
+}
