@@ -150,9 +150,19 @@ async fn serve(
     use tokio::signal::unix::{SignalKind, signal};
     let mut sigterm = signal(SignalKind::terminate()).context("installing a SIGTERM handler")?;
     let mut sigint = signal(SignalKind::interrupt()).context("installing a SIGINT handler")?;
-    let mut sighup = signal(SignalKind::hangup()).context("installing a SIGHUP handler")?;
+    // Only a daemon with a config takes SIGHUP: an in-process daemon (`top --standalone`)
+    // leaves it alone, so a closed terminal still ends the program.
+    let mut sighup = match config.source {
+        Some(_) => Some(signal(SignalKind::hangup()).context("installing a SIGHUP handler")?),
+        None => None,
+    };
     let mut current = config.config.clone();
     let web = http_settings.web.describe();
+    let scheme = if http_settings.web.tls.is_some() {
+        "https"
+    } else {
+        "http"
+    };
     let (http_tx, http_rx) = watch::channel(Arc::new(http_settings));
     let (rescan_tx, rescan_rx) = watch::channel(Duration::from_secs(current.rescan_interval));
 
@@ -194,7 +204,7 @@ async fn serve(
     }));
     // The socket has been listening since bind (connections queue in the kernel) and the
     // accept loop now runs: this is the moment a scrape gets an answer.
-    tracing::info!("serving metrics on http://{addr}/metrics ({web})");
+    tracing::info!("serving metrics on {scheme}://{addr}/metrics ({web})");
     notify::ready();
     if let Some(ready) = &config.ready {
         let _ = ready.send(addr);
@@ -218,7 +228,9 @@ async fn serve(
         tokio::select! {
             _ = sigterm.recv() => break Ok("SIGTERM"),
             _ = sigint.recv() => break Ok("SIGINT"),
-            _ = sighup.recv() => reload(config.source.as_ref(), &mut current, &targets),
+            Some(_) = recv_opt(&mut sighup) => {
+                reload(config.source.as_ref(), &mut current, &targets)
+            }
             followed = &mut events => break match followed {
                 Ok(Ok(())) => Err(anyhow::anyhow!("the event loop stopped")),
                 Ok(Err(e)) => Err(e.context("event loop failed")),
@@ -246,6 +258,14 @@ async fn serve(
         w.abort();
     }
     outcome.map(|_| ())
+}
+
+/// The next signal, or never when there is no handler.
+async fn recv_opt(signal: &mut Option<tokio::signal::unix::Signal>) -> Option<()> {
+    match signal {
+        Some(s) => s.recv().await,
+        None => std::future::pending().await,
+    }
 }
 
 /// What a reload can change while running.

@@ -504,7 +504,11 @@ fn tls_from_a_web_config_file() {
         "tls_server_config:\n  cert_file: cert.pem\n  key_file: key.pem\n",
     );
     let daemon = Daemon::start_with(&["--web-config-file", web.to_str().unwrap()]);
-    assert!(daemon.log().contains("TLS on"), "{}", daemon.log());
+    let serving = daemon.wait_for_log("serving metrics on");
+    assert!(
+        serving.contains("https://") && serving.contains("TLS on"),
+        "{serving}"
+    );
     let out = Command::new("curl")
         .args(["-sS", "--max-time", "5", "--cacert"])
         .arg(dir.0.join("cert.pem"))
