@@ -3,6 +3,7 @@
 //! `run` and `test` are the README's two commands; both start with `setup`, which installs
 //! what a fresh machine lacks and is a fast no-op on a prepared one.
 
+mod install;
 mod setup;
 mod vm;
 
@@ -44,6 +45,22 @@ enum Cmd {
     },
     /// Run rustfmt and clippy (-D warnings) on the host crates and the eBPF crate.
     Lint,
+    /// Build and install the daemon: PREFIX/bin/backlogd, the systemd unit, and
+    /// /etc/backlogd/backlogd.toml if it does not exist yet (never overwritten).
+    Install {
+        /// Installation prefix for the binary.
+        #[arg(long, default_value = "/usr/local")]
+        prefix: std::path::PathBuf,
+        /// Install under this directory instead of / (staging, tests).
+        #[arg(long, default_value = "/")]
+        root: std::path::PathBuf,
+        /// Use the existing target/release/backlogd instead of building.
+        #[arg(long)]
+        no_build: bool,
+    },
+    /// Build a Debian package in target/debian/ (binary in /usr/bin, unit in
+    /// /lib/systemd/system, config as a conffile).
+    Deb,
 }
 
 fn main() -> Result<()> {
@@ -72,6 +89,51 @@ fn main() -> Result<()> {
             vm::run(&vm::Options { kernels, modes })
         }
         Cmd::Lint => lint(),
+        Cmd::Install {
+            prefix,
+            root,
+            no_build,
+        } => {
+            if !no_build {
+                setup::run()?;
+                cargo(&["build", "--release", "--package", "backlogd"])?;
+            }
+            let done = install::install(
+                &workspace_root(),
+                &workspace_root().join("target/release/backlogd"),
+                &install::Layout {
+                    root: root.clone(),
+                    prefix,
+                    unit_dir: "/etc/systemd/system".into(),
+                },
+            )?;
+            eprintln!("xtask: installed {}", done.binary.display());
+            eprintln!("xtask: installed {}", done.unit.display());
+            if done.config_written {
+                eprintln!("xtask: installed {} (defaults)", done.config.display());
+            } else {
+                eprintln!("xtask: kept the existing {}", done.config.display());
+            }
+            if root == std::path::Path::new("/") {
+                eprintln!(
+                    "xtask: next: `backlogd check-config`, then \
+                     `systemctl daemon-reload && systemctl enable --now backlogd`"
+                );
+            }
+            Ok(())
+        }
+        Cmd::Deb => {
+            setup::run()?;
+            cargo(&["build", "--release", "--package", "backlogd"])?;
+            let deb = install::deb(
+                &workspace_root(),
+                &workspace_root().join("target/release/backlogd"),
+                env!("CARGO_PKG_VERSION"),
+            )?;
+            run(Command::new("dpkg-deb").arg("--info").arg(&deb))?;
+            eprintln!("xtask: built {}", deb.display());
+            Ok(())
+        }
     }
 }
 
