@@ -87,9 +87,21 @@ struct Retired {
 }
 
 impl Retired {
-    /// Takes this render's members (`now`), retires the members of the last render that
-    /// are gone, and forgets aggregates that have no member left (their series end).
-    fn update(&mut self, now: HashMap<u64, (GroupKey, ProcessKey, ListenerStats)>) {
+    /// Takes this render's members (`now`; figures `None` when the kernel has no entry
+    /// for the listener), retires the members of the last render that are gone, and
+    /// forgets aggregates that have no member left (their series end). A member without
+    /// figures keeps its last ones: a closing listener's kernel entry goes a moment before
+    /// its close event reaches the table, and its counts must not vanish in between.
+    fn update(&mut self, now: HashMap<u64, (GroupKey, ProcessKey, Option<ListenerStats>)>) {
+        let now: HashMap<u64, (GroupKey, ProcessKey, ListenerStats)> = now
+            .into_iter()
+            .map(|(inode, (group, process, stats))| {
+                let stats = stats
+                    .or_else(|| self.last.get(&inode).map(|(_, _, s)| *s))
+                    .unwrap_or_default();
+                (inode, (group, process, stats))
+            })
+            .collect();
         for (inode, (group, process, stats)) in self.last.drain() {
             if !now.contains_key(&inode) {
                 self.groups.entry(group).or_default().add(&stats);
@@ -622,7 +634,7 @@ fn aggregates(
             .map(|(v, l)| {
                 let group = [v[0].clone(), v[1].clone(), v[2].clone()];
                 let process = [v[4].clone(), v[5].clone()];
-                let figures = stats.get(&l.inode).copied().unwrap_or_default();
+                let figures = stats.get(&l.inode).copied();
                 (l.inode, (group, process, figures))
             })
             .collect(),
@@ -648,7 +660,7 @@ fn aggregates(
             processes.entry(process).or_default(),
         ] {
             sum.sockets += 1;
-            if let Some(s) = stats.get(&l.inode) {
+            if let Some((_, _, s)) = retired.last.get(&l.inode) {
                 sum.stats.add(s);
             }
             sum.accept_depth += u64::from(queues.get(&l.inode).map_or(0, |q| q.accept_depth));
@@ -742,4 +754,41 @@ fn label_values(l: &Listener) -> [String; 6] {
 
 fn labels(values: &[String; 6]) -> [(&'static str, &str); 6] {
     std::array::from_fn(|i| (LABELS[i], values[i].as_str()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn member(group: &str, drops: u64) -> (GroupKey, ProcessKey, Option<ListenerStats>) {
+        let stats = ListenerStats {
+            drop_accept_queue_full: drops,
+            ..ListenerStats::default()
+        };
+        (
+            ["1".into(), "127.0.0.1".into(), group.into()],
+            ["9".into(), "nginx".into()],
+            Some(stats),
+        )
+    }
+
+    #[test]
+    fn a_closed_member_keeps_its_counts_even_if_its_kernel_entry_went_first() {
+        let mut r = Retired::default();
+        r.update(HashMap::from([(1, member("80", 90)), (2, member("80", 5))]));
+        // The kernel entry of 1 is gone, its close event not yet applied.
+        let mut gone_entry = member("80", 0);
+        gone_entry.2 = None;
+        r.update(HashMap::from([(1, gone_entry), (2, member("80", 5))]));
+        assert_eq!(r.last[&1].2.drop_accept_queue_full, 90);
+        // Then it leaves the table: the group keeps its 90.
+        r.update(HashMap::from([(2, member("80", 6))]));
+        let group = ["1".into(), "127.0.0.1".into(), "80".into()];
+        assert_eq!(r.groups[&group].drop_accept_queue_full, 90);
+        let process = ["9".into(), "nginx".into()];
+        assert_eq!(r.processes[&process].drop_accept_queue_full, 90);
+        // The last member goes too: the aggregates end.
+        r.update(HashMap::new());
+        assert!(r.groups.is_empty() && r.processes.is_empty());
+    }
 }
