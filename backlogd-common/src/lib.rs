@@ -118,6 +118,9 @@ pub mod segment_kind {
     pub const SYN: u32 = 1;
     /// An ACK handled at the listener: the final ACK of a handshake (or a syncookie ACK).
     pub const ACK: u32 = 2;
+    /// Anything else reaching a listener (RST, IPv6 with extension headers): tracepoint
+    /// mode only, so that drops on its account are still counted.
+    pub const OTHER: u32 = 3;
 }
 
 /// Order of the netns MIB counters in [`SynStash::mib`] and [`KernelOffsets::mib_index`].

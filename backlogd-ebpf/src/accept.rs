@@ -16,10 +16,12 @@ use aya_ebpf::{
     maps::{Array, LruHashMap, PerCpuHashMap},
     programs::TracePointContext,
 };
-use backlogd_common::{ACCEPT_WAIT_BUCKETS, LISTENER_STATS_ENTRIES, QueueState, TCP_LISTEN};
+use backlogd_common::{ACCEPT_WAIT_BUCKETS, LISTENER_STATS_ENTRIES, QueueState};
 
 use crate::{
-    kernel::{KPtr, Result, offset, socket_inode, socket_of_fd, take_pending, tp_field},
+    kernel::{
+        KPtr, Result, is_tcp_listener, offset, socket_inode, socket_of_fd, take_pending, tp_field,
+    },
     syn::update,
 };
 
@@ -66,6 +68,10 @@ pub(crate) fn observe_queues(sk: KPtr, ino: u64) -> Result<()> {
             q.observed_ns = now;
         }
         None => {
+            // As in `syn::update`: no entry for a listener that has closed.
+            if !is_tcp_listener(sk)? {
+                return Ok(());
+            }
             let state = QueueState {
                 accept_depth: accept,
                 accept_hwm: accept,
@@ -87,8 +93,7 @@ pub fn queued(ctx: TracePointContext) -> u32 {
 
 fn try_queued(ctx: &TracePointContext) -> Result<()> {
     let sk = KPtr(tp_field(ctx, offset(|o| &o.tp_data_ready_skaddr))?);
-    let state: u8 = sk.read(offset(|o| &o.sk_state))?;
-    if u32::from(state) != TCP_LISTEN {
+    if !is_tcp_listener(sk)? {
         return Ok(());
     }
     let child = sk
@@ -106,7 +111,7 @@ pub(crate) fn enqueued(sk: KPtr, child: Option<KPtr>) -> Result<()> {
         let now = unsafe { bpf_ktime_get_ns() };
         let _ = QUEUED_AT.insert(child.0, now, 0);
     }
-    update(ino, |s| s.queued += 1);
+    update(sk, ino, |s| s.queued += 1);
     observe_queues(sk, ino)
 }
 
@@ -140,8 +145,7 @@ fn try_accept_exit(ctx: &TracePointContext) -> Result<()> {
 /// `accept()` on `listener` returned `child`.
 #[inline(always)]
 pub(crate) fn accepted(listener: KPtr, child: KPtr) -> Result<()> {
-    let state: u8 = listener.read(offset(|o| &o.sk_state))?;
-    if u32::from(state) != TCP_LISTEN {
+    if !is_tcp_listener(listener)? {
         return Ok(());
     }
     let ino = socket_inode(listener)?;
@@ -150,7 +154,7 @@ pub(crate) fn accepted(listener: KPtr, child: KPtr) -> Result<()> {
     // SAFETY: a plain u64 value.
     let waited = (unsafe { QUEUED_AT.get(child.0) }).map(|&t| now.saturating_sub(t));
     let _ = QUEUED_AT.remove(child.0);
-    update(ino, |s| {
+    update(listener, ino, |s| {
         s.accepted += 1;
         if let Some(ns) = waited {
             s.accept_wait_sum_ns += ns;

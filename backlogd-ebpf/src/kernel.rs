@@ -7,7 +7,7 @@ use aya_ebpf::{
     helpers::{bpf_get_current_task, bpf_probe_read_kernel},
     programs::TracePointContext,
 };
-use backlogd_common::KernelOffsets;
+use backlogd_common::{AF_INET, AF_INET6, IPPROTO_TCP, KernelOffsets, TCP_LISTEN};
 
 /// Filled in by the daemon with `EbpfLoader::override_global`; all zeros in the object file.
 #[unsafe(no_mangle)]
@@ -115,6 +115,19 @@ pub fn offset_at(select: fn(&KernelOffsets) -> &[u32; 4], i: usize) -> usize {
 pub fn socket_inode(sk: KPtr) -> Result<u64> {
     sk.deref(offset(|o| &o.sk_socket))?
         .read(offset(|o| &o.socket_ino))
+}
+
+/// Whether `sk` is a listening TCP socket (IPv4 or IPv6). Unix stream listeners use the
+/// same state value and pass through accept() and sk_data_ready too.
+#[inline(always)]
+pub fn is_tcp_listener(sk: KPtr) -> Result<bool> {
+    let state: u8 = sk.read(offset(|o| &o.sk_state))?;
+    if u32::from(state) != TCP_LISTEN {
+        return Ok(false);
+    }
+    let family: u16 = sk.read(offset(|o| &o.sk_family))?;
+    let protocol: u16 = sk.read(offset(|o| &o.sk_protocol))?;
+    Ok((family == AF_INET || family == AF_INET6) && protocol == IPPROTO_TCP)
 }
 
 /// `struct socket *` behind file descriptor `fd` of the current task:

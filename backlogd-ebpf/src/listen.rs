@@ -21,6 +21,11 @@ use backlogd_common::{
 
 use crate::kernel::{KPtr, Result, offset, socket_of_fd, take_pending, tp_field};
 
+// include/net/tcp_states.h, part of the tracepoint ABI like TCP_LISTEN.
+const TCP_ESTABLISHED: u32 = 1;
+const TCP_SYN_RECV: u32 = 3;
+const TCP_CLOSE: u32 = 7;
+
 #[map]
 static PENDING_LISTEN: LruHashMap<u64, PendingListen> =
     LruHashMap::with_max_entries(PENDING_LISTEN_ENTRIES, 0);
@@ -110,15 +115,22 @@ pub fn listener_state(ctx: TracePointContext) -> u32 {
 }
 
 fn try_listener_state(ctx: &TracePointContext) -> Result<()> {
-    let oldstate: i32 = tp_field(ctx, offset(|o| &o.tp_state_oldstate))?;
-    let newstate: i32 = tp_field(ctx, offset(|o| &o.tp_state_newstate))?;
-    if oldstate as u32 != TCP_LISTEN || newstate as u32 == TCP_LISTEN {
-        return Ok(());
-    }
     let protocol: u16 = tp_field(ctx, offset(|o| &o.tp_state_protocol))?;
     if protocol != IPPROTO_TCP {
         return Ok(());
     }
+    let oldstate: i32 = tp_field(ctx, offset(|o| &o.tp_state_oldstate))?;
+    let newstate: i32 = tp_field(ctx, offset(|o| &o.tp_state_newstate))?;
+    match (oldstate as u32, newstate as u32) {
+        // A listener leaves LISTEN only for CLOSE. (LISTEN -> SYN_RECV is every child
+        // being cloned from its listener: not a listener going away.)
+        (TCP_LISTEN, TCP_CLOSE) => listener_closed(ctx),
+        (TCP_SYN_RECV, TCP_ESTABLISHED) => crate::syn::handshake_completed(),
+        _ => Ok(()),
+    }
+}
+
+fn listener_closed(ctx: &TracePointContext) -> Result<()> {
     let sk = KPtr(tp_field(ctx, offset(|o| &o.tp_state_skaddr))?);
     // A listener still has its struct socket when it leaves LISTEN (tcp_close orphans it
     // only afterwards); if not, ino stays 0 and the daemon's rescan removes the entry.

@@ -34,7 +34,8 @@ use backlogd_common::{
 };
 
 use crate::kernel::{
-    KPtr, Result, cpu_area_offset, launder, offset, offset_at, socket_inode, tp_field,
+    KPtr, Result, cpu_area_offset, is_tcp_listener, launder, offset, offset_at, socket_inode,
+    tp_field,
 };
 
 #[map]
@@ -71,43 +72,69 @@ fn try_listener_ingress(ctx: &SkBuffContext) -> Result<()> {
         return Ok(());
     }
     // SAFETY: non-null socket from the context; rewritten by the verifier.
-    let (state, family) = unsafe { ((*sk).state, (*sk).family) };
+    let state = unsafe { (*sk).state };
     if state != TCP_LISTEN {
         return Ok(());
     }
-    let kind = match tcp_flags(ctx, family)? {
-        f if f & (TCP_FLAG_SYN | TCP_FLAG_ACK | TCP_FLAG_RST) == TCP_FLAG_SYN => segment_kind::SYN,
-        f if f & (TCP_FLAG_SYN | TCP_FLAG_ACK | TCP_FLAG_RST) == TCP_FLAG_ACK => segment_kind::ACK,
-        _ => return Ok(()),
+    let slot = STASH.get_ptr_mut(0).ok_or(-2)?;
+    // The previous segment on this CPU is finished: settle it before anything here can
+    // return early, or this segment's counter deltas would land on it. Ingress runs in
+    // softirq, so none of our release hooks can interleave with it on this CPU.
+    // SAFETY: this CPU's element of STASH.
+    let previous = unsafe { *slot };
+    if previous.skb != 0 {
+        // SAFETY: as above.
+        unsafe { (*slot).skb = 0 };
+        let _ = settle(&previous);
+    }
+    // A segment that is neither a SYN nor an ACK (RST, an IPv6 extension header chain)
+    // still gets a window, so whatever the kernel drops on its account is counted.
+    let kind = match tcp_flags(ctx) {
+        Ok(f) if f & (TCP_FLAG_SYN | TCP_FLAG_ACK | TCP_FLAG_RST) == TCP_FLAG_SYN => {
+            segment_kind::SYN
+        }
+        Ok(f) if f & (TCP_FLAG_SYN | TCP_FLAG_ACK | TCP_FLAG_RST) == TCP_FLAG_ACK => {
+            segment_kind::ACK
+        }
+        _ => segment_kind::OTHER,
     };
     let sk = KPtr(launder(sk.cast::<u8>())?);
     let ino = socket_inode(sk)?;
     let _ = crate::accept::observe_queues(sk, ino);
     let stash = open_window(sk, launder(skb.cast::<u8>())?, ino, kind)?;
+    // SAFETY: as above.
+    unsafe { *slot = stash };
+    Ok(())
+}
+
+/// Tracepoint mode: a child socket just became ESTABLISHED. During a final-ACK window
+/// that means the kernel has put it on the listener's accept queue, so look at the queue
+/// now: the ACK's skb may be released without a tracepoint (`__kfree_skb`), and by the
+/// next ingress accept() may already have drained the peak.
+#[inline(always)]
+pub(crate) fn handshake_completed() -> Result<()> {
     let slot = STASH.get_ptr_mut(0).ok_or(-2)?;
-    // SAFETY: this CPU's element of STASH. Ingress runs in softirq, so none of our
-    // release hooks can interleave with it on this CPU.
-    let previous = unsafe { core::mem::replace(&mut *slot, stash) };
-    if previous.skb != 0 {
-        let _ = settle(&previous);
+    // SAFETY: this CPU's element of STASH; the state change runs inside the window's
+    // softirq, which ingress cannot interrupt.
+    let stash = unsafe { &*slot };
+    if stash.skb != 0 && stash.kind == segment_kind::ACK {
+        crate::accept::observe_queues(KPtr(stash.sk), stash.ino)?;
     }
     Ok(())
 }
 
 /// Function-hook modes: the kernel starts processing `skb` on listener `sk` (`kind` SYN:
 /// `tcp_conn_request`; ACK: `tcp_check_req` or `tcp_get_cookie_sock`, which never nest in
-/// each other or in `tcp_conn_request`). Runs in softirq, so calls of one kind never
-/// interleave on a CPU; a call whose exit hook was missed (kretprobe) is settled here, with
-/// deltas that are still that call's own.
+/// each other or in `tcp_conn_request`). Runs in softirq, so calls never interleave on a
+/// CPU; a call whose exit hook was missed (kretprobe) is settled at the next call of
+/// either kind, with deltas that are still that call's own.
 #[inline(always)]
 pub(crate) fn call_enter(sk: KPtr, skb: u64, kind: u32) -> Result<()> {
+    // Neither kind nests in the other, so a window still open here, of either kind, is
+    // a call that has returned: settle it now, before this call moves the counters.
+    settle_stale(segment_kind::SYN);
+    settle_stale(segment_kind::ACK);
     let slot = call_slot(kind)?;
-    // SAFETY: this CPU's element of CALL_STASH (see above for why nothing interleaves).
-    let stale = unsafe { core::mem::replace(&mut (*slot).skb, 0) };
-    if stale != 0 {
-        // SAFETY: as above.
-        let _ = settle(unsafe { &*slot });
-    }
     let state: u8 = sk.read(offset(|o| &o.sk_state))?;
     if u32::from(state) != TCP_LISTEN {
         return Ok(()); // tcp_check_req on a Fast Open child
@@ -116,6 +143,19 @@ pub(crate) fn call_enter(sk: KPtr, skb: u64, kind: u32) -> Result<()> {
     // SAFETY: as above.
     unsafe { *slot = stash };
     Ok(())
+}
+
+/// Settles this CPU's open window of `kind` if its exit hook never ran.
+#[inline(always)]
+fn settle_stale(kind: u32) {
+    let Ok(slot) = call_slot(kind) else { return };
+    // SAFETY: this CPU's element of CALL_STASH (see call_enter for why nothing
+    // interleaves).
+    let stale = unsafe { core::mem::replace(&mut (*slot).skb, 0) };
+    if stale != 0 {
+        // SAFETY: as above.
+        let _ = settle(unsafe { &*slot });
+    }
 }
 
 /// Function-hook modes: the call [`call_enter`] opened for `kind` on this CPU returned
@@ -158,7 +198,7 @@ pub(crate) fn pending_request_segment(sk: KPtr, skb: KPtr) -> Result<()> {
     let transport: u16 = skb.read(offset(|o| &o.skb_transport_header))?;
     let flags: u8 = KPtr(head).read(usize::from(transport) + 13)?;
     if flags & (TCP_FLAG_SYN | TCP_FLAG_ACK | TCP_FLAG_RST) == TCP_FLAG_SYN {
-        update(socket_inode(sk)?, |s| s.syns += 1);
+        update(sk, socket_inode(sk)?, |s| s.syns += 1);
     }
     Ok(())
 }
@@ -184,22 +224,21 @@ fn open_window(sk: KPtr, skb: u64, ino: u64, kind: u32) -> Result<SynStash> {
     };
     read_mib(net, &mut stash.mib)?;
     if kind == segment_kind::SYN {
-        update(ino, |s| s.syns += 1);
+        update(sk, ino, |s| s.syns += 1);
     }
     Ok(stash)
 }
 
-/// TCP flags of the segment; `family` is AF_INET or AF_INET6 and the packet starts at the
-/// network header in cgroup_skb.
+/// TCP flags of the segment. The packet starts at the network header in cgroup_skb; its
+/// version, not the socket's family, says which: a dual-stack `[::]` listener receives
+/// IPv4 segments.
 #[inline(always)]
-fn tcp_flags(ctx: &SkBuffContext, family: u32) -> Result<u8> {
-    let tcp = if family == 2 {
-        u32::from(load_u8(ctx, 0)? & 0x0f) * 4
-    } else {
-        if load_u8(ctx, 6)? != IPPROTO_TCP {
-            return Err(-22); // extension headers: not worth parsing for a listener
-        }
-        40
+fn tcp_flags(ctx: &SkBuffContext) -> Result<u8> {
+    let first = load_u8(ctx, 0)?;
+    let tcp = match first >> 4 {
+        4 => u32::from(first & 0x0f) * 4,
+        6 if load_u8(ctx, 6)? == IPPROTO_TCP => 40,
+        _ => return Err(-22), // IPv6 extension headers: not worth parsing for a listener
     };
     load_u8(ctx, tcp + 13)
 }
@@ -226,10 +265,16 @@ fn read_mib(net: KPtr, out: &mut [u64; mib::COUNT]) -> Result<()> {
 }
 
 #[inline(always)]
-pub(crate) fn update(ino: u64, f: impl FnOnce(&mut ListenerStats)) {
+pub(crate) fn update(sk: KPtr, ino: u64, f: impl FnOnce(&mut ListenerStats)) {
     let ptr = match LISTENER_STATS.get_ptr_mut(ino) {
         Some(p) => p,
         None => {
+            // A window settled after its listener closed (on another CPU, or at a later
+            // ingress) must not re-create the entry the close removed: nothing would
+            // ever remove it again.
+            if !is_tcp_listener(sk).unwrap_or(false) {
+                return;
+            }
             if LISTENER_STATS
                 .insert(ino, ListenerStats::default(), 0)
                 .is_err()
@@ -297,18 +342,24 @@ fn settle(stash: &SynStash) -> Result<()> {
         return Ok(());
     }
     let kind = stash.kind;
-    update(stash.ino, |s| {
+    update(KPtr(stash.sk), stash.ino, |s| {
         // Every listen drop goes through tcp_listendrop (ListenDrops); the specific
         // counters say why. What they do not explain is "other".
         let explained = overflows + qfull;
-        if kind == segment_kind::SYN {
-            s.drop_accept_queue_full += overflows;
-            s.drop_syn_queue_full += qfull;
-            s.syncookies += cookies;
-        } else {
-            s.drop_final_ack_overflow += overflows;
+        match kind {
+            segment_kind::SYN => {
+                s.drop_accept_queue_full += overflows;
+                s.drop_syn_queue_full += qfull;
+                s.syncookies += cookies;
+                s.drop_other += drops.saturating_sub(explained);
+            }
+            segment_kind::ACK => {
+                s.drop_final_ack_overflow += overflows;
+                s.drop_other += drops.saturating_sub(explained);
+            }
+            // A segment we could not classify: its drops are counted, the reason is not.
+            _ => s.drop_other += drops,
         }
-        s.drop_other += drops.saturating_sub(explained);
     });
     Ok(())
 }
@@ -322,6 +373,6 @@ pub fn synack_retransmit(ctx: TracePointContext) -> u32 {
 fn try_synack_retransmit(ctx: &TracePointContext) -> Result<()> {
     let sk = KPtr(tp_field(ctx, offset(|o| &o.tp_synack_skaddr))?);
     let ino = socket_inode(sk)?;
-    update(ino, |s| s.synack_retransmits += 1);
+    update(sk, ino, |s| s.synack_retransmits += 1);
     Ok(())
 }

@@ -4,10 +4,7 @@ use std::{net::SocketAddr, path::PathBuf};
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::{
-    doctor::findings::Severity,
-    loader::{btf::KERNEL_BTF, modes::HookModeArg},
-};
+use crate::{config::Layer, doctor::findings::Severity};
 
 /// Per-listener TCP listen-queue observability: requested vs granted backlogs, SYN and
 /// accept-queue drops and why, served as Prometheus metrics.
@@ -16,9 +13,10 @@ use crate::{
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
-    /// Log filter (tracing EnvFilter syntax), e.g. `info` or `backlogd=debug`.
-    #[arg(long, global = true, env = "BACKLOGD_LOG", default_value = "info")]
-    pub log: String,
+    /// Log filter (tracing EnvFilter syntax), e.g. `info` or `backlogd=debug`. For `run`
+    /// it overrides the config file's `log` [default: info].
+    #[arg(long, global = true, env = "BACKLOGD_LOG")]
+    pub log: Option<String>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -30,8 +28,25 @@ pub enum Command {
     /// change, most severe first. Exits 1 when a finding at or above --fail-on exists,
     /// 2 on errors.
     Doctor(DoctorArgs),
+    /// Check a config file and print the settings `backlogd run` would use with it and
+    /// these flags (defaults, then the file, then flags); exits non-zero naming the bad key
+    /// or value.
+    CheckConfig(RunArgs),
     /// Live view of every listener: drops by reason, queues, accept wait, sorted by drops.
     Top(TopArgs),
+    /// Remove the state `run --pin-dir` left under bpffs, detaching its programs (for
+    /// uninstalling, or before running without pins).
+    Unpin(UnpinArgs),
+}
+
+/// Where the shipped systemd unit pins.
+pub const DEFAULT_PIN_DIR: &str = "/sys/fs/bpf/backlogd";
+
+#[derive(Debug, Args)]
+pub struct UnpinArgs {
+    /// The directory given to `run --pin-dir`.
+    #[arg(long, value_name = "DIR", default_value = DEFAULT_PIN_DIR)]
+    pub pin_dir: PathBuf,
 }
 
 #[derive(Debug, Args)]
@@ -81,26 +96,11 @@ pub struct DoctorArgs {
 
 #[derive(Debug, Args)]
 pub struct RunArgs {
-    /// Address to serve /metrics, /healthz and the JSON API on (port 0 picks a free one;
-    /// the log says which).
-    #[arg(long, value_name = "HOST:PORT", default_value = "0.0.0.0:9851")]
-    pub listen: SocketAddr,
-    /// Raw BTF of the running kernel, for kernels that do not expose
-    /// /sys/kernel/btf/vmlinux.
-    #[arg(long, value_name = "FILE", default_value = KERNEL_BTF)]
-    pub btf: PathBuf,
-    /// Seconds between sock_diag scans of every network namespace. Events report
-    /// listeners as they come and go; the scan finds those that were listening before
-    /// backlogd started and repairs the table if an event was ever lost.
-    #[arg(long, value_name = "SECONDS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
-    pub rescan_interval: u64,
-    /// Seconds over which queue high-water marks are reported: a queue that filled for
-    /// 50 ms stays visible in `*_max_length` for this long. Keep it at least as long as
-    /// the scrape interval.
-    #[arg(long, value_name = "SECONDS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
-    pub hwm_window: u64,
-    /// How the SYN path is hooked. `auto` picks the best mode the kernel and this build
-    /// support and logs the choice; it is exported as backlogd_hook_mode.
-    #[arg(long, value_enum, default_value_t = HookModeArg::Auto)]
-    pub hook_mode: HookModeArg,
+    /// TOML config file holding any of the settings below (the README lists every key);
+    /// flags given here override it. Without this flag /etc/backlogd/backlogd.toml is read
+    /// if it exists.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    #[command(flatten)]
+    pub settings: Layer,
 }

@@ -3,7 +3,6 @@
 use std::{
     collections::{HashMap, HashSet},
     net::SocketAddr,
-    path::PathBuf,
     sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard},
     time::Duration,
 };
@@ -11,17 +10,23 @@ use std::{
 use anyhow::Context as _;
 use aya::maps::{MapData, RingBuf};
 use backlogd_common::ListenerEvent;
-use tokio::io::{Interest, unix::AsyncFd};
+use tokio::{
+    io::{Interest, unix::AsyncFd},
+    sync::watch,
+};
 
 use crate::{
+    config::{self, Config},
     exporter::{
         http,
         metrics::{KernelMaps, Metrics, SharedMaps},
+        server::{self, HttpSettings},
     },
     listeners::ListenerTable,
-    loader::{self, LoadOptions, modes::HookModeArg},
+    loader::{self, LoadOptions},
     queues::QueueWindows,
     sampling::{self, tcpext},
+    service::{self, notify},
 };
 
 /// State the event loop writes and the exporters read.
@@ -81,71 +86,289 @@ impl Shared {
 pub struct RunConfig {
     /// Told the bound address once the probes are attached and the socket is serving.
     pub ready: Option<std::sync::mpsc::Sender<SocketAddr>>,
-    pub listen: SocketAddr,
-    pub btf: PathBuf,
-    pub rescan_interval: Duration,
-    pub hwm_window: Duration,
-    pub hook_mode: HookModeArg,
+    pub config: Config,
+    /// Where the settings came from, read again on SIGHUP (None: nothing to reload).
+    pub source: Option<config::Source>,
+    /// Applies a new log filter on reload (None where the process's logging is not ours).
+    pub set_log_filter: Option<LogFilterSetter>,
+    /// Give up the capabilities only loading needs once the probes are attached: the
+    /// daemon does; tools running the probes in-process (`top --standalone`) need not.
+    pub drop_privileges: bool,
+    pub worker_threads: usize,
 }
 
-pub async fn run(config: RunConfig) -> anyhow::Result<()> {
-    // Bind first: a taken port should fail before anything touches the kernel.
-    let socket = http::bind(config.listen).await?;
+pub type LogFilterFn = dyn Fn(&str) -> anyhow::Result<()> + Send + Sync;
+pub type LogFilterSetter = Box<LogFilterFn>;
+
+/// Loads and attaches the probes, then serves until SIGTERM/SIGINT. Synchronous on
+/// purpose: capabilities are per thread, so they are dropped here, after attaching and
+/// before the async runtime starts any thread, and every thread it starts inherits the
+/// reduced set.
+pub fn run(config: RunConfig) -> anyhow::Result<()> {
+    // Bind first: a taken port should fail before anything touches the kernel. The web
+    // config too: a typo in it should not cost a probe load.
+    let socket = http::bind(config.config.listen)?;
+    let http_settings = HttpSettings::load(&config.config.http)?;
     let probes = loader::load(&LoadOptions {
-        btf: config.btf,
-        hook_mode: config.hook_mode,
+        btf: config.config.btf.clone(),
+        hook_mode: config.config.hook_mode,
+        pin_dir: config.config.pin_dir.clone(),
     })
     .context("cannot start")?;
     tracing::info!(
         mode = probes.mode.name(),
         kernel_fentry = probes.kernel.fentry,
         kernel_kprobe = probes.kernel.kprobe,
-        "probes attached: listener lifecycle via tracepoints; SYN path in {} mode \
-         (cgroup_skb ingress + skb release tracepoints)",
+        adopted = probes.adopted,
+        "probes attached: listener lifecycle via tracepoints; SYN path in {} mode",
         probes.mode.name()
     );
+    if config.drop_privileges {
+        let kept = service::caps::drop_to_runtime_set()?;
+        tracing::info!(
+            kept = ?kept.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            "dropped every capability the running daemon does not need \
+             (kept: setns for rescans and BPF map access, /proc of other users)"
+        );
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(config.worker_threads)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    let served = runtime.block_on(serve(config, socket, http_settings, probes));
+    // A sock_diag scan on the blocking pool finishes in milliseconds; never wait long.
+    runtime.shutdown_timeout(Duration::from_secs(1));
+    served
+}
+
+async fn serve(
+    config: RunConfig,
+    socket: std::net::TcpListener,
+    http_settings: HttpSettings,
+    probes: loader::Probes,
+) -> anyhow::Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut sigterm = signal(SignalKind::terminate()).context("installing a SIGTERM handler")?;
+    let mut sigint = signal(SignalKind::interrupt()).context("installing a SIGINT handler")?;
+    // Only a daemon with a config takes SIGHUP: an in-process daemon (`top --standalone`)
+    // leaves it alone, so a closed terminal still ends the program.
+    let mut sighup = match config.source {
+        Some(_) => Some(signal(SignalKind::hangup()).context("installing a SIGHUP handler")?),
+        None => None,
+    };
+    let mut current = config.config.clone();
+    let web = http_settings.web.describe();
+    let scheme = if http_settings.web.tls.is_some() {
+        "https"
+    } else {
+        "http"
+    };
+    let (http_tx, http_rx) = watch::channel(Arc::new(http_settings));
+    let (rescan_tx, rescan_rx) = watch::channel(Duration::from_secs(current.rescan_interval));
 
     let shared = Arc::new(Shared::default());
-    let events = tokio::spawn(follow_listener_events(
+    let mut events = tokio::spawn(follow_listener_events(
         probes.listener_events,
         shared.clone(),
     ));
     // Events are flowing, so a listener cannot slip between the scan and them; after this
     // first scan the table also holds what was listening before we started.
     rescan(&shared).await;
-    let rescans = tokio::spawn(rescan_periodically(shared.clone(), config.rescan_interval));
+    let rescans = tokio::spawn(rescan_periodically(shared.clone(), rescan_rx));
     let maps = Arc::new(Mutex::new(KernelMaps {
         events_lost: probes.listener_events_lost,
         listener_stats: probes.listener_stats,
         listener_stats_full: probes.listener_stats_full,
         listener_queues: probes.listener_queues,
         queue_epoch: probes.queue_epoch,
+        programs: probes.programs,
     }));
-    let windows = Arc::new(Mutex::new(QueueWindows::new(config.hwm_window)));
+    let windows = Arc::new(Mutex::new(QueueWindows::new(Duration::from_secs(
+        current.hwm_window,
+    ))));
     let sampler = tokio::spawn(sample_queues(maps.clone(), windows.clone()));
     let metrics = Metrics::new(
         shared.clone(),
         maps,
-        windows,
+        windows.clone(),
         probes.mode,
         probes.kernel,
         probes.enqueue_events,
     );
-    let addr = socket.local_addr()?;
-    tracing::info!("serving metrics on http://{addr}/metrics");
+    let listener =
+        tokio::net::TcpListener::from_std(socket).context("registering the HTTP socket")?;
+    let addr = listener.local_addr()?;
+    let router = server::with_auth(http::router(metrics, shared), http_rx.clone());
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let mut server = tokio::spawn(server::serve(listener, router, http_rx, async move {
+        let _ = stop_rx.await;
+    }));
+    // The socket has been listening since bind (connections queue in the kernel) and the
+    // accept loop now runs: this is the moment a scrape gets an answer.
+    tracing::info!("serving metrics on {scheme}://{addr}/metrics ({web})");
+    notify::ready();
     if let Some(ready) = &config.ready {
         let _ = ready.send(addr);
     }
-    let server = axum::serve(socket, http::router(metrics, shared))
-        .with_graceful_shutdown(shutdown_signal());
-    tokio::select! {
-        served = server => served.context("HTTP server failed")?,
-        followed = events => followed.context("event loop panicked")?.context("event loop failed")?,
+    let watchdog = notify::watchdog_interval().map(|every| {
+        tracing::info!("systemd watchdog on: pinging every {every:?}");
+        tokio::spawn(async move {
+            loop {
+                notify::watchdog();
+                tokio::time::sleep(every).await;
+            }
+        })
+    });
+    let targets = ReloadTargets {
+        set_log_filter: config.set_log_filter.as_deref(),
+        http: &http_tx,
+        rescan: &rescan_tx,
+        windows: &windows,
+    };
+    let outcome = loop {
+        tokio::select! {
+            _ = sigterm.recv() => break Ok("SIGTERM"),
+            _ = sigint.recv() => break Ok("SIGINT"),
+            Some(_) = recv_opt(&mut sighup) => {
+                reload(config.source.as_ref(), &mut current, &targets)
+            }
+            followed = &mut events => break match followed {
+                Ok(Ok(())) => Err(anyhow::anyhow!("the event loop stopped")),
+                Ok(Err(e)) => Err(e.context("event loop failed")),
+                Err(e) => Err(anyhow::Error::from(e).context("event loop panicked")),
+            },
+            served = &mut server => break Err(anyhow::anyhow!("the HTTP server stopped: {served:?}")),
+        }
+    };
+    notify::stopping();
+    match &outcome {
+        Ok(signal) => tracing::info!("{signal}: shutting down"),
+        Err(e) => tracing::error!("shutting down: {e:#}"),
     }
-    rescans.abort();
-    sampler.abort();
-    tracing::info!("shutting down");
-    Ok(())
+    let _ = stop_tx.send(());
+    // server::serve bounds its own wait by the shutdown timeout; this is a backstop.
+    let grace = Duration::from_secs(current.http.shutdown_timeout + 1);
+    if tokio::time::timeout(grace, &mut server).await.is_err() {
+        server.abort();
+    }
+    for task in [rescans, sampler] {
+        task.abort();
+    }
+    events.abort();
+    if let Some(w) = watchdog {
+        w.abort();
+    }
+    outcome.map(|_| ())
+}
+
+/// The next signal, or never when there is no handler.
+async fn recv_opt(signal: &mut Option<tokio::signal::unix::Signal>) -> Option<()> {
+    match signal {
+        Some(s) => s.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// What a reload can change while running.
+struct ReloadTargets<'a> {
+    set_log_filter: Option<&'a LogFilterFn>,
+    http: &'a watch::Sender<Arc<HttpSettings>>,
+    rescan: &'a watch::Sender<Duration>,
+    windows: &'a Arc<Mutex<QueueWindows>>,
+}
+
+/// SIGHUP: reads the config again and applies what can change without reattaching. Any
+/// error keeps the running configuration whole (nothing is half-applied: everything is
+/// checked before anything changes).
+fn reload(source: Option<&config::Source>, current: &mut Config, to: &ReloadTargets<'_>) {
+    notify::reloading();
+    match source {
+        None => tracing::info!("SIGHUP: no config file to reload"),
+        Some(source) => match prepare_reload(source) {
+            Err(e) => tracing::error!(
+                "SIGHUP: config reload failed, keeping the running configuration: {e:#}"
+            ),
+            Ok((new, http)) => apply_reload(source, current, new, http, to),
+        },
+    }
+    notify::ready();
+}
+
+fn prepare_reload(source: &config::Source) -> anyhow::Result<(Config, HttpSettings)> {
+    let new = source.resolve()?;
+    let http = HttpSettings::load(&new.http)?;
+    Ok((new, http))
+}
+
+fn apply_reload(
+    source: &config::Source,
+    current: &mut Config,
+    mut new: Config,
+    http: HttpSettings,
+    to: &ReloadTargets<'_>,
+) {
+    for (key, old, wanted) in current.restart_only_changes(&new) {
+        tracing::warn!(
+            "SIGHUP: `{key}` changed from {old} to {wanted}: it takes effect only after a \
+             restart (`systemctl restart backlogd`); still using {old}"
+        );
+    }
+    // What needs a restart stays as running, so the next reload warns again.
+    new.listen = current.listen;
+    new.btf = current.btf.clone();
+    new.hook_mode = current.hook_mode;
+    let mut changed = Vec::new();
+    if new.log != current.log {
+        match to.set_log_filter {
+            Some(set) => match set(&new.log) {
+                Ok(()) => changed.push(format!("log {:?} -> {:?}", current.log, new.log)),
+                Err(e) => {
+                    tracing::error!("SIGHUP: cannot apply log filter {:?}: {e:#}", new.log);
+                    new.log = current.log.clone();
+                }
+            },
+            None => new.log = current.log.clone(),
+        }
+    }
+    if new.rescan_interval != current.rescan_interval {
+        to.rescan
+            .send_replace(Duration::from_secs(new.rescan_interval));
+        changed.push(format!(
+            "rescan_interval {} -> {}",
+            current.rescan_interval, new.rescan_interval
+        ));
+    }
+    if new.hwm_window != current.hwm_window {
+        to.windows
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .set_window(Duration::from_secs(new.hwm_window));
+        changed.push(format!(
+            "hwm_window {} -> {}",
+            current.hwm_window, new.hwm_window
+        ));
+    }
+    if new.http != current.http {
+        changed.push("http (limits, TLS, users: for new connections)".into());
+    }
+    // Always replaced: the web config file may have changed even if its path did not
+    // (new certificate, new users).
+    to.http.send_replace(Arc::new(http));
+    *current = new;
+    let file = source
+        .file_in_use()
+        .map_or("defaults (no config file)".to_owned(), |p| {
+            p.display().to_string()
+        });
+    tracing::info!(
+        "SIGHUP: configuration reloaded from {file}; changed: {}",
+        if changed.is_empty() {
+            "nothing".to_owned()
+        } else {
+            changed.join(", ")
+        }
+    );
 }
 
 /// Runs the daemon on a background thread serving on a loopback port (for tools that
@@ -154,21 +377,18 @@ pub fn spawn_standalone() -> anyhow::Result<SocketAddr> {
     let (tx, rx) = std::sync::mpsc::channel();
     let config = RunConfig {
         ready: Some(tx),
-        listen: "127.0.0.1:0".parse().expect("literal address"),
-        btf: crate::loader::btf::KERNEL_BTF.into(),
-        rescan_interval: Duration::from_secs(30),
-        hwm_window: Duration::from_secs(60),
-        hook_mode: HookModeArg::Auto,
+        config: Config {
+            listen: "127.0.0.1:0".parse().expect("literal address"),
+            ..Config::default()
+        },
+        source: None,
+        set_log_filter: None,
+        drop_privileges: false,
+        worker_threads: 1,
     };
     let (err_tx, err_rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
-        let result = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-            .map_err(anyhow::Error::from)
-            .and_then(|rt| rt.block_on(run(config)));
-        if let Err(e) = result {
+        if let Err(e) = run(config) {
             let _ = err_tx.send(e);
         }
     });
@@ -235,6 +455,7 @@ async fn rescan(shared: &Arc<Shared>) {
         sources.extend(scan.netns);
     }
     let found = scan.listeners;
+    let listed = scan.listed;
     let unknown: HashSet<u64> = {
         let table = shared.listeners();
         found
@@ -248,7 +469,7 @@ async fn rescan(shared: &Arc<Shared>) {
         .unwrap_or_default();
     let (added, removed) = shared
         .write_listeners()
-        .finish_scan(generation, &found, &owners);
+        .finish_scan(generation, &found, &listed, &owners);
     if added + removed > 0 {
         tracing::info!(
             added,
@@ -276,13 +497,23 @@ async fn sample_queues(maps: SharedMaps, windows: Arc<Mutex<QueueWindows>>) {
     }
 }
 
-async fn rescan_periodically(shared: Arc<Shared>, every: Duration) {
-    let mut tick = tokio::time::interval(every);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    tick.tick().await;
+async fn rescan_periodically(shared: Arc<Shared>, mut every: watch::Receiver<Duration>) {
     loop {
-        tick.tick().await;
-        rescan(&shared).await;
+        let period = *every.borrow_and_update();
+        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => rescan(&shared).await,
+                // A reload changed the interval: start over with the new one.
+                changed = every.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                    break;
+                }
+            }
+        }
     }
 }
 
@@ -292,13 +523,4 @@ fn parse_event(bytes: &[u8]) -> Option<ListenerEvent> {
     }
     // SAFETY: ListenerEvent is repr(C) plain data and `bytes` holds at least one.
     Some(unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<ListenerEvent>()) })
-}
-
-async fn shutdown_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate()).expect("installing SIGTERM handler");
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
-    }
 }

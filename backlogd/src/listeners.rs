@@ -79,17 +79,21 @@ impl ListenerTable {
 
     /// Merges a scan begun with `generation`: adds listeners no event announced (already
     /// listening at startup), drops entries made before the scan that the kernel no longer
-    /// lists (a lost close event). Returns (added, removed).
+    /// lists (a lost close event) in a namespace the scan could list (`listed`: one it
+    /// could not enter, or could not find, says nothing about its listeners). Returns
+    /// (added, removed).
     pub fn finish_scan(
         &mut self,
         generation: u64,
         found: &[DiagListener],
+        listed: &HashSet<u32>,
         owners: &HashMap<u64, Owner>,
     ) -> (usize, usize) {
         let present: HashSet<u64> = found.iter().map(|d| d.inode).collect();
         let before = self.by_inode.len();
-        self.by_inode
-            .retain(|inode, l| l.generation >= generation || present.contains(inode));
+        self.by_inode.retain(|inode, l| {
+            l.generation >= generation || present.contains(inode) || !listed.contains(&l.netns)
+        });
         let removed = before - self.by_inode.len();
         let mut added = 0;
         for d in found {
@@ -171,6 +175,11 @@ mod tests {
         }
     }
 
+    /// The namespaces of `listen()` and `diag()`, both listed by the scan.
+    fn listed() -> HashSet<u32> {
+        HashSet::from([7, 4026531840])
+    }
+
     fn diag(inode: u64) -> DiagListener {
         DiagListener {
             netns: 7,
@@ -232,7 +241,10 @@ mod tests {
                 comm: "sshd".into(),
             },
         )]);
-        assert_eq!(t.finish_scan(g, &[diag(1), diag(2)], &owners), (1, 0));
+        assert_eq!(
+            t.finish_scan(g, &[diag(1), diag(2)], &listed(), &owners),
+            (1, 0)
+        );
         let sshd = t.iter().find(|l| l.inode == 2).unwrap();
         assert_eq!(
             (sshd.requested, sshd.granted, sshd.pid, sshd.comm.as_str()),
@@ -251,8 +263,20 @@ mod tests {
         t.apply(&listen(1, 10, 10)); // its close event was lost
         let g = t.begin_scan();
         t.apply(&listen(2, 10, 10)); // appeared while the scan ran
-        assert_eq!(t.finish_scan(g, &[], &HashMap::new()), (0, 1));
+        assert_eq!(t.finish_scan(g, &[], &listed(), &HashMap::new()), (0, 1));
         assert!(!t.contains(1) && t.contains(2));
+    }
+
+    #[test]
+    fn scan_keeps_listeners_of_namespaces_it_could_not_list() {
+        let mut t = ListenerTable::default();
+        t.apply(&listen(1, 10, 10));
+        let g = t.begin_scan();
+        assert_eq!(
+            t.finish_scan(g, &[], &HashSet::new(), &HashMap::new()),
+            (0, 0)
+        );
+        assert!(t.contains(1));
     }
 
     #[test]
@@ -260,7 +284,10 @@ mod tests {
         let mut t = ListenerTable::default();
         let g = t.begin_scan();
         t.apply(&close(3));
-        assert_eq!(t.finish_scan(g, &[diag(3)], &HashMap::new()), (0, 0));
+        assert_eq!(
+            t.finish_scan(g, &[diag(3)], &listed(), &HashMap::new()),
+            (0, 0)
+        );
         assert_eq!(t.len(), 0);
     }
 }

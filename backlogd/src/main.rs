@@ -1,6 +1,7 @@
 //! backlogd: eBPF-based listen-queue observability daemon and CLI.
 
 mod cli;
+mod config;
 mod daemon;
 mod doctor;
 mod exporter;
@@ -8,6 +9,7 @@ mod listeners;
 mod loader;
 mod queues;
 mod sampling;
+mod service;
 mod tui;
 
 use clap::Parser as _;
@@ -57,39 +59,117 @@ enum Outcome {
     Findings,
 }
 
+type LogHandle = tracing_subscriber::reload::Handle<EnvFilter, tracing_subscriber::Registry>;
+
+/// Logs to stderr (journald adds timestamps of its own, but a terminal needs them too),
+/// through a filter a config reload can replace.
+fn init_logging(filter: &str, quiet: bool) -> LogHandle {
+    use tracing_subscriber::{layer::SubscriberExt as _, util::SubscriberInitExt as _};
+    let filter = EnvFilter::try_new(filter).unwrap_or_else(|_| EnvFilter::new("info"));
+    let (filter, handle) = tracing_subscriber::reload::Layer::new(filter);
+    tracing_subscriber::registry()
+        .with(filter)
+        .with(
+            tracing_subscriber::fmt::layer().with_writer(move || -> Box<dyn std::io::Write> {
+                if quiet {
+                    Box::new(std::io::sink())
+                } else {
+                    Box::new(std::io::stderr())
+                }
+            }),
+        )
+        .init();
+    handle
+}
+
+fn run_daemon(
+    source: config::Source,
+    config: config::Config,
+    log: LogHandle,
+) -> anyhow::Result<()> {
+    match source.file_in_use() {
+        Some(file) => tracing::info!(
+            "configuration: {} (command-line flags override it)",
+            file.display()
+        ),
+        None => tracing::info!(
+            "configuration: built-in defaults and flags ({} does not exist)",
+            source.file.display()
+        ),
+    }
+    daemon::run(daemon::RunConfig {
+        ready: None,
+        config,
+        source: Some(source),
+        set_log_filter: Some(Box::new(move |filter: &str| {
+            let filter = EnvFilter::try_new(filter)?;
+            log.reload(filter)?;
+            Ok(())
+        })),
+        drop_privileges: true,
+        worker_threads: 2,
+    })
+}
+
+fn check_config(source: &config::Source) -> anyhow::Result<()> {
+    let config = source.resolve()?;
+    exporter::server::HttpSettings::load(&config.http)?;
+    match source.file_in_use() {
+        Some(file) => println!(
+            "# {}: OK. Effective settings (file, then flags):",
+            file.display()
+        ),
+        None => println!(
+            "# {} does not exist: built-in defaults and flags. Effective settings:",
+            source.file.display()
+        ),
+    }
+    print!("{}", config.to_toml());
+    Ok(())
+}
+
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     // The terminal view owns the screen: logs would tear it.
     let quiet = matches!(&cli.command, Command::Top(t) if !t.once && !t.json);
-    tracing_subscriber::fmt()
-        .with_env_filter(EnvFilter::try_new(&cli.log).unwrap_or_else(|_| EnvFilter::new("info")))
-        .with_writer(move || -> Box<dyn std::io::Write> {
-            if quiet {
-                Box::new(std::io::sink())
-            } else {
-                Box::new(std::io::stderr())
-            }
-        })
-        .init();
+    let cli_log = cli.log.clone();
     let result = match cli.command {
-        Command::Run(args) => tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .map_err(anyhow::Error::from)
-            .and_then(|rt| {
-                rt.block_on(daemon::run(daemon::RunConfig {
-                    ready: None,
-                    listen: args.listen,
-                    btf: args.btf,
-                    rescan_interval: std::time::Duration::from_secs(args.rescan_interval),
-                    hwm_window: std::time::Duration::from_secs(args.hwm_window),
-                    hook_mode: args.hook_mode,
-                }))
-            })
-            .map(|()| Outcome::Clean),
-        Command::Doctor(args) => doctor_cmd(&args),
-        Command::Top(args) => top(&args).map(|()| Outcome::Clean),
+        Command::Run(args) => {
+            let source = config::Source::new(
+                args.config,
+                config::Layer {
+                    log: cli_log,
+                    ..args.settings
+                },
+            );
+            match source.resolve() {
+                Ok(config) => {
+                    let log = init_logging(&config.log, quiet);
+                    run_daemon(source, config, log).map(|()| Outcome::Clean)
+                }
+                Err(e) => Err(e.into()),
+            }
+        }
+        Command::CheckConfig(args) => check_config(&config::Source::new(
+            args.config,
+            config::Layer {
+                log: cli_log,
+                ..args.settings
+            },
+        ))
+        .map(|()| Outcome::Clean),
+        Command::Doctor(args) => {
+            init_logging(cli_log.as_deref().unwrap_or("info"), quiet);
+            doctor_cmd(&args)
+        }
+        Command::Top(args) => {
+            init_logging(cli_log.as_deref().unwrap_or("info"), quiet);
+            top(&args).map(|()| Outcome::Clean)
+        }
+        Command::Unpin(args) => {
+            init_logging(cli_log.as_deref().unwrap_or("info"), quiet);
+            loader::unpin(&args.pin_dir).map(|()| Outcome::Clean)
+        }
     };
     match result {
         Ok(Outcome::Clean) => std::process::ExitCode::SUCCESS,

@@ -79,6 +79,12 @@ impl QueueWindows {
     }
 
     /// The current epoch, for merging entries outside `sample` (see [`merge`]).
+    /// Changes the window (config reload); samples older than the new window age out at
+    /// the next sample.
+    pub fn set_window(&mut self, window: Duration) {
+        self.window = window;
+    }
+
     pub fn epoch(&self) -> u32 {
         self.epoch
     }

@@ -56,8 +56,18 @@ impl Daemon {
     }
 
     pub fn start_with(extra: &[&str]) -> Self {
+        Self::start_env(extra, &[])
+    }
+
+    /// `backlogd run` with `extra` arguments (plus `--listen 127.0.0.1:0` unless they
+    /// give one or a `--config` file that may) and environment, waiting until it serves.
+    pub fn start_env(extra: &[&str], env: &[(&str, &str)]) -> Self {
         let mut command = Command::new(binary());
-        command.args(["run", "--listen", "127.0.0.1:0"]).args(extra);
+        command.arg("run");
+        if !extra.contains(&"--listen") && !extra.contains(&"--config") {
+            command.args(["--listen", "127.0.0.1:0"]);
+        }
+        command.args(extra).envs(env.iter().copied());
         if let Some(mode) = hook_mode().filter(|_| !extra.contains(&"--hook-mode")) {
             command.args(["--hook-mode", &mode]);
         }
@@ -74,8 +84,9 @@ impl Daemon {
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
                 if let Some(addr) = line
-                    .split("serving metrics on http://")
+                    .split("serving metrics on http")
                     .nth(1)
+                    .and_then(|rest| rest.trim_start_matches('s').strip_prefix("://"))
                     .and_then(|rest| rest.split('/').next())
                     .and_then(|a| a.parse::<SocketAddr>().ok())
                 {
@@ -103,6 +114,46 @@ impl Daemon {
         self.child.id()
     }
 
+    pub fn signal(&self, signal: i32) {
+        // SAFETY: plain kill(2) on our own child's pid.
+        assert_eq!(
+            unsafe { libc::kill(self.child.id() as i32, signal) },
+            0,
+            "kill"
+        );
+    }
+
+    /// Waits up to `limit` for the daemon to exit; its status, or None if still running.
+    pub fn wait_exit(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            if Instant::now() > deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Waits up to 10 s for a log line containing `needle`; panics with the log otherwise.
+    pub fn wait_for_log(&self, needle: &str) -> String {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(line) = self.log().lines().find(|l| l.contains(needle)) {
+                return line.to_owned();
+            }
+            if Instant::now() > deadline {
+                panic!(
+                    "no log line containing {needle:?} within 10 s; log:\n{}",
+                    self.log()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// SIGKILL, no chance to clean up.
     pub fn kill_hard(mut self) {
         self.child.kill().expect("SIGKILL");
@@ -115,16 +166,24 @@ impl Daemon {
     /// (Kernels before 6.7 do not count these skips and always report 0.)
     pub fn missed_runs(&self) -> u64 {
         let dir = format!("/proc/{}/fdinfo", self.pid());
+        let field = |info: &str, name: &str| -> Option<u64> {
+            info.lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|n| n.trim().parse().ok())
+        };
+        // The daemon may hold several fds of one program: count each program once.
         std::fs::read_dir(&dir)
             .unwrap_or_else(|e| panic!("{dir}: {e}"))
             .flatten()
             .filter_map(|fd| std::fs::read_to_string(fd.path()).ok())
-            .filter(|info| info.contains("prog_id:"))
             .filter_map(|info| {
-                info.lines()
-                    .find_map(|l| l.strip_prefix("recursion_misses:"))
-                    .and_then(|n| n.trim().parse::<u64>().ok())
+                Some((
+                    field(&info, "prog_id:")?,
+                    field(&info, "recursion_misses:")?,
+                ))
             })
+            .collect::<std::collections::HashMap<u64, u64>>()
+            .values()
             .sum()
     }
 

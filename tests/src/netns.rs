@@ -143,6 +143,46 @@ impl Netns {
         );
     }
 
+    /// Starts counting the SYNs that arrive for TCP port `port` (an nft counter on the
+    /// input hook, which every segment passes before TCP sees it): the kernel's own count
+    /// of SYNs reaching the listener, unaffected by when clients read their statistics.
+    pub fn count_incoming_syns(&self, port: u16) {
+        self.command("nft", &["add", "table", "inet", "backlogd_count"]);
+        self.command(
+            "nft",
+            &[
+                "add",
+                "chain",
+                "inet",
+                "backlogd_count",
+                "input",
+                "{ type filter hook input priority -10; }",
+            ],
+        );
+        let rule = format!("tcp dport {port} tcp flags & (syn|ack|rst) == syn counter");
+        self.command(
+            "nft",
+            &["add", "rule", "inet", "backlogd_count", "input"]
+                .into_iter()
+                .chain(rule.split(' '))
+                .collect::<Vec<_>>(),
+        );
+    }
+
+    /// SYNs counted since [`Netns::count_incoming_syns`].
+    pub fn incoming_syns(&self) -> u64 {
+        let out = self.command("nft", &["-j", "list", "table", "inet", "backlogd_count"]);
+        let json: serde_json::Value = serde_json::from_str(&out).expect("nft JSON");
+        json["nftables"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|item| item["rule"]["expr"].as_array())
+            .flatten()
+            .find_map(|expr| expr["counter"]["packets"].as_u64())
+            .unwrap_or_else(|| panic!("no SYN counter in: {out}"))
+    }
+
     /// Removes every rule [`Netns::drop_incoming`] added.
     pub fn stop_dropping(&self) {
         self.command("nft", &["delete", "table", "inet", "backlogd_test"]);

@@ -285,7 +285,10 @@ fn compare(
         let inode = m.inode.to_string();
         let mut labels = vec![("socket", inode.as_str())];
         labels.extend_from_slice(extra);
-        scrape.value(metric, &labels).unwrap_or(f64::NAN) as u64
+        // A missing series is a defect, not a zero.
+        scrape
+            .value(metric, &labels)
+            .unwrap_or_else(|| panic!("scenario {name}: no {metric} {labels:?}")) as u64
     };
     let sum = |metric: &str, extra: &[(&str, &str)]| -> u64 {
         members.iter().map(|m| get(metric, m, extra)).sum()

@@ -84,3 +84,54 @@ fn sigkill_leaves_no_program_attached_or_loaded() {
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+/// `backlogd_probe_missed_runs_total` is the kernel's `recursion_misses` summed over the
+/// daemon's counting programs (those using its LISTENER_STATS map), present exactly when
+/// the kernel reports that figure.
+#[test]
+fn missed_runs_metric_is_the_kernels_recursion_misses() {
+    let daemon = Daemon::start();
+    let json = |args: &[&str]| -> serde_json::Value {
+        let out = Command::new("bpftool")
+            .arg("--json")
+            .args(args)
+            .output()
+            .expect("running bpftool");
+        assert!(out.status.success(), "bpftool {args:?}: {out:?}");
+        serde_json::from_slice(&out.stdout).expect("bpftool JSON")
+    };
+    let ours = programs_of(daemon.pid());
+    let mut kernel: Option<u64> = None;
+    for prog in json(&["prog", "show"]).as_array().expect("program list") {
+        let id = prog["id"].as_u64().expect("program id");
+        if !ours.contains(&id) {
+            continue;
+        }
+        let counts = prog["map_ids"].as_array().into_iter().flatten().any(|m| {
+            let map = json(&["map", "show", "id", &m.to_string()]);
+            map["name"].as_str() == Some("LISTENER_STATS")
+        });
+        if !counts {
+            continue;
+        }
+        let fdinfo = std::fs::read_dir(format!("/proc/{}/fdinfo", daemon.pid()))
+            .expect("fdinfo")
+            .flatten()
+            .filter_map(|fd| std::fs::read_to_string(fd.path()).ok())
+            .find(|info| info.lines().any(|l| l == format!("prog_id:\t{id}")))
+            .expect("fdinfo of our program");
+        if let Some(misses) = fdinfo
+            .lines()
+            .find_map(|l| l.strip_prefix("recursion_misses:"))
+            .and_then(|n| n.trim().parse::<u64>().ok())
+        {
+            *kernel.get_or_insert(0) += misses;
+        }
+    }
+    let ours = daemon
+        .scrape()
+        .value("backlogd_probe_missed_runs_total", &[])
+        .map(|v| v as u64);
+    eprintln!("recursion misses: kernel {kernel:?}, backlogd {ours:?}");
+    assert_eq!(ours, kernel);
+}

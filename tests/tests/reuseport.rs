@@ -133,4 +133,36 @@ fn stalled_member_of_a_four_socket_group_stands_out_and_matches_the_kernel() {
         missed,
         "group accepted",
     );
+
+    // The stalled member closes (its connections are reset): the group's and the
+    // process's counters keep what it counted, so they never go down.
+    let group_drops_of = |scrape: &backlogd_tests::Scrape, labels: &[(&str, &str)], name| {
+        DROP_REASONS
+            .iter()
+            .map(|r| {
+                let mut l = labels.to_vec();
+                l.push(("reason", r));
+                scrape
+                    .value(name, &l)
+                    .unwrap_or_else(|| panic!("no {name} {l:?}")) as u64
+            })
+            .sum::<u64>()
+    };
+    let pid = std::process::id().to_string();
+    let process = [("pid", pid.as_str())];
+    let process_before = group_drops_of(&scrape, &process, "backlogd_process_drops_total");
+    drop(members.remove(0));
+    let after = daemon.wait_for("the closed member to leave its group", |s| {
+        (s.value("backlogd_listen_group_listeners", &group) == Some(3.0)).then(|| s.clone())
+    });
+    assert_eq!(
+        group_drops_of(&after, &group, "backlogd_listen_group_drops_total"),
+        group_drops,
+        "group drops after a member closed"
+    );
+    assert_eq!(
+        group_drops_of(&after, &process, "backlogd_process_drops_total"),
+        process_before,
+        "process drops after a member closed"
+    );
 }

@@ -3,7 +3,7 @@
 //! clients themselves sent. Each test owns its namespace, so the namespace's counters are
 //! this listener's alone.
 
-use std::time::Duration;
+use std::{net::SocketAddr, time::Duration};
 
 use backlogd_tests::{
     Daemon, Netns, Scrape,
@@ -107,21 +107,33 @@ fn setup(sysctls: &[(&str, &str)], bind: &str, backlog: i32) -> (Daemon, Netns, 
 
 #[test]
 fn accept_queue_full_drops_equal_listen_overflows_and_sk_drops() {
-    accept_queue_full("127.0.0.1:0");
+    accept_queue_full("127.0.0.1:0", None);
 }
 
 #[test]
 fn accept_queue_full_on_ipv6_is_counted_the_same() {
-    accept_queue_full("[::1]:0");
+    accept_queue_full("[::1]:0", None);
 }
 
-fn accept_queue_full(bind: &str) {
+/// A dual-stack `[::]` listener gets IPv4 segments on an IPv6 socket.
+#[test]
+fn accept_queue_full_on_dual_stack_listener_from_ipv4_is_counted_the_same() {
+    accept_queue_full("[::]:0", Some("127.0.0.1"));
+}
+
+/// Connects to `connect_ip` (default: the bound address) at the listener's port.
+fn target(listener: &Listener, connect_ip: Option<&str>) -> SocketAddr {
+    let ip = connect_ip.map_or(listener.addr.ip(), |ip| ip.parse().expect("IP address"));
+    SocketAddr::new(ip, listener.addr.port())
+}
+
+fn accept_queue_full(bind: &str, connect_ip: Option<&str>) {
     // Backlog 4, never accept(): five handshakes complete (the queue is full only above
     // the backlog), every later SYN is dropped.
     let (daemon, ns, listener) = setup(&[("net.ipv4.tcp_syncookies", "0")], bind, 4);
     let before = tcp_ext(&ns);
     let skips = daemon.missed_runs();
-    let clients = connect_burst(&ns, listener.addr, 30);
+    let clients = connect_burst(&ns, target(&listener, connect_ip), 30);
     // Long enough for the first SYN retransmission (1 s) to be dropped too.
     std::thread::sleep(Duration::from_millis(1500));
     let sent: u64 = clients.iter().map(syns_sent).sum();
@@ -209,22 +221,23 @@ fn syncookies_sent_equal_reqq_full_do_cookies() {
 
 /// Handshakes held at the final ACK, then released together into an accept queue with
 /// room for only some of them.
-fn final_ack_overflow(abort_on_overflow: &str) {
+fn final_ack_overflow(abort_on_overflow: &str, bind: &str, connect_ip: Option<&str>) {
     // Backlog 8: the accept queue holds 9, the SYN queue 8 pending requests.
     let (daemon, ns, listener) = setup(
         &[
             ("net.ipv4.tcp_syncookies", "0"),
             ("net.ipv4.tcp_abort_on_overflow", abort_on_overflow),
         ],
-        "127.0.0.1:0",
+        bind,
         8,
     );
+    let to = target(&listener, connect_ip);
     let before = tcp_ext(&ns);
     let skips = daemon.missed_runs();
-    let queued = connect_burst(&ns, listener.addr, 5);
+    let queued = connect_burst(&ns, to, 5);
     std::thread::sleep(Duration::from_millis(200));
     ns.drop_incoming("ack");
-    let held = connect_burst(&ns, listener.addr, 8);
+    let held = connect_burst(&ns, to, 8);
     std::thread::sleep(Duration::from_millis(200));
     ns.stop_dropping();
     // The listener retransmits its SYN-ACKs after 1 s; the clients' ACKs then arrive
@@ -251,10 +264,15 @@ fn final_ack_overflow(abort_on_overflow: &str) {
 
 #[test]
 fn final_ack_overflow_equals_listen_overflows_and_synack_retransmits() {
-    final_ack_overflow("0");
+    final_ack_overflow("0", "127.0.0.1:0", None);
 }
 
 #[test]
 fn final_ack_overflow_with_abort_on_overflow_is_counted_the_same() {
-    final_ack_overflow("1");
+    final_ack_overflow("1", "127.0.0.1:0", None);
+}
+
+#[test]
+fn final_ack_overflow_on_dual_stack_listener_from_ipv4_is_counted_the_same() {
+    final_ack_overflow("0", "[::]:0", Some("127.0.0.1"));
 }

@@ -4,6 +4,7 @@
 //! what a fresh machine lacks and is a fast no-op on a prepared one.
 
 mod bench;
+mod install;
 mod setup;
 mod vm;
 
@@ -48,7 +49,7 @@ enum Cmd {
     /// Measure overhead, capacity and scale (as root); prints a markdown report and writes
     /// it to target/bench/results.md.
     Bench {
-        /// Shorter runs and a smaller scale (about 3 minutes instead of 15).
+        /// Shorter runs and a smaller scale (about 1 minute instead of 4).
         #[arg(long)]
         quick: bool,
         /// Internal: hold COUNT connections to PORTS listeners from FIRST_PORT on
@@ -56,6 +57,22 @@ enum Cmd {
         #[arg(long, hide = true, value_name = "COUNT,FIRST_PORT,PORTS")]
         hold: Option<String>,
     },
+    /// Build and install the daemon: PREFIX/bin/backlogd, the systemd unit, and
+    /// /etc/backlogd/backlogd.toml if it does not exist yet (never overwritten).
+    Install {
+        /// Installation prefix for the binary.
+        #[arg(long, default_value = "/usr/local")]
+        prefix: std::path::PathBuf,
+        /// Install under this directory instead of / (staging, tests).
+        #[arg(long, default_value = "/")]
+        root: std::path::PathBuf,
+        /// Use the existing target/release/backlogd instead of building.
+        #[arg(long)]
+        no_build: bool,
+    },
+    /// Build a Debian package in target/debian/ (binary in /usr/bin, unit in
+    /// /lib/systemd/system, config as a conffile).
+    Deb,
 }
 
 fn main() -> Result<()> {
@@ -91,6 +108,51 @@ fn main() -> Result<()> {
             setup::run()?;
             cargo(&["build", "--release", "--package", "backlogd"])?;
             bench::run(quick)
+        }
+        Cmd::Install {
+            prefix,
+            root,
+            no_build,
+        } => {
+            if !no_build {
+                setup::run()?;
+                cargo(&["build", "--release", "--package", "backlogd"])?;
+            }
+            let done = install::install(
+                &workspace_root(),
+                &workspace_root().join("target/release/backlogd"),
+                &install::Layout {
+                    root: root.clone(),
+                    prefix,
+                    unit_dir: "/etc/systemd/system".into(),
+                },
+            )?;
+            eprintln!("xtask: installed {}", done.binary.display());
+            eprintln!("xtask: installed {}", done.unit.display());
+            if done.config_written {
+                eprintln!("xtask: installed {} (defaults)", done.config.display());
+            } else {
+                eprintln!("xtask: kept the existing {}", done.config.display());
+            }
+            if root == std::path::Path::new("/") {
+                eprintln!(
+                    "xtask: next: `backlogd check-config`, then \
+                     `systemctl daemon-reload && systemctl enable --now backlogd`"
+                );
+            }
+            Ok(())
+        }
+        Cmd::Deb => {
+            setup::run()?;
+            cargo(&["build", "--release", "--package", "backlogd"])?;
+            let deb = install::deb(
+                &workspace_root(),
+                &workspace_root().join("target/release/backlogd"),
+                env!("CARGO_PKG_VERSION"),
+            )?;
+            run(Command::new("dpkg-deb").arg("--info").arg(&deb))?;
+            eprintln!("xtask: built {}", deb.display());
+            Ok(())
         }
     }
 }

@@ -9,7 +9,8 @@ use anyhow::{Context as _, Result, bail};
 /// Debian packages the build or the tests run: `ip`/`ss` (iproute2), `setpriv`
 /// (util-linux), `prometheus` and `promtool`, `nft` (nftables: tests hold handshakes
 /// open), `bpftool`, `nginx` and `wrk` (the real-world experiment), `tmux` (the terminal view's
-/// test); for the kernel matrix: qemu, a static busybox, cpio for the initramfs, and kmod
+/// test), `systemd-analyze` (systemd: the unit's verify and security score), `openssl` and
+/// `curl` (the TLS test); for the kernel matrix: qemu, a static busybox, cpio for the initramfs, and kmod
 /// (depmod/modprobe resolve the guest's module dependencies); `bpftrace` (the benchmark's
 /// comparison with a hand-written script).
 const DEBIAN_PACKAGES: &[&str] = &[
@@ -21,6 +22,9 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "nginx-light",
     "wrk",
     "tmux",
+    "systemd",
+    "openssl",
+    "curl",
     "qemu-system-x86",
     "busybox-static",
     "cpio",

@@ -53,6 +53,7 @@ const GUEST_SUITES: &[(&str, Option<&str>)] = &[
     ("accept_queue", None),
     ("reuseport", None),
     ("lifecycle", None),
+    ("pinning", None),
 ];
 
 /// Host tools the suites run, copied into the guest with their shared libraries.

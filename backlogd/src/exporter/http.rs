@@ -5,7 +5,6 @@ use std::{net::SocketAddr, sync::Arc};
 use axum::{
     Json, Router, extract::State, http::header::CONTENT_TYPE, response::IntoResponse, routing::get,
 };
-use tokio::net::TcpListener;
 
 use super::{
     metrics::{Metrics, Snapshot},
@@ -34,13 +33,16 @@ pub enum BindError {
     },
 }
 
-pub async fn bind(addr: SocketAddr) -> Result<TcpListener, BindError> {
-    TcpListener::bind(addr)
-        .await
-        .map_err(|source| match source.kind() {
-            std::io::ErrorKind::AddrInUse => BindError::InUse { addr },
-            _ => BindError::Other { addr, source },
-        })
+/// Binds before the async runtime exists (the daemon drops capabilities before starting
+/// its threads); `tokio::net::TcpListener::from_std` takes it over later.
+pub fn bind(addr: SocketAddr) -> Result<std::net::TcpListener, BindError> {
+    let map = |source: std::io::Error| match source.kind() {
+        std::io::ErrorKind::AddrInUse => BindError::InUse { addr },
+        _ => BindError::Other { addr, source },
+    };
+    let listener = std::net::TcpListener::bind(addr).map_err(map)?;
+    listener.set_nonblocking(true).map_err(map)?;
+    Ok(listener)
 }
 
 struct AppState {

@@ -4,10 +4,14 @@
 
 use std::{
     collections::{BTreeMap, HashMap},
+    os::fd::{AsFd as _, AsRawFd as _},
     sync::{Arc, Mutex},
 };
 
-use aya::maps::{Array, MapData, PerCpuArray, PerCpuHashMap, PerCpuValues};
+use aya::{
+    maps::{Array, MapData, PerCpuArray, PerCpuHashMap, PerCpuValues},
+    programs::ProgramFd,
+};
 use backlogd_common::{ACCEPT_WAIT_BUCKETS, ListenerStats, QueueState};
 use serde::{Deserialize, Serialize};
 
@@ -32,6 +36,25 @@ pub struct KernelMaps {
     pub listener_queues: PerCpuHashMap<MapData, u64, QueueState>,
     /// Sampling epoch the kernel tags queue maxima with.
     pub queue_epoch: Array<MapData, u32>,
+    /// backlogd's attached programs, for the runs the kernel skipped.
+    pub programs: Vec<ProgramFd>,
+}
+
+/// Runs of `programs` the kernel skipped (`recursion_misses` in their fdinfo); `None` when
+/// this kernel does not report it.
+fn missed_runs(programs: &[ProgramFd]) -> Option<u64> {
+    let mut total = None;
+    for prog in programs {
+        let info =
+            std::fs::read_to_string(format!("/proc/self/fdinfo/{}", prog.as_fd().as_raw_fd()))
+                .ok()?;
+        let misses = info
+            .lines()
+            .find_map(|l| l.strip_prefix("recursion_misses:"))
+            .and_then(|n| n.trim().parse::<u64>().ok())?;
+        *total.get_or_insert(0) += misses;
+    }
+    total
 }
 
 pub type SharedMaps = Arc<Mutex<KernelMaps>>;
@@ -44,6 +67,53 @@ pub struct Metrics {
     kernel: KernelSupport,
     /// Queued counts and accept waits are only exported when enqueue events are seen.
     enqueue_events: bool,
+    retired: Mutex<Retired>,
+}
+
+/// Group label values (netns, address, port) and process label values (pid, comm).
+type GroupKey = [String; 3];
+type ProcessKey = [String; 2];
+
+/// What closed members contributed to the group and process counters, so those
+/// `_total`s never go down when a member closes (a decrease reads as a counter reset to
+/// `rate()`: a spike the size of the whole counter). A member counts with the figures the
+/// last render saw; anything it counted after that and before closing is not in the sums.
+#[derive(Default)]
+struct Retired {
+    /// Every listener of the last render, with its aggregates and figures.
+    last: HashMap<u64, (GroupKey, ProcessKey, ListenerStats)>,
+    groups: HashMap<GroupKey, ListenerStats>,
+    processes: HashMap<ProcessKey, ListenerStats>,
+}
+
+impl Retired {
+    /// Takes this render's members (`now`; figures `None` when the kernel has no entry
+    /// for the listener), retires the members of the last render that are gone, and
+    /// forgets aggregates that have no member left (their series end). A member without
+    /// figures keeps its last ones: a closing listener's kernel entry goes a moment before
+    /// its close event reaches the table, and its counts must not vanish in between.
+    fn update(&mut self, now: HashMap<u64, (GroupKey, ProcessKey, Option<ListenerStats>)>) {
+        let now: HashMap<u64, (GroupKey, ProcessKey, ListenerStats)> = now
+            .into_iter()
+            .map(|(inode, (group, process, stats))| {
+                let stats = stats
+                    .or_else(|| self.last.get(&inode).map(|(_, _, s)| *s))
+                    .unwrap_or_default();
+                (inode, (group, process, stats))
+            })
+            .collect();
+        for (inode, (group, process, stats)) in self.last.drain() {
+            if !now.contains_key(&inode) {
+                self.groups.entry(group).or_default().add(&stats);
+                self.processes.entry(process).or_default().add(&stats);
+            }
+        }
+        self.groups
+            .retain(|g, _| now.values().any(|(group, _, _)| group == g));
+        self.processes
+            .retain(|p, _| now.values().any(|(_, process, _)| process == p));
+        self.last = now;
+    }
 }
 
 fn sum(map: &PerCpuArray<MapData, u64>, name: &str) -> u64 {
@@ -211,6 +281,7 @@ impl Metrics {
             mode,
             kernel,
             enqueue_events,
+            retired: Mutex::default(),
         }
     }
 
@@ -439,7 +510,9 @@ impl Metrics {
             }
         }
 
-        aggregates(&mut e, &rows, &stats, &queues);
+        let mut retired = self.retired.lock().unwrap_or_else(|e| e.into_inner());
+        aggregates(&mut e, &rows, &stats, &queues, &mut retired);
+        drop(retired);
 
         netns_counters(&mut e, &namespaces);
 
@@ -464,6 +537,21 @@ impl Metrics {
             "Per-listener counter updates lost because the kernel map of listeners was full.",
         );
         e.sample("backlogd_listener_stats_full_total", &[], stats_full);
+        let missed = {
+            let maps = self.maps.lock().unwrap_or_else(|e| e.into_inner());
+            missed_runs(&maps.programs)
+        };
+        if let Some(missed) = missed {
+            e.family(
+                "backlogd_probe_missed_runs_total",
+                Kind::Counter,
+                "Runs of backlogd's eBPF programs the kernel skipped to avoid recursion \
+                 (another BPF program or a BPF map syscall was running on the CPU; kprobe \
+                 and tracepoint programs are counted since Linux 6.7). Non-zero: counts of \
+                 that interval may be short.",
+            );
+            e.sample("backlogd_probe_missed_runs_total", &[], missed);
+        }
 
         e.family(
             "backlogd_hook_mode",
@@ -539,7 +627,18 @@ fn aggregates(
     rows: &[([String; 6], &Listener)],
     stats: &HashMap<u64, ListenerStats>,
     queues: &HashMap<u64, QueueFigures>,
+    retired: &mut Retired,
 ) {
+    retired.update(
+        rows.iter()
+            .map(|(v, l)| {
+                let group = [v[0].clone(), v[1].clone(), v[2].clone()];
+                let process = [v[4].clone(), v[5].clone()];
+                let figures = stats.get(&l.inode).copied();
+                (l.inode, (group, process, figures))
+            })
+            .collect(),
+    );
     #[derive(Default)]
     struct Sum {
         sockets: u64,
@@ -561,10 +660,22 @@ fn aggregates(
             processes.entry(process).or_default(),
         ] {
             sum.sockets += 1;
-            if let Some(s) = stats.get(&l.inode) {
+            if let Some((_, _, s)) = retired.last.get(&l.inode) {
                 sum.stats.add(s);
             }
             sum.accept_depth += u64::from(queues.get(&l.inode).map_or(0, |q| q.accept_depth));
+        }
+    }
+    for (labels, sum) in &mut groups {
+        let key = [labels[0].1, labels[1].1, labels[2].1].map(str::to_owned);
+        if let Some(gone) = retired.groups.get(&key) {
+            sum.stats.add(gone);
+        }
+    }
+    for (labels, sum) in &mut processes {
+        let key = [labels[0].1, labels[1].1].map(str::to_owned);
+        if let Some(gone) = retired.processes.get(&key) {
+            sum.stats.add(gone);
         }
     }
     for (prefix, what, sums) in [
@@ -643,4 +754,41 @@ fn label_values(l: &Listener) -> [String; 6] {
 
 fn labels(values: &[String; 6]) -> [(&'static str, &str); 6] {
     std::array::from_fn(|i| (LABELS[i], values[i].as_str()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn member(group: &str, drops: u64) -> (GroupKey, ProcessKey, Option<ListenerStats>) {
+        let stats = ListenerStats {
+            drop_accept_queue_full: drops,
+            ..ListenerStats::default()
+        };
+        (
+            ["1".into(), "127.0.0.1".into(), group.into()],
+            ["9".into(), "nginx".into()],
+            Some(stats),
+        )
+    }
+
+    #[test]
+    fn a_closed_member_keeps_its_counts_even_if_its_kernel_entry_went_first() {
+        let mut r = Retired::default();
+        r.update(HashMap::from([(1, member("80", 90)), (2, member("80", 5))]));
+        // The kernel entry of 1 is gone, its close event not yet applied.
+        let mut gone_entry = member("80", 0);
+        gone_entry.2 = None;
+        r.update(HashMap::from([(1, gone_entry), (2, member("80", 5))]));
+        assert_eq!(r.last[&1].2.drop_accept_queue_full, 90);
+        // Then it leaves the table: the group keeps its 90.
+        r.update(HashMap::from([(2, member("80", 6))]));
+        let group = ["1".into(), "127.0.0.1".into(), "80".into()];
+        assert_eq!(r.groups[&group].drop_accept_queue_full, 90);
+        let process = ["9".into(), "nginx".into()];
+        assert_eq!(r.processes[&process].drop_accept_queue_full, 90);
+        // The last member goes too: the aggregates end.
+        r.update(HashMap::new());
+        assert!(r.groups.is_empty() && r.processes.is_empty());
+    }
 }

@@ -2,4 +2,6 @@
 
 pub mod http;
 pub mod metrics;
+pub mod server;
 pub mod text;
+pub mod webconfig;

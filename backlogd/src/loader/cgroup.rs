@@ -7,7 +7,7 @@
 
 use std::{
     fs::File,
-    os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
+    os::fd::{AsFd as _, AsRawFd as _, BorrowedFd, FromRawFd as _, OwnedFd},
 };
 
 const BPF_LINK_CREATE: libc::c_long = 28;
@@ -27,7 +27,7 @@ struct LinkCreateAttr {
 
 /// Holds the link; dropping it (or the process dying) detaches the program.
 pub struct CgroupAttachment {
-    _link: OwnedFd,
+    link: OwnedFd,
 }
 
 impl CgroupAttachment {
@@ -53,6 +53,11 @@ impl CgroupAttachment {
         }
         // SAFETY: the kernel just returned this fd and nothing else owns it.
         let link = unsafe { OwnedFd::from_raw_fd(fd as i32) };
-        Ok(Self { _link: link })
+        Ok(Self { link })
+    }
+
+    /// The link, for pinning.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.link.as_fd()
     }
 }

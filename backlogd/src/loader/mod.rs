@@ -12,6 +12,7 @@
 pub mod btf;
 mod cgroup;
 pub mod modes;
+pub mod pins;
 pub mod privileges;
 pub mod tracefs;
 
@@ -19,8 +20,11 @@ use std::{os::fd::AsFd as _, path::PathBuf};
 
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{Array, MapData, PerCpuArray, PerCpuHashMap, RingBuf},
-    programs::{BtfTracePoint, CgroupSkb, FEntry, FExit, KProbe, ProgramError, TracePoint},
+    maps::{Array, Map, MapData, PerCpuArray, PerCpuHashMap, RingBuf},
+    programs::{
+        BtfTracePoint, CgroupSkb, FEntry, FExit, KProbe, ProgramError, ProgramFd, TracePoint,
+        links::FdLink,
+    },
 };
 use backlogd_common::{KernelOffsets, ListenerStats, QueueState};
 
@@ -28,6 +32,7 @@ use self::{
     btf::{BtfError, KernelBtf},
     cgroup::CgroupAttachment,
     modes::{HookMode, HookModeArg, KernelSupport, ModeError},
+    pins::{Found, PinDir, PinError, Pinning},
     privileges::MissingPrivileges,
     tracefs::{Format, TracefsError},
 };
@@ -45,6 +50,8 @@ pub enum LoadError {
     Tracefs(#[from] TracefsError),
     #[error(transparent)]
     Mode(#[from] ModeError),
+    #[error(transparent)]
+    Pin(#[from] PinError),
     #[error("loading backlogd's eBPF object into the kernel failed")]
     Ebpf(#[from] aya::EbpfError),
     #[error("eBPF program `{program}` could not be loaded or attached to {hook}")]
@@ -86,12 +93,16 @@ pub struct LoadOptions {
     /// Where to read the kernel's BTF from.
     pub btf: PathBuf,
     pub hook_mode: HookModeArg,
+    /// Pin links and maps here and adopt what a previous daemon of this build pinned
+    /// (see `pins.rs`); `None` detaches everything when the daemon exits.
+    pub pin_dir: Option<PathBuf>,
 }
 
 /// Loaded and attached programs plus the maps userspace reads.
 pub struct Probes {
-    /// Owns the programs and their links: dropping it detaches everything.
-    _ebpf: Ebpf,
+    /// Owns the programs and their links: dropping it detaches everything that is not
+    /// pinned. `None` when the programs were adopted from pins.
+    _ebpf: Option<Ebpf>,
     pub listener_events: RingBuf<MapData>,
     pub listener_events_lost: PerCpuArray<MapData, u64>,
     pub listener_stats: PerCpuHashMap<MapData, u64, ListenerStats>,
@@ -104,6 +115,30 @@ pub struct Probes {
     pub kernel: KernelSupport,
     /// Whether enqueue events (`sock:sk_data_ready`) are seen: queued and accept wait.
     pub enqueue_events: bool,
+    /// The programs were already attached and counting: adopted from pinned state.
+    pub adopted: bool,
+    /// The attached programs that count (those using LISTENER_STATS), for their kernel
+    /// statistics.
+    pub programs: Vec<ProgramFd>,
+}
+
+/// Every loaded program that uses `stats`: backlogd's own, whether this process loaded
+/// them or adopted them from pins.
+fn counting_programs(stats: &PerCpuHashMap<MapData, u64, ListenerStats>) -> Vec<ProgramFd> {
+    use aya::maps::IterableMap as _;
+    let Ok(id) = stats.map().info().map(|i| i.id()) else {
+        return Vec::new();
+    };
+    aya::programs::loaded_programs()
+        .filter_map(Result::ok)
+        .filter(|p| {
+            p.map_ids()
+                .ok()
+                .flatten()
+                .is_some_and(|ids| ids.contains(&id))
+        })
+        .filter_map(|p| p.fd().ok())
+        .collect()
 }
 
 /// Marks a tracepoint offset whose tracepoint this kernel lacks.
@@ -169,7 +204,30 @@ const FUNCTION_HOOKS_KPROBE: &[(&str, &[&str])] = &[
 
 pub fn load(opts: &LoadOptions) -> Result<Probes, LoadError> {
     privileges::check()?;
+    warn_if_realtime();
     let kernel = KernelSupport::probe();
+    let pins = match &opts.pin_dir {
+        Some(dir) => Some(PinDir::open(dir, pins::build_id(EBPF_OBJECT))?),
+        None => None,
+    };
+    if let Some(pins) = &pins
+        && let Found::Adoptable(mode) = pins.survey(opts.hook_mode)?
+    {
+        match adopt(pins, mode) {
+            Ok(mut probes) => {
+                probes.kernel = kernel;
+                return Ok(probes);
+            }
+            Err(e) => {
+                tracing::warn!(
+                    error = %error_chain(&e),
+                    "cannot adopt the pinned state; removing it and loading afresh \
+                     (counters restart from zero)"
+                );
+                pins.clear()?;
+            }
+        }
+    }
     let mode = modes::choose(opts.hook_mode, kernel)?;
     let btf = KernelBtf::open(&opts.btf)?;
     let mut offsets = btf.kernel_offsets()?;
@@ -186,7 +244,7 @@ pub fn load(opts: &LoadOptions) -> Result<Probes, LoadError> {
     let mut attempts = attempts.iter().peekable();
     loop {
         let mode = *attempts.next().expect("at least the chosen mode");
-        match load_mode(mode, &offsets, &kernel_btf) {
+        match load_mode(mode, &offsets, &kernel_btf, pins.as_ref()) {
             Ok(mut probes) => {
                 probes.kernel = kernel;
                 return Ok(probes);
@@ -204,6 +262,35 @@ pub fn load(opts: &LoadOptions) -> Result<Probes, LoadError> {
     }
 }
 
+/// Every mode attributes a segment's counter deltas to it on the assumption that a
+/// listener segment is processed start to finish on one CPU without another segment's
+/// processing interleaving (softirq context). PREEMPT_RT kernels run softirqs in
+/// preemptible threads, so that no longer holds.
+fn warn_if_realtime() {
+    let realtime = std::fs::read_to_string("/sys/kernel/realtime").is_ok_and(|v| v.trim() == "1");
+    if realtime {
+        tracing::warn!(
+            "this is a PREEMPT_RT kernel: softirqs are preemptible threads here, so two \
+             listener segments can interleave on one CPU and drops may be counted twice \
+             or against the wrong listener or reason. backlogd is not verified on \
+             PREEMPT_RT; compare with the backlogd_netns_* counters"
+        );
+    }
+}
+
+/// `backlogd unpin`: removes pinned state, detaching its programs.
+pub fn unpin(dir: &std::path::Path) -> anyhow::Result<()> {
+    if !dir.exists() {
+        println!("nothing pinned at {}", dir.display());
+        return Ok(());
+    }
+    PinDir::open(dir, String::new())?.clear()?;
+    std::fs::remove_dir(dir)
+        .map_err(|e| anyhow::anyhow!("cannot remove {}: {e}", dir.display()))?;
+    println!("removed {} (its programs are detached)", dir.display());
+    Ok(())
+}
+
 fn error_chain(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();
     let mut source = e.source();
@@ -215,50 +302,98 @@ fn error_chain(e: &dyn std::error::Error) -> String {
     s
 }
 
-/// Loads the object and attaches `mode`'s programs; on error everything attached so far is
-/// detached again (dropping `Ebpf` releases its links).
-fn load_mode(
-    mode: HookMode,
-    offsets: &KernelOffsets,
-    kernel_btf: &aya::Btf,
-) -> Result<Probes, LoadError> {
-    let mut ebpf = EbpfLoader::new()
-        .override_global("OFFSETS", offsets, true)
-        .load(EBPF_OBJECT)?;
-    let mut queue_epoch: Array<MapData, u32> = typed_map(&mut ebpf, "QUEUE_EPOCH")?;
-    queue_epoch
+/// Takes over the programs a previous daemon of this build left pinned in `mode`: they
+/// have been counting all along, so nothing is loaded or attached.
+fn adopt(pins: &PinDir, mode: HookMode) -> Result<Probes, LoadError> {
+    let enqueue_events = match mode {
+        HookMode::Tracepoint => Format::read(&tracefs::tracing_dir()?, "sock", "sk_data_ready")
+            .map(|_| true)
+            .or_else(|e| match e {
+                TracefsError::NoTracepoint { .. } => Ok(false),
+                e => Err(e),
+            })?,
+        HookMode::Fentry | HookMode::Kprobe => true,
+    };
+    let [events, events_lost, stats, stats_full, queues, epoch] =
+        pins::DAEMON_MAPS.map(|name| pins.open_map(mode, name).map(|map| (name, map)));
+    let mut probes = Probes {
+        _ebpf: None,
+        listener_events: typed(events?)?,
+        listener_events_lost: typed(events_lost?)?,
+        listener_stats: typed(stats?)?,
+        listener_stats_full: typed(stats_full?)?,
+        listener_queues: typed(queues?)?,
+        queue_epoch: start_epochs(typed(epoch?)?)?,
+        _cgroup_ingress: None,
+        mode,
+        kernel: KernelSupport::default(),
+        enqueue_events,
+        adopted: true,
+        programs: Vec::new(),
+    };
+    probes.programs = counting_programs(&probes.listener_stats);
+    tracing::info!(
+        mode = mode.name(),
+        state = %pins.map_path(mode, "").display(),
+        "adopted the pinned programs and maps of a previous backlogd: counters continue"
+    );
+    Ok(probes)
+}
+
+/// Publishes the first sampling epoch (see `queues.rs`); the daemon's sampler starts
+/// from it too.
+fn start_epochs(mut epoch: Array<MapData, u32>) -> Result<Array<MapData, u32>, LoadError> {
+    epoch
         .set(0, crate::queues::FIRST_EPOCH, 0)
         .map_err(|source| LoadError::MapType {
             name: "QUEUE_EPOCH",
             source,
         })?;
+    Ok(epoch)
+}
+
+/// Loads the object and attaches `mode`'s programs, pinning them when `pins` is set; on
+/// error everything attached so far is detached again (dropping `Ebpf` releases its
+/// links, dropping the unfinished `Pinning` removes its pins).
+fn load_mode(
+    mode: HookMode,
+    offsets: &KernelOffsets,
+    kernel_btf: &aya::Btf,
+    pins: Option<&PinDir>,
+) -> Result<Probes, LoadError> {
+    let mut ebpf = EbpfLoader::new()
+        .override_global("OFFSETS", offsets, true)
+        .load(EBPF_OBJECT)?;
+    let mut pinning = pins.map(|p| p.begin(mode)).transpose()?;
+    let pinning = &mut pinning;
+    let queue_epoch = start_epochs(typed_map(&mut ebpf, "QUEUE_EPOCH", pinning)?)?;
     for &(program, hooks) in COMMON_TRACEPOINTS {
-        attach_tracepoint(&mut ebpf, program, hooks)?;
+        attach_tracepoint(&mut ebpf, program, hooks, pinning)?;
     }
     let mut cgroup_ingress = None;
     let enqueue_events = match mode {
         HookMode::Fentry => {
             for &(program, function, exit) in FUNCTION_HOOKS_FENTRY {
-                attach_fentry(&mut ebpf, kernel_btf, program, function, exit)?;
+                attach_fentry(&mut ebpf, kernel_btf, program, function, exit, pinning)?;
             }
             true
         }
         HookMode::Kprobe => {
             for &(program, functions) in FUNCTION_HOOKS_KPROBE {
-                attach_kprobe(&mut ebpf, program, functions)?;
+                attach_kprobe(&mut ebpf, program, functions, pinning)?;
             }
             for &(program, hooks) in ACCEPT_TRACEPOINTS {
-                attach_tracepoint(&mut ebpf, program, hooks)?;
+                attach_tracepoint(&mut ebpf, program, hooks, pinning)?;
             }
             true
         }
         HookMode::Tracepoint => {
             for &(program, hooks) in ACCEPT_TRACEPOINTS {
-                attach_tracepoint(&mut ebpf, program, hooks)?;
+                attach_tracepoint(&mut ebpf, program, hooks, pinning)?;
             }
             let enqueue_events = offsets.tp_data_ready_skaddr != NO_TRACEPOINT;
             if enqueue_events {
-                attach_tracepoint(&mut ebpf, "queued", &[("sock", "sk_data_ready")])?;
+                attach_tracepoint(&mut ebpf, "queued", &[("sock", "sk_data_ready")], pinning)?;
             } else {
                 tracing::warn!(
                     "this kernel has no sock:sk_data_ready tracepoint: in tracepoint mode, \
@@ -271,24 +406,33 @@ fn load_mode(
             // skip a BPF program whenever any other tracing program is running on the CPU).
             for (program, function) in [("syn_consumed", "consume_skb"), ("syn_freed", "kfree_skb")]
             {
-                attach_btf_tracepoint(&mut ebpf, kernel_btf, program, function)?;
+                attach_btf_tracepoint(&mut ebpf, kernel_btf, program, function, pinning)?;
             }
-            cgroup_ingress = Some(attach_cgroup_ingress(&mut ebpf)?);
+            let ingress = attach_cgroup_ingress(&mut ebpf)?;
+            if let Some(pinning) = pinning {
+                pinning.raw_link("listener_ingress", ingress.fd())?;
+            }
+            cgroup_ingress = Some(ingress);
             enqueue_events
         }
     };
-    let listener_events = typed_map(&mut ebpf, "LISTENER_EVENTS")?;
-    let listener_events_lost = typed_map(&mut ebpf, "LISTENER_EVENTS_LOST")?;
-    let listener_stats = typed_map(&mut ebpf, "LISTENER_STATS")?;
-    let listener_stats_full = typed_map(&mut ebpf, "LISTENER_STATS_FULL")?;
-    let listener_queues = typed_map(&mut ebpf, "LISTENER_QUEUES")?;
+    let listener_events = typed_map(&mut ebpf, "LISTENER_EVENTS", pinning)?;
+    let listener_events_lost = typed_map(&mut ebpf, "LISTENER_EVENTS_LOST", pinning)?;
+    let listener_stats = typed_map(&mut ebpf, "LISTENER_STATS", pinning)?;
+    let listener_stats_full = typed_map(&mut ebpf, "LISTENER_STATS_FULL", pinning)?;
+    let listener_queues = typed_map(&mut ebpf, "LISTENER_QUEUES", pinning)?;
+    if let Some(pinning) = pinning.take() {
+        pinning.complete()?;
+    }
     Ok(Probes {
+        programs: counting_programs(&listener_stats),
         enqueue_events,
+        adopted: false,
         mode,
         kernel: KernelSupport::default(),
         listener_queues,
         queue_epoch,
-        _ebpf: ebpf,
+        _ebpf: Some(ebpf),
         listener_events,
         listener_events_lost,
         listener_stats,
@@ -386,10 +530,38 @@ fn attach_cgroup_ingress(ebpf: &mut Ebpf) -> Result<CgroupAttachment, LoadError>
     CgroupAttachment::attach(cgroup, prog_fd).map_err(|source| LoadError::Attach { hook, source })
 }
 
+/// Pins the link `take` hands over when the load is pinning; otherwise the link stays
+/// with the program (and goes when the daemon exits).
+fn pin_link<L, E>(
+    pinning: &mut Option<Pinning>,
+    program: &'static str,
+    hook: String,
+    take: impl FnOnce() -> Result<L, ProgramError>,
+) -> Result<(), LoadError>
+where
+    L: TryInto<FdLink, Error = E>,
+    E: std::error::Error + Send + Sync + 'static,
+{
+    let Some(pinning) = pinning else {
+        return Ok(());
+    };
+    let link = take().map_err(|source| LoadError::Program {
+        program,
+        hook,
+        source,
+    })?;
+    let link = link.try_into().map_err(|e| PinError::NoLink {
+        program: program.to_owned(),
+        source: Box::new(e),
+    })?;
+    Ok(pinning.link(program, link)?)
+}
+
 fn attach_tracepoint(
     ebpf: &mut Ebpf,
     program: &'static str,
     hooks: &[(&str, &str)],
+    pinning: &mut Option<Pinning>,
 ) -> Result<(), LoadError> {
     let err = |hook: String| {
         move |source| LoadError::Program {
@@ -405,8 +577,9 @@ fn attach_tracepoint(
         .map_err(err(program.to_owned()))?;
     prog.load().map_err(err(program.to_owned()))?;
     for (category, name) in hooks {
-        prog.attach(category, name)
-            .map_err(err(format!("tracepoint {category}:{name}")))?;
+        let hook = format!("tracepoint {category}:{name}");
+        let id = prog.attach(category, name).map_err(err(hook.clone()))?;
+        pin_link(pinning, program, hook, || prog.take_link(id))?;
     }
     Ok(())
 }
@@ -416,10 +589,12 @@ fn attach_btf_tracepoint(
     btf: &aya::Btf,
     program: &'static str,
     function: &str,
+    pinning: &mut Option<Pinning>,
 ) -> Result<(), LoadError> {
+    let hook = format!("tp_btf/{function}");
     let err = |source| LoadError::Program {
         program,
-        hook: format!("tp_btf/{function}"),
+        hook: hook.clone(),
         source,
     };
     let prog: &mut BtfTracePoint = ebpf
@@ -428,8 +603,8 @@ fn attach_btf_tracepoint(
         .try_into()
         .map_err(err)?;
     prog.load(function, btf).map_err(err)?;
-    prog.attach().map_err(err)?;
-    Ok(())
+    let id = prog.attach().map_err(err)?;
+    pin_link(pinning, program, hook.clone(), || prog.take_link(id))
 }
 
 fn attach_fentry(
@@ -438,29 +613,33 @@ fn attach_fentry(
     program: &'static str,
     function: &str,
     exit: bool,
+    pinning: &mut Option<Pinning>,
 ) -> Result<(), LoadError> {
+    let hook = format!("{}/{function}", if exit { "fexit" } else { "fentry" });
     let err = |source| LoadError::Program {
         program,
-        hook: format!("{}/{function}", if exit { "fexit" } else { "fentry" }),
+        hook: hook.clone(),
         source,
     };
     let prog = ebpf.program_mut(program).ok_or(LoadError::Map(program))?;
     if exit {
         let prog: &mut FExit = prog.try_into().map_err(err)?;
         prog.load(function, btf).map_err(err)?;
-        prog.attach().map_err(err)?;
+        let id = prog.attach().map_err(err)?;
+        pin_link(pinning, program, hook.clone(), || prog.take_link(id))
     } else {
         let prog: &mut FEntry = prog.try_into().map_err(err)?;
         prog.load(function, btf).map_err(err)?;
-        prog.attach().map_err(err)?;
+        let id = prog.attach().map_err(err)?;
+        pin_link(pinning, program, hook.clone(), || prog.take_link(id))
     }
-    Ok(())
 }
 
 fn attach_kprobe(
     ebpf: &mut Ebpf,
     program: &'static str,
     functions: &[&str],
+    pinning: &mut Option<Pinning>,
 ) -> Result<(), LoadError> {
     let err = |hook: String| {
         move |source| LoadError::Program {
@@ -476,17 +655,33 @@ fn attach_kprobe(
         .map_err(err(program.to_owned()))?;
     prog.load().map_err(err(program.to_owned()))?;
     for function in functions {
-        prog.attach(function, 0)
-            .map_err(err(format!("kprobe {function}")))?;
+        let hook = format!("kprobe {function}");
+        let id = prog.attach(function, 0).map_err(err(hook.clone()))?;
+        pin_link(pinning, program, hook, || prog.take_link(id))?;
     }
     Ok(())
 }
 
-/// Takes map `name` out of the object as the typed map `T`.
-fn typed_map<T>(ebpf: &mut Ebpf, name: &'static str) -> Result<T, LoadError>
+/// Takes map `name` out of the object as the typed map `T`, pinning it first when the
+/// load is pinning.
+fn typed_map<T>(
+    ebpf: &mut Ebpf,
+    name: &'static str,
+    pinning: &Option<Pinning>,
+) -> Result<T, LoadError>
 where
-    T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>,
+    T: TryFrom<Map, Error = aya::maps::MapError>,
 {
     let map = ebpf.take_map(name).ok_or(LoadError::Map(name))?;
+    if let Some(pinning) = pinning {
+        pinning.map(name, &map)?;
+    }
+    typed((name, map))
+}
+
+fn typed<T>((name, map): (&'static str, Map)) -> Result<T, LoadError>
+where
+    T: TryFrom<Map, Error = aya::maps::MapError>,
+{
     T::try_from(map).map_err(|source| LoadError::MapType { name, source })
 }

@@ -26,6 +26,19 @@ pub enum HookMode {
     Tracepoint,
 }
 
+impl HookModeArg {
+    /// Whether a daemon started with this argument may run in `mode`.
+    pub fn allows(self, mode: HookMode) -> bool {
+        matches!(
+            (self, mode),
+            (HookModeArg::Auto, _)
+                | (HookModeArg::Fentry, HookMode::Fentry)
+                | (HookModeArg::Kprobe, HookMode::Kprobe)
+                | (HookModeArg::Tracepoint, HookMode::Tracepoint)
+        )
+    }
+}
+
 impl HookMode {
     pub fn name(self) -> &'static str {
         match self {

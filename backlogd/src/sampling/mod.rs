@@ -10,6 +10,8 @@ pub mod owners;
 pub mod sock_diag;
 pub mod tcpext;
 
+use std::collections::HashSet;
+
 pub use sock_diag::DiagListener;
 
 /// What a scan found.
@@ -18,12 +20,16 @@ pub struct Scan {
     pub listeners: Vec<DiagListener>,
     /// A way to read each namespace's TcpExt counters.
     pub netns: Vec<(u32, tcpext::Source)>,
+    /// Namespaces whose listeners were listed: only there can a scan tell that a listener
+    /// is gone.
+    pub listed: HashSet<u32>,
 }
 
 /// Every TCP listener in every network namespace the host has.
 pub fn scan() -> Scan {
     let mut all = Vec::new();
     let mut sources = Vec::new();
+    let mut listed = HashSet::new();
     for ns in netns::all() {
         sources.push((ns.inode, tcpext::Source::from_ns_path(&ns.path)));
         match netns::run_in(&ns.path, sock_diag::listeners) {
@@ -32,6 +38,7 @@ pub fn scan() -> Scan {
                     l.netns = ns.inode;
                 }
                 all.extend(found);
+                listed.insert(ns.inode);
             }
             // Namespaces come and go while we scan; a vanished one has no listeners.
             Ok(Err(e)) | Err(e) => {
@@ -42,5 +49,6 @@ pub fn scan() -> Scan {
     Scan {
         listeners: all,
         netns: sources,
+        listed,
     }
 }

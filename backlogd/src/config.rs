@@ -1,0 +1,507 @@
+//! `backlogd run` settings: built-in defaults, then the TOML config file, then the
+//! command line (each layer overrides the one before).
+//!
+//! One `Layer` type is both the file's schema and the command line's flags, so a setting
+//! cannot exist in one and be forgotten in the other.
+
+use std::{
+    net::SocketAddr,
+    path::{Path, PathBuf},
+};
+
+use clap::{Args, ValueEnum as _};
+use serde::{Deserialize, Serialize};
+
+use crate::loader::{btf::KERNEL_BTF, modes::HookModeArg};
+
+/// Where `backlogd run` looks for its config file when `--config` is not given. A missing
+/// file there means built-in defaults; a missing file named by `--config` is an error.
+pub const DEFAULT_PATH: &str = "/etc/backlogd/backlogd.toml";
+
+/// One layer of settings: every field optional, so a layer says only what it changes.
+#[derive(Debug, Clone, Default, Args, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Layer {
+    /// Address to serve /metrics, /healthz and the JSON API on (port 0 picks a free one;
+    /// the log says which) [default: 0.0.0.0:9851].
+    #[arg(long, value_name = "HOST:PORT")]
+    pub listen: Option<SocketAddr>,
+    /// Raw BTF of the running kernel, for kernels that do not expose
+    /// /sys/kernel/btf/vmlinux [default: /sys/kernel/btf/vmlinux].
+    #[arg(long, value_name = "FILE")]
+    pub btf: Option<PathBuf>,
+    /// Seconds between sock_diag scans of every network namespace. Events report
+    /// listeners as they come and go; the scan finds those that were listening before
+    /// backlogd started and repairs the table if an event was ever lost [default: 30].
+    #[arg(long, value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(1..))]
+    pub rescan_interval: Option<u64>,
+    /// Seconds over which queue high-water marks are reported: a queue that filled for
+    /// 50 ms stays visible in `*_max_length` for this long. Keep it at least as long as
+    /// the scrape interval [default: 60].
+    #[arg(long, value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(1..))]
+    pub hwm_window: Option<u64>,
+    /// How the SYN path is hooked. `auto` picks the best mode the kernel and this build
+    /// support and logs the choice; it is exported as backlogd_hook_mode [default: auto].
+    #[arg(long, value_enum)]
+    #[serde(default, with = "hook_mode_serde")]
+    pub hook_mode: Option<HookModeArg>,
+    /// Pin the programs' links and the counter maps under this bpffs directory (the
+    /// shipped unit uses /sys/fs/bpf/backlogd): the programs keep counting while the
+    /// daemon is down, and the next daemon of the same build continues the counters
+    /// instead of starting from zero. Remove the pins with `backlogd unpin`
+    /// [default: none: everything is detached at exit].
+    #[arg(long, value_name = "DIR")]
+    pub pin_dir: Option<PathBuf>,
+    /// Log filter. On the command line this is the global `--log` flag (or BACKLOGD_LOG).
+    #[arg(skip)]
+    pub log: Option<String>,
+    #[command(flatten)]
+    #[serde(default)]
+    pub http: HttpLayer,
+}
+
+/// The `[http]` table and its `--http-*` flags.
+#[derive(Debug, Clone, Default, Args, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpLayer {
+    /// TLS and basic-auth settings in the Prometheus exporter-toolkit web config format
+    /// (YAML: `tls_server_config`, `basic_auth_users`) [default: none: plain HTTP, no auth].
+    #[arg(long = "web-config-file", value_name = "FILE")]
+    pub web_config_file: Option<PathBuf>,
+    /// Most client connections served at once; past it, the oldest connection with no
+    /// request in flight is closed to make room [default: 64].
+    #[arg(long = "http-max-connections", value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_connections: Option<u64>,
+    /// Seconds a client has to send a request's headers (and to finish a TLS handshake)
+    /// [default: 5].
+    #[arg(long = "http-read-header-timeout", value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(1..))]
+    pub read_header_timeout: Option<u64>,
+    /// Seconds a kept-alive connection may stay silent before it is closed [default: 60].
+    #[arg(long = "http-idle-timeout", value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(1..))]
+    pub idle_timeout: Option<u64>,
+    /// Seconds a response write may stall (a client not reading) before the connection is
+    /// closed [default: 10].
+    #[arg(long = "http-write-timeout", value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(1..))]
+    pub write_timeout: Option<u64>,
+    /// Largest request head (request line plus headers) in bytes; larger ones get 431
+    /// [default: 16384, at least 8192].
+    #[arg(long = "http-max-header-bytes", value_name = "BYTES", value_parser = clap::value_parser!(u64).range(8192..))]
+    pub max_header_bytes: Option<u64>,
+    /// Seconds open connections get to finish on SIGTERM before they are cut [default: 2].
+    #[arg(long = "http-shutdown-timeout", value_name = "SECONDS")]
+    pub shutdown_timeout: Option<u64>,
+}
+
+/// The settings in force: every field decided.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Config {
+    pub listen: SocketAddr,
+    pub btf: PathBuf,
+    pub rescan_interval: u64,
+    pub hwm_window: u64,
+    #[serde(serialize_with = "hook_mode_serde::serialize_plain")]
+    pub hook_mode: HookModeArg,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pin_dir: Option<PathBuf>,
+    pub log: String,
+    pub http: HttpConfig,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct HttpConfig {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub web_config_file: Option<PathBuf>,
+    pub max_connections: u64,
+    pub read_header_timeout: u64,
+    pub idle_timeout: u64,
+    pub write_timeout: u64,
+    pub max_header_bytes: u64,
+    pub shutdown_timeout: u64,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            listen: "0.0.0.0:9851".parse().expect("literal address"),
+            btf: KERNEL_BTF.into(),
+            rescan_interval: 30,
+            hwm_window: 60,
+            hook_mode: HookModeArg::Auto,
+            pin_dir: None,
+            log: "info".into(),
+            http: HttpConfig {
+                web_config_file: None,
+                max_connections: 64,
+                read_header_timeout: 5,
+                idle_timeout: 60,
+                write_timeout: 10,
+                max_header_bytes: 16384,
+                shutdown_timeout: 2,
+            },
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error(
+        "cannot read config file {path}: {error}. Fix: create it, or name another with \
+         `--config FILE`"
+    )]
+    Read {
+        path: PathBuf,
+        error: std::io::Error,
+    },
+    #[error(
+        "config file {path}: {message}\nFix: correct the key or value above; every key is \
+         listed in the README (\"Configuration\"), and `backlogd check-config --config {path}` \
+         checks a file without starting anything"
+    )]
+    Parse { path: PathBuf, message: String },
+    #[error("setting `{key}` = {value:?} ({origin}): {why}")]
+    Invalid {
+        key: &'static str,
+        value: String,
+        origin: String,
+        why: String,
+    },
+}
+
+/// Where the settings come from, kept so that SIGHUP can read them again.
+#[derive(Debug, Clone)]
+pub struct Source {
+    /// The file to read, and whether the user named it (then it must exist).
+    pub file: PathBuf,
+    pub explicit: bool,
+    /// What the command line said; it wins over the file on every reload too.
+    pub cli: Layer,
+}
+
+impl Source {
+    pub fn new(config: Option<PathBuf>, cli: Layer) -> Self {
+        Self {
+            explicit: config.is_some(),
+            file: config.unwrap_or_else(|| DEFAULT_PATH.into()),
+            cli,
+        }
+    }
+
+    /// Reads the file (again) and merges: defaults, file, command line.
+    pub fn resolve(&self) -> Result<Config, ConfigError> {
+        let file = read_file(&self.file, self.explicit)?;
+        let origin = |key_in_file: bool| {
+            if key_in_file {
+                format!("from {}", self.file.display())
+            } else {
+                "from the command line".to_owned()
+            }
+        };
+        let merged = merge(file.as_ref(), &self.cli);
+        validate(&merged, |key| {
+            origin(file.as_ref().is_some_and(|f| f.sets(key)) && !self.cli.sets(key))
+        })?;
+        Ok(merged)
+    }
+
+    /// Whether the file in use exists (for logging where settings came from).
+    pub fn file_in_use(&self) -> Option<&Path> {
+        (self.explicit || self.file.exists()).then_some(self.file.as_path())
+    }
+}
+
+fn read_file(path: &Path, explicit: bool) -> Result<Option<Layer>, ConfigError> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && !explicit => return Ok(None),
+        Err(error) => {
+            return Err(ConfigError::Read {
+                path: path.to_owned(),
+                error,
+            });
+        }
+    };
+    parse(&text)
+        .map(Some)
+        .map_err(|message| ConfigError::Parse {
+            path: path.to_owned(),
+            message,
+        })
+}
+
+/// Parses config file text; the error names the line and the key.
+pub fn parse(text: &str) -> Result<Layer, String> {
+    toml::from_str(text).map_err(|e| e.to_string().trim_end().to_owned())
+}
+
+impl Layer {
+    fn sets(&self, key: &str) -> bool {
+        match key {
+            "listen" => self.listen.is_some(),
+            "btf" => self.btf.is_some(),
+            "rescan_interval" => self.rescan_interval.is_some(),
+            "hwm_window" => self.hwm_window.is_some(),
+            "hook_mode" => self.hook_mode.is_some(),
+            "pin_dir" => self.pin_dir.is_some(),
+            "log" => self.log.is_some(),
+            "http.web_config_file" => self.http.web_config_file.is_some(),
+            "http.max_connections" => self.http.max_connections.is_some(),
+            "http.read_header_timeout" => self.http.read_header_timeout.is_some(),
+            "http.idle_timeout" => self.http.idle_timeout.is_some(),
+            "http.write_timeout" => self.http.write_timeout.is_some(),
+            "http.max_header_bytes" => self.http.max_header_bytes.is_some(),
+            "http.shutdown_timeout" => self.http.shutdown_timeout.is_some(),
+            _ => false,
+        }
+    }
+}
+
+/// Defaults, overridden by `file`, overridden by `cli`.
+pub fn merge(file: Option<&Layer>, cli: &Layer) -> Config {
+    let d = Config::default();
+    let empty = Layer::default();
+    let f = file.unwrap_or(&empty);
+    macro_rules! pick {
+        ($($field:ident).+, $default:expr) => {
+            cli.$($field).+.clone().or_else(|| f.$($field).+.clone()).unwrap_or($default)
+        };
+    }
+    Config {
+        listen: pick!(listen, d.listen),
+        btf: pick!(btf, d.btf),
+        rescan_interval: pick!(rescan_interval, d.rescan_interval),
+        hwm_window: pick!(hwm_window, d.hwm_window),
+        hook_mode: pick!(hook_mode, d.hook_mode),
+        pin_dir: cli.pin_dir.clone().or_else(|| f.pin_dir.clone()),
+        log: pick!(log, d.log),
+        http: HttpConfig {
+            web_config_file: cli
+                .http
+                .web_config_file
+                .clone()
+                .or_else(|| f.http.web_config_file.clone()),
+            max_connections: pick!(http.max_connections, d.http.max_connections),
+            read_header_timeout: pick!(http.read_header_timeout, d.http.read_header_timeout),
+            idle_timeout: pick!(http.idle_timeout, d.http.idle_timeout),
+            write_timeout: pick!(http.write_timeout, d.http.write_timeout),
+            max_header_bytes: pick!(http.max_header_bytes, d.http.max_header_bytes),
+            shutdown_timeout: pick!(http.shutdown_timeout, d.http.shutdown_timeout),
+        },
+    }
+}
+
+/// Checks what the types cannot: the command line's own parser already checked its
+/// flags, but a file can say anything.
+fn validate(c: &Config, origin: impl Fn(&str) -> String) -> Result<(), ConfigError> {
+    let invalid = |key: &'static str, value: String, why: &str| ConfigError::Invalid {
+        key,
+        origin: origin(key),
+        value,
+        why: why.to_owned(),
+    };
+    let at_least_one = [
+        ("rescan_interval", c.rescan_interval),
+        ("hwm_window", c.hwm_window),
+        ("http.max_connections", c.http.max_connections),
+        ("http.read_header_timeout", c.http.read_header_timeout),
+        ("http.idle_timeout", c.http.idle_timeout),
+        ("http.write_timeout", c.http.write_timeout),
+    ];
+    for (key, value) in at_least_one {
+        if value == 0 {
+            return Err(invalid(
+                key,
+                "0".into(),
+                "must be at least 1. Fix: set 1 or more",
+            ));
+        }
+    }
+    if c.http.max_header_bytes < 8192 {
+        return Err(invalid(
+            "http.max_header_bytes",
+            c.http.max_header_bytes.to_string(),
+            "must be at least 8192 (the HTTP parser's smallest buffer). Fix: set 8192 or more",
+        ));
+    }
+    if let Err(e) = tracing_subscriber::EnvFilter::try_new(&c.log) {
+        return Err(invalid(
+            "log",
+            c.log.clone(),
+            &format!(
+                "not a valid log filter ({e}). Fix: use a level (`info`, `debug`) or \
+                 `target=level` pairs, e.g. `backlogd=debug,info`"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+impl Config {
+    /// The settings as a config file would say them.
+    pub fn to_toml(&self) -> String {
+        toml::to_string(self).expect("Config serializes to TOML")
+    }
+
+    /// Settings that differ between `self` and `new` and only take effect after a
+    /// restart (they decide what is bound or attached).
+    pub fn restart_only_changes(&self, new: &Config) -> Vec<(&'static str, String, String)> {
+        let mut out = Vec::new();
+        if self.listen != new.listen {
+            out.push(("listen", self.listen.to_string(), new.listen.to_string()));
+        }
+        if self.btf != new.btf {
+            out.push((
+                "btf",
+                self.btf.display().to_string(),
+                new.btf.display().to_string(),
+            ));
+        }
+        if self.pin_dir != new.pin_dir {
+            let show = |d: &Option<PathBuf>| {
+                d.as_ref()
+                    .map_or_else(|| "none".to_owned(), |d| d.display().to_string())
+            };
+            out.push(("pin_dir", show(&self.pin_dir), show(&new.pin_dir)));
+        }
+        if self.hook_mode != new.hook_mode {
+            out.push((
+                "hook_mode",
+                hook_mode_serde::name(self.hook_mode).to_owned(),
+                hook_mode_serde::name(new.hook_mode).to_owned(),
+            ));
+        }
+        out
+    }
+}
+
+/// The hook mode in files is spelled as on the command line (`auto`, `fentry`, ...).
+mod hook_mode_serde {
+    use super::*;
+
+    pub fn name(mode: HookModeArg) -> &'static str {
+        match mode {
+            HookModeArg::Auto => "auto",
+            HookModeArg::Fentry => "fentry",
+            HookModeArg::Kprobe => "kprobe",
+            HookModeArg::Tracepoint => "tracepoint",
+        }
+    }
+
+    pub fn serialize<S: serde::Serializer>(
+        mode: &Option<HookModeArg>,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        match mode {
+            Some(m) => s.serialize_some(name(*m)),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn serialize_plain<S: serde::Serializer>(
+        mode: &HookModeArg,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        s.serialize_str(name(*mode))
+    }
+
+    pub fn deserialize<'de, D: serde::Deserializer<'de>>(
+        d: D,
+    ) -> Result<Option<HookModeArg>, D::Error> {
+        let text = String::deserialize(d)?;
+        HookModeArg::from_str(&text, true).map(Some).map_err(|_| {
+            serde::de::Error::custom(format!(
+                "unknown hook mode `{text}`, expected one of `auto`, `fentry`, `kprobe`, \
+                 `tracepoint`"
+            ))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn command_line_beats_file_beats_defaults() {
+        let file = parse(
+            "listen = \"127.0.0.1:1\"\nrescan_interval = 5\nhook_mode = \"tracepoint\"\n\
+             [http]\nmax_connections = 9\n",
+        )
+        .unwrap();
+        let cli = Layer {
+            listen: Some("127.0.0.1:2".parse().unwrap()),
+            ..Layer::default()
+        };
+        let c = merge(Some(&file), &cli);
+        assert_eq!(c.listen, "127.0.0.1:2".parse().unwrap());
+        assert_eq!(c.rescan_interval, 5);
+        assert_eq!(c.hook_mode, HookModeArg::Tracepoint);
+        assert_eq!(c.http.max_connections, 9);
+        assert_eq!(c.hwm_window, Config::default().hwm_window);
+    }
+
+    #[test]
+    fn unknown_keys_are_named_with_their_line() {
+        let err = parse("log = \"info\"\nrescan_intervall = 5\n").unwrap_err();
+        assert!(err.contains("rescan_intervall"), "{err}");
+        assert!(err.contains("line 2"), "{err}");
+        let err = parse("[http]\nmax_conns = 5\n").unwrap_err();
+        assert!(err.contains("max_conns") && err.contains("line 2"), "{err}");
+    }
+
+    #[test]
+    fn bad_hook_mode_lists_the_choices() {
+        let err = parse("hook_mode = \"ebpf\"\n").unwrap_err();
+        assert!(err.contains("ebpf") && err.contains("tracepoint"), "{err}");
+    }
+
+    #[test]
+    fn effective_config_round_trips_through_its_own_toml() {
+        let c = Config::default();
+        let again = merge(Some(&parse(&c.to_toml()).unwrap()), &Layer::default());
+        assert_eq!(c, again);
+    }
+
+    #[test]
+    fn missing_default_file_is_defaults_but_missing_named_file_is_an_error() {
+        let nowhere = PathBuf::from("/nonexistent/backlogd.toml");
+        let implicit = Source {
+            file: nowhere.clone(),
+            explicit: false,
+            cli: Layer::default(),
+        };
+        assert_eq!(implicit.resolve().unwrap(), Config::default());
+        let explicit = Source {
+            explicit: true,
+            ..implicit
+        };
+        let err = explicit.resolve().unwrap_err().to_string();
+        assert!(err.contains("/nonexistent/backlogd.toml"), "{err}");
+    }
+
+    #[test]
+    fn zero_interval_in_a_file_is_rejected_with_its_origin() {
+        let dir = std::env::temp_dir().join(format!("backlogd-cfg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("zero.toml");
+        std::fs::write(&path, "hwm_window = 0\n").unwrap();
+        let err = Source::new(Some(path.clone()), Layer::default())
+            .resolve()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("hwm_window") && err.contains("zero.toml"),
+            "{err}"
+        );
+        std::fs::remove_dir_all(dir).ok();
+    }
+
+    #[test]
+    fn restart_only_settings_are_reported() {
+        let a = Config::default();
+        let mut b = a.clone();
+        b.rescan_interval = 1;
+        assert!(a.restart_only_changes(&b).is_empty());
+        b.hook_mode = HookModeArg::Tracepoint;
+        assert_eq!(a.restart_only_changes(&b)[0].0, "hook_mode");
+    }
+}

@@ -1,0 +1,298 @@
+//! TLS and basic auth from a web config file in the Prometheus exporter-toolkit format
+//! (`--web.config.file` of node_exporter and friends), so one file serves every exporter
+//! on a host:
+//!
+//! ```yaml
+//! tls_server_config:
+//!   cert_file: server.crt      # relative paths are relative to this file
+//!   key_file: server.key
+//!   min_version: TLS12         # optional: TLS12 or TLS13
+//! basic_auth_users:
+//!   prometheus: $2y$10$...     # bcrypt hash (htpasswd -nBC 10 "" | tr -d ':\n')
+//! ```
+//!
+//! Like exporter-toolkit, unknown keys are errors. Its client-certificate, cipher and
+//! HTTP/2 settings are not supported yet and are rejected by name rather than ignored.
+
+use std::{
+    collections::{BTreeMap, HashSet},
+    path::{Path, PathBuf},
+    sync::{Arc, Mutex},
+};
+
+use serde::Deserialize;
+use tokio_rustls::{
+    TlsAcceptor,
+    rustls::{
+        self, ServerConfig,
+        pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject as _},
+    },
+};
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileFormat {
+    tls_server_config: Option<TlsFormat>,
+    basic_auth_users: Option<BTreeMap<String, String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TlsFormat {
+    cert_file: PathBuf,
+    key_file: PathBuf,
+    min_version: Option<String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum WebConfigError {
+    #[error(
+        "cannot read web config file {path}: {error}. Fix: create it, or correct \
+         `http.web_config_file` / `--web-config-file`"
+    )]
+    Read {
+        path: PathBuf,
+        error: std::io::Error,
+    },
+    #[error(
+        "web config file {path}: {message}. Fix: use the exporter-toolkit format with the \
+         keys tls_server_config (cert_file, key_file, min_version) and basic_auth_users"
+    )]
+    Parse { path: PathBuf, message: String },
+    #[error(
+        "web config file {path}: basic_auth_users.{user} is not a bcrypt hash ({error}). \
+         Fix: generate one, e.g. `htpasswd -nBC 10 \"\" | tr -d ':\\n'`"
+    )]
+    Hash {
+        path: PathBuf,
+        user: String,
+        error: bcrypt::BcryptError,
+    },
+    #[error("web config file {path}: tls_server_config.{key} {file}: {why}. Fix: {fix}")]
+    Tls {
+        path: PathBuf,
+        key: &'static str,
+        file: PathBuf,
+        why: String,
+        fix: &'static str,
+    },
+}
+
+/// What a web config file asks for, ready to use.
+#[derive(Clone, Default)]
+pub struct WebConfig {
+    pub tls: Option<TlsAcceptor>,
+    pub auth: Option<Arc<BasicAuth>>,
+}
+
+impl std::fmt::Debug for WebConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WebConfig")
+            .field("tls", &self.tls.is_some())
+            .field("auth_users", &self.auth.as_ref().map(|a| a.users.len()))
+            .finish()
+    }
+}
+
+impl WebConfig {
+    /// Reads and checks the file: YAML, bcrypt hashes, certificate and key.
+    pub fn load(path: &Path) -> Result<Self, WebConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|error| WebConfigError::Read {
+            path: path.to_owned(),
+            error,
+        })?;
+        // An empty file is a valid exporter-toolkit config meaning "nothing".
+        let file: FileFormat = if text.trim().is_empty() {
+            FileFormat {
+                tls_server_config: None,
+                basic_auth_users: None,
+            }
+        } else {
+            serde_yaml_ng::from_str(&text).map_err(|e| WebConfigError::Parse {
+                path: path.to_owned(),
+                message: e.to_string(),
+            })?
+        };
+        let base = path.parent().unwrap_or(Path::new("."));
+        let tls = file
+            .tls_server_config
+            .map(|t| tls_acceptor(path, base, t))
+            .transpose()?;
+        let auth = match file.basic_auth_users {
+            Some(users) if !users.is_empty() => {
+                for (user, hash) in &users {
+                    hash.parse::<bcrypt::HashParts>()
+                        .map_err(|error| WebConfigError::Hash {
+                            path: path.to_owned(),
+                            user: user.clone(),
+                            error,
+                        })?;
+                }
+                Some(Arc::new(BasicAuth::new(users)))
+            }
+            _ => None,
+        };
+        Ok(Self { tls, auth })
+    }
+
+    pub fn describe(&self) -> String {
+        format!(
+            "TLS {}, basic auth {}",
+            if self.tls.is_some() { "on" } else { "off" },
+            match &self.auth {
+                Some(a) => format!("on ({} users)", a.users.len()),
+                None => "off".into(),
+            }
+        )
+    }
+}
+
+fn tls_acceptor(path: &Path, base: &Path, t: TlsFormat) -> Result<TlsAcceptor, WebConfigError> {
+    let tls_err = |key, file: &Path, why: String, fix| WebConfigError::Tls {
+        path: path.to_owned(),
+        key,
+        file: file.to_owned(),
+        why,
+        fix,
+    };
+    let cert_file = base.join(&t.cert_file);
+    let key_file = base.join(&t.key_file);
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&cert_file)
+        .and_then(|it| it.collect::<Result<_, _>>())
+        .map_err(|e| {
+            tls_err(
+                "cert_file",
+                &cert_file,
+                e.to_string(),
+                "name a readable PEM certificate (chain)",
+            )
+        })?;
+    if certs.is_empty() {
+        return Err(tls_err(
+            "cert_file",
+            &cert_file,
+            "no certificate in it".into(),
+            "name a PEM file with a CERTIFICATE block",
+        ));
+    }
+    let key = PrivateKeyDer::from_pem_file(&key_file).map_err(|e| {
+        tls_err(
+            "key_file",
+            &key_file,
+            e.to_string(),
+            "name a readable PEM private key (PKCS#8, PKCS#1 or SEC1)",
+        )
+    })?;
+    let versions: &[&rustls::SupportedProtocolVersion] = match t.min_version.as_deref() {
+        None | Some("TLS12") => &[&rustls::version::TLS13, &rustls::version::TLS12],
+        Some("TLS13") => &[&rustls::version::TLS13],
+        Some(other) => {
+            return Err(WebConfigError::Parse {
+                path: path.to_owned(),
+                message: format!(
+                    "tls_server_config.min_version `{other}` is not supported (TLS10 and TLS11 \
+                     are insecure and not implemented); use TLS12 or TLS13"
+                ),
+            });
+        }
+    };
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = ServerConfig::builder_with_provider(provider)
+        .with_protocol_versions(versions)
+        .map_err(|e| {
+            tls_err(
+                "min_version",
+                &cert_file,
+                e.to_string(),
+                "use TLS12 or TLS13",
+            )
+        })?
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .map_err(|e| {
+            tls_err(
+                "key_file",
+                &key_file,
+                format!("does not go with {}: {e}", cert_file.display()),
+                "name the key the certificate was issued for",
+            )
+        })?;
+    Ok(TlsAcceptor::from(Arc::new(config)))
+}
+
+/// Basic auth against bcrypt hashes. bcrypt is slow by design (tens of ms per check), so
+/// checks run on the blocking pool one at a time and a successful pair is remembered, as
+/// exporter-toolkit does: a flood of wrong passwords then costs one core at most and
+/// never delays a scraper whose credentials were already accepted.
+pub struct BasicAuth {
+    users: BTreeMap<String, String>,
+    accepted: Mutex<HashSet<(String, String)>>,
+    checking: tokio::sync::Semaphore,
+}
+
+/// Remembered successes; past this many the memory is cleared (it is a cache).
+const ACCEPTED_MAX: usize = 256;
+
+impl BasicAuth {
+    fn new(users: BTreeMap<String, String>) -> Self {
+        Self {
+            users,
+            accepted: Mutex::new(HashSet::new()),
+            checking: tokio::sync::Semaphore::new(1),
+        }
+    }
+
+    /// Whether an `Authorization` header value names a user with the right password.
+    pub async fn allows(&self, header: Option<&[u8]>) -> bool {
+        use base64::Engine as _;
+        let Some(encoded) = header.and_then(|h| h.strip_prefix(b"Basic ")) else {
+            return false;
+        };
+        let Ok(decoded) = base64::engine::general_purpose::STANDARD.decode(encoded.trim_ascii())
+        else {
+            return false;
+        };
+        let Ok(decoded) = String::from_utf8(decoded) else {
+            return false;
+        };
+        let Some((user, password)) = decoded.split_once(':') else {
+            return false;
+        };
+        let pair = (user.to_owned(), password.to_owned());
+        if self
+            .accepted
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(&pair)
+        {
+            return true;
+        }
+        // An unknown user is checked against some real hash anyway, so that the time an
+        // answer takes does not tell which user names exist.
+        let (known, hash) = match self.users.get(user) {
+            Some(h) => (true, h.clone()),
+            None => match self.users.values().next() {
+                Some(h) => (false, h.clone()),
+                None => return false,
+            },
+        };
+        let Ok(_slot) = self.checking.acquire().await else {
+            return false;
+        };
+        let password = pair.1.clone();
+        let ok = tokio::task::spawn_blocking(move || bcrypt::verify(password, &hash))
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .unwrap_or(false)
+            && known;
+        if ok {
+            let mut accepted = self.accepted.lock().unwrap_or_else(|e| e.into_inner());
+            if accepted.len() >= ACCEPTED_MAX {
+                accepted.clear();
+            }
+            accepted.insert(pair);
+        }
+        ok
+    }
+}

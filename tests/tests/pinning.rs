@@ -1,0 +1,253 @@
+//! Pinned state (`run --pin-dir`): counts survive a daemon killed with SIGKILL and
+//! restarted in the middle of a burst, equal to the kernel's count over the whole
+//! interval; state pinned by another build is removed; `backlogd unpin` detaches.
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+    time::{Duration, Instant},
+};
+
+use backlogd_tests::{
+    Daemon, Netns,
+    daemon::run_to_end,
+    kernel::{ListenCounters, tcp_ext},
+    sockets::{Listener, connect_burst},
+};
+
+/// A fresh directory on bpffs (mounted if the host has none), unpinned and removed again
+/// when dropped so that no test leaves programs attached.
+struct PinDir(PathBuf);
+
+impl PinDir {
+    fn new(name: &str) -> Self {
+        let mounts = std::fs::read_to_string("/proc/self/mounts").expect("/proc/self/mounts");
+        if !mounts.lines().any(|l| l.contains(" /sys/fs/bpf bpf ")) {
+            eprintln!("mounting bpffs at /sys/fs/bpf (this host had none)");
+            let out = Command::new("mount")
+                .args(["-t", "bpf", "bpf", "/sys/fs/bpf"])
+                .output()
+                .expect("running mount");
+            assert!(out.status.success(), "mount bpffs: {out:?}");
+        }
+        let dir = PathBuf::from(format!(
+            "/sys/fs/bpf/backlogd-test-{}-{name}",
+            std::process::id()
+        ));
+        if dir.exists() {
+            unpin(&dir);
+        }
+        Self(dir)
+    }
+
+    fn arg(&self) -> &str {
+        self.0.to_str().expect("UTF-8 path")
+    }
+}
+
+impl Drop for PinDir {
+    fn drop(&mut self) {
+        if self.0.exists() {
+            let _ = run_to_end(&["unpin", "--pin-dir", self.arg()]);
+        }
+    }
+}
+
+fn unpin(dir: &Path) {
+    let out = run_to_end(&["unpin", "--pin-dir", dir.to_str().expect("UTF-8 path")]);
+    assert!(out.status.success(), "backlogd unpin: {out:?}");
+}
+
+/// Kernel link ids of every link pinned below `dir`.
+fn pinned_link_ids(dir: &Path) -> Vec<u64> {
+    let mut ids = Vec::new();
+    for state in std::fs::read_dir(dir).expect("pin dir").flatten() {
+        for link in std::fs::read_dir(state.path().join("links"))
+            .expect("links dir")
+            .flatten()
+        {
+            let out = Command::new("bpftool")
+                .args(["--json", "link", "show", "pinned"])
+                .arg(link.path())
+                .output()
+                .expect("running bpftool");
+            let json: serde_json::Value =
+                serde_json::from_slice(&out.stdout).expect("bpftool --json output");
+            ids.push(json["id"].as_u64().expect("link id"));
+        }
+    }
+    ids
+}
+
+fn link_exists(id: u64) -> bool {
+    Command::new("bpftool")
+        .args(["link", "show", "id", &id.to_string()])
+        .output()
+        .expect("running bpftool")
+        .status
+        .success()
+}
+
+fn drops(daemon: &Daemon, l: &Listener, reason: &str) -> u64 {
+    let inode = l.inode.to_string();
+    daemon
+        .scrape()
+        .value(
+            "backlogd_listen_drops_total",
+            &[("socket", &inode), ("reason", reason)],
+        )
+        .unwrap_or_else(|| panic!("no {reason} drops for socket {inode}")) as u64
+}
+
+#[test]
+fn counts_continue_across_kill_9_and_restart_during_a_burst() {
+    let pins = PinDir::new("restart");
+    let first = Daemon::start_with(&["--pin-dir", pins.arg()]);
+    let ns = Netns::new();
+    ns.sysctl("net.ipv4.tcp_syncookies", "0");
+    // Backlog 2 and no accept(): three handshakes complete, every later SYN overflows.
+    let listener = Listener::open(&ns, "127.0.0.1:0", 2);
+    first.wait_for_listener(listener.inode);
+    ns.count_incoming_syns(listener.addr.port());
+    let before = tcp_ext(&ns);
+
+    // The burst: 10 new clients every 50 ms for 3 s, each retrying its SYN (1 s, 3 s).
+    // The daemon is killed 1 s in and restarted 0.7 s later.
+    let start = Instant::now();
+    let mut clients = Vec::new();
+    let mut first = Some(first);
+    let mut during_downtime = None;
+    let mut second = None;
+    while start.elapsed() < Duration::from_secs(3) {
+        clients.extend(connect_burst(&ns, listener.addr, 10));
+        let t = start.elapsed();
+        if t >= Duration::from_secs(1)
+            && let Some(daemon) = first.take()
+        {
+            daemon.kill_hard();
+            during_downtime = Some(tcp_ext(&ns));
+        }
+        if t >= Duration::from_millis(1700) && second.is_none() {
+            let down = ListenCounters::delta(
+                during_downtime.as_ref().expect("killed first"),
+                &tcp_ext(&ns),
+            );
+            eprintln!("while no daemon ran, the kernel counted {down:?}");
+            assert!(
+                down.listen_overflows > 0,
+                "the scenario needs drops while the daemon is down: {down:?}"
+            );
+            second = Some(Daemon::start_with(&["--pin-dir", pins.arg()]));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let second = second.expect("restarted");
+    assert!(
+        second.log().contains("adopted the pinned programs"),
+        "the second daemon must adopt the pinned state; log:\n{}",
+        second.log()
+    );
+    // Let the last SYN retransmissions happen, then close every client: no more SYNs.
+    // (Clients made over 3 s retransmit at any moment, so their own statistics cannot
+    // close the interval; the namespace's input counter does.)
+    std::thread::sleep(Duration::from_millis(1200));
+    drop(clients);
+    std::thread::sleep(Duration::from_millis(100));
+    let arrived = ns.incoming_syns();
+    let kernel = ListenCounters::delta(&before, &tcp_ext(&ns));
+    second.wait_for_listener(listener.inode);
+
+    let overflows = drops(&second, &listener, "accept_queue_full");
+    let other: u64 = ["syn_queue_full", "final_ack_overflow", "other"]
+        .iter()
+        .map(|r| drops(&second, &listener, r))
+        .sum();
+    let syns = second
+        .scrape()
+        .value(
+            "backlogd_listen_syns_received_total",
+            &[("socket", &listener.inode.to_string())],
+        )
+        .expect("syns received") as u64;
+    eprintln!(
+        "across the restart: backlogd accept_queue_full {overflows}, other reasons {other}, \
+         SYNs {syns}; kernel {kernel:?}; {arrived} SYNs arrived"
+    );
+    assert!(kernel.listen_overflows >= 100, "{kernel:?}");
+    assert_eq!(overflows, kernel.listen_overflows, "ListenOverflows");
+    assert_eq!(overflows + other, kernel.listen_drops, "ListenDrops");
+    assert_eq!(syns, arrived, "SYNs that arrived for the listener");
+
+    // `backlogd unpin` detaches what the pins held.
+    drop(second);
+    let links = pinned_link_ids(&pins.0);
+    assert!(!links.is_empty(), "no pinned links under {}", pins.arg());
+    assert!(
+        links.iter().all(|&id| link_exists(id)),
+        "pinned links alive"
+    );
+    unpin(&pins.0);
+    assert!(!pins.0.exists());
+    let alive: Vec<u64> = links.into_iter().filter(|&id| link_exists(id)).collect();
+    assert!(
+        alive.is_empty(),
+        "links still attached after unpin: {alive:?}"
+    );
+}
+
+#[test]
+fn state_pinned_by_another_build_is_removed_and_counting_starts_afresh() {
+    let pins = PinDir::new("stale");
+    let stale = pins.0.join("000000000000-tracepoint");
+    std::fs::create_dir_all(stale.join("maps")).expect("mkdir on bpffs");
+    std::fs::create_dir_all(stale.join("complete")).expect("mkdir on bpffs");
+    let map_name = format!("stale{}", std::process::id() % 100_000);
+    let out = Command::new("bpftool")
+        .args(["map", "create"])
+        .arg(stale.join("maps/LISTENER_STATS"))
+        .args(["type", "array", "key", "4", "value", "4", "entries", "1"])
+        .args(["name", &map_name])
+        .output()
+        .expect("running bpftool");
+    assert!(out.status.success(), "bpftool map create: {out:?}");
+
+    let daemon = Daemon::start_with(&["--pin-dir", pins.arg()]);
+    assert!(!stale.exists(), "the other build's state is still pinned");
+    assert!(
+        daemon
+            .log()
+            .contains("removing pinned state this daemon cannot adopt"),
+        "log:\n{}",
+        daemon.log()
+    );
+    let mode = daemon.scrape().hook_mode();
+    let ours: Vec<String> = std::fs::read_dir(&pins.0)
+        .expect("pin dir")
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(ours.len(), 1, "{ours:?}");
+    assert!(ours[0].ends_with(&format!("-{mode}")), "{ours:?}");
+    assert!(pins.0.join(&ours[0]).join("complete").is_dir());
+    // The stale map is gone from the kernel, not just from bpffs.
+    let maps = Command::new("bpftool")
+        .args(["map", "show", "name", &map_name])
+        .output()
+        .expect("running bpftool");
+    assert!(
+        !maps.status.success() || maps.stdout.is_empty(),
+        "stale map still exists: {}",
+        String::from_utf8_lossy(&maps.stdout)
+    );
+}
+
+#[test]
+fn pin_dir_outside_bpffs_is_refused_with_the_fix() {
+    let out = run_to_end(&["run", "--listen", "127.0.0.1:0", "--pin-dir", "/tmp"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("/tmp is not on a BPF filesystem") && err.contains("mount -t bpf"),
+        "{err}"
+    );
+}
