@@ -58,6 +58,7 @@ impl ListenerTable {
         }
     }
 
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.by_inode.len()
     }

@@ -5,7 +5,10 @@
 use std::{
     collections::{BTreeMap, HashMap},
     os::fd::{AsFd as _, AsRawFd as _},
-    sync::{Arc, Mutex},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicUsize, Ordering},
+    },
 };
 
 use aya::{
@@ -15,7 +18,7 @@ use aya::{
 use backlogd_common::{ACCEPT_WAIT_BUCKETS, ListenerStats, QueueState};
 use serde::{Deserialize, Serialize};
 
-use super::text::{Exposition, Kind};
+use super::text::{Exposition, HistogramNames, Kind, LabelSet};
 use crate::{
     daemon::Shared,
     listeners::Listener,
@@ -68,6 +71,8 @@ pub struct Metrics {
     /// Queued counts and accept waits are only exported when enqueue events are seen.
     enqueue_events: bool,
     retired: Mutex<Retired>,
+    /// Size of the last exposition, to size the next one's buffer.
+    last_size: AtomicUsize,
 }
 
 /// Group label values (netns, address, port) and process label values (pid, comm).
@@ -282,6 +287,7 @@ impl Metrics {
             kernel,
             enqueue_events,
             retired: Mutex::default(),
+            last_size: AtomicUsize::new(0),
         }
     }
 
@@ -393,10 +399,23 @@ impl Metrics {
         // Before taking the table's read guard: netns_counters() takes it too, and a second
         // read lock on one thread deadlocks with a writer (the event loop) waiting between.
         let namespaces = self.shared.netns_counters();
-        let listeners = self.shared.listeners();
-        let mut e = Exposition::with_capacity(1024 + listeners.len() * 6000);
-        let rows: Vec<([String; 6], &Listener)> =
-            listeners.iter().map(|l| (label_values(l), l)).collect();
+        // A copy, so the event loop is not held off the table while the text is written.
+        let listeners: Vec<Listener> = self.shared.listeners().iter().cloned().collect();
+        // Sized from the previous scrape: growing a multi-megabyte buffer by doubling
+        // would copy it several times and double the peak memory.
+        let mut e = Exposition::with_capacity(
+            self.last_size
+                .load(Ordering::Relaxed)
+                .max(1024 + listeners.len() * 8000),
+        );
+        let rows: Vec<([String; 6], LabelSet, &Listener)> = listeners
+            .iter()
+            .map(|l| {
+                let values = label_values(l);
+                let set = LabelSet::new(&labels(&values));
+                (values, set, l)
+            })
+            .collect();
 
         e.family(
             "backlogd_listen_backlog_requested",
@@ -404,13 +423,9 @@ impl Metrics {
             "Backlog the application passed to listen(2) on this socket (absent for \
              listeners already listening when backlogd started).",
         );
-        for (values, l) in &rows {
+        for (_, set, l) in &rows {
             if let Some(requested) = l.requested {
-                e.sample(
-                    "backlogd_listen_backlog_requested",
-                    &labels(values),
-                    requested,
-                );
+                e.sample_with("backlogd_listen_backlog_requested", set, &[], requested);
             }
         }
         e.family(
@@ -420,12 +435,8 @@ impl Metrics {
              backlog clamped to net.core.somaxconn of the socket's network namespace. It is \
              also the SYN queue's limit.",
         );
-        for (values, l) in &rows {
-            e.sample(
-                "backlogd_listen_backlog_granted",
-                &labels(values),
-                l.granted,
-            );
+        for (_, set, l) in &rows {
+            e.sample_with("backlogd_listen_backlog_granted", set, &[], l.granted);
         }
 
         // A listener no SYN has reached yet has no map entry: its counters are zero.
@@ -436,8 +447,8 @@ impl Metrics {
                 continue;
             }
             e.family(name, Kind::Counter, help);
-            for (values, l) in &rows {
-                e.sample(name, &labels(values), value(counters(l)));
+            for (_, set, l) in &rows {
+                e.sample_with(name, set, &[], value(counters(l)));
             }
         }
         e.family(
@@ -448,15 +459,12 @@ impl Metrics {
              with syncookies off: TCPReqQFullDrop), final_ack_overflow (handshake's final ACK \
              found the accept queue full: ListenOverflows), other (rest of ListenDrops).",
         );
-        for (values, l) in &rows {
-            let base = labels(values);
+        for (_, set, l) in &rows {
             for (reason, count) in DROP_REASONS {
-                let mut with_reason = [("", ""); 7];
-                with_reason[..6].copy_from_slice(&base);
-                with_reason[6] = ("reason", reason);
-                e.sample(
+                e.sample_with(
                     "backlogd_listen_drops_total",
-                    &with_reason,
+                    set,
+                    &[("reason", reason)],
                     count(counters(l)),
                 );
             }
@@ -485,8 +493,8 @@ impl Metrics {
             ),
         ] {
             e.family(name, Kind::Gauge, help);
-            for (values, l) in &rows {
-                e.sample(name, &labels(values), value(queue(l)));
+            for (_, set, l) in &rows {
+                e.sample_with(name, set, &[], value(queue(l)));
             }
         }
 
@@ -497,13 +505,13 @@ impl Metrics {
                 "Time accepted connections waited on the accept queue, from handshake \
                  completion to accept() returning.",
             );
-            let bounds = accept_wait_bounds();
-            for (values, l) in &rows {
+            let names =
+                HistogramNames::new("backlogd_listen_accept_wait_seconds", &accept_wait_bounds());
+            for (_, set, l) in &rows {
                 let s = counters(l);
                 e.histogram(
-                    "backlogd_listen_accept_wait_seconds",
-                    &labels(values),
-                    &bounds,
+                    &names,
+                    set,
                     &s.accept_wait,
                     s.accept_wait_sum_ns as f64 / 1e9,
                 );
@@ -590,6 +598,7 @@ impl Metrics {
             &[("version", env!("CARGO_PKG_VERSION"))],
             1,
         );
+        self.last_size.store(e.bytes(), Ordering::Relaxed);
         e.finish()
     }
 }
@@ -624,14 +633,14 @@ fn netns_counters(e: &mut Exposition, namespaces: &[(u32, HashMap<String, u64>)]
 /// member or worker stands out against its siblings.
 fn aggregates(
     e: &mut Exposition,
-    rows: &[([String; 6], &Listener)],
+    rows: &[([String; 6], LabelSet, &Listener)],
     stats: &HashMap<u64, ListenerStats>,
     queues: &HashMap<u64, QueueFigures>,
     retired: &mut Retired,
 ) {
     retired.update(
         rows.iter()
-            .map(|(v, l)| {
+            .map(|(v, _, l)| {
                 let group = [v[0].clone(), v[1].clone(), v[2].clone()];
                 let process = [v[4].clone(), v[5].clone()];
                 let figures = stats.get(&l.inode).copied();
@@ -648,7 +657,7 @@ fn aggregates(
     // Label values by aggregate: group (netns, address, port) and process (pid, comm).
     let mut groups: BTreeMap<Vec<(&str, &str)>, Sum> = BTreeMap::new();
     let mut processes: BTreeMap<Vec<(&str, &str)>, Sum> = BTreeMap::new();
-    for (v, l) in rows {
+    for (v, _, l) in rows {
         let group = vec![
             ("netns", v[0].as_str()),
             ("address", &v[1]),

@@ -41,14 +41,27 @@ impl Exposition {
     }
 
     pub fn sample(&mut self, name: &str, labels: &[(&str, &str)], value: impl Display) {
+        self.sample_with(name, &LabelSet::default(), labels, value);
+    }
+
+    /// A sample whose labels are `set` followed by `extra`: a listener's labels are
+    /// rendered once per scrape, not once for each of its ~40 samples.
+    pub fn sample_with(
+        &mut self,
+        name: &str,
+        set: &LabelSet,
+        extra: &[(&str, &str)],
+        value: impl Display,
+    ) {
         self.out.push_str(name);
-        if !labels.is_empty() {
+        if !set.0.is_empty() || !extra.is_empty() {
             self.out.push('{');
-            for (i, (k, v)) in labels.iter().enumerate() {
-                if i > 0 {
+            self.out.push_str(&set.0);
+            for (i, (k, v)) in extra.iter().enumerate() {
+                if i > 0 || !set.0.is_empty() {
                     self.out.push(',');
                 }
-                let _ = write!(self.out, "{k}=\"{}\"", escape(v, true));
+                push_label(&mut self.out, k, v);
             }
             self.out.push('}');
         }
@@ -57,34 +70,70 @@ impl Exposition {
 
     /// One histogram series: cumulative `_bucket{le}` samples from per-bucket counts
     /// (`counts[i]` below `bounds[i]`, the last count above every bound), `_sum`, `_count`.
-    pub fn histogram(
-        &mut self,
-        name: &str,
-        labels: &[(&str, &str)],
-        bounds: &[f64],
-        counts: &[u64],
-        sum: f64,
-    ) {
-        let bucket = format!("{name}_bucket");
-        let les: Vec<String> = bounds.iter().map(|b| b.to_string()).collect();
-        let mut with_le: Vec<(&str, &str)> = labels.to_vec();
+    pub fn histogram(&mut self, names: &HistogramNames, set: &LabelSet, counts: &[u64], sum: f64) {
         let mut cumulative = 0;
-        for (i, le) in les.iter().enumerate() {
+        for (i, le) in names.les.iter().enumerate() {
             cumulative += counts.get(i).copied().unwrap_or(0);
-            with_le.push(("le", le));
-            self.sample(&bucket, &with_le, cumulative);
-            with_le.pop();
+            self.sample_with(&names.bucket, set, &[("le", le)], cumulative);
         }
         let total: u64 = counts.iter().sum();
-        with_le.push(("le", "+Inf"));
-        self.sample(&bucket, &with_le, total);
-        self.sample(&format!("{name}_sum"), labels, sum);
-        self.sample(&format!("{name}_count"), labels, total);
+        self.sample_with(&names.bucket, set, &[("le", "+Inf")], total);
+        self.sample_with(&names.sum, set, &[], sum);
+        self.sample_with(&names.count, set, &[], total);
+    }
+
+    /// Bytes written so far.
+    pub fn bytes(&self) -> usize {
+        self.out.len()
     }
 
     pub fn finish(self) -> String {
         self.out
     }
+}
+
+/// Labels rendered once (`k="v",k2="v2"`, escaped) for many samples.
+#[derive(Debug, Default, Clone)]
+pub struct LabelSet(String);
+
+impl LabelSet {
+    pub fn new(labels: &[(&str, &str)]) -> Self {
+        let mut out = String::new();
+        for (i, (k, v)) in labels.iter().enumerate() {
+            if i > 0 {
+                out.push(',');
+            }
+            push_label(&mut out, k, v);
+        }
+        Self(out)
+    }
+}
+
+/// The sample names and `le` values of one histogram family, made once per scrape.
+pub struct HistogramNames {
+    bucket: String,
+    sum: String,
+    count: String,
+    les: Vec<String>,
+}
+
+impl HistogramNames {
+    /// `bounds`: the buckets' upper bounds, ascending (`+Inf` is added).
+    pub fn new(name: &str, bounds: &[f64]) -> Self {
+        Self {
+            bucket: format!("{name}_bucket"),
+            sum: format!("{name}_sum"),
+            count: format!("{name}_count"),
+            les: bounds.iter().map(ToString::to_string).collect(),
+        }
+    }
+}
+
+fn push_label(out: &mut String, k: &str, v: &str) {
+    out.push_str(k);
+    out.push_str("=\"");
+    out.push_str(&escape(v, true));
+    out.push('"');
 }
 
 fn escape(s: &str, quotes: bool) -> std::borrow::Cow<'_, str> {
@@ -123,7 +172,12 @@ mod tests {
     #[test]
     fn histogram_buckets_are_cumulative() {
         let mut e = Exposition::default();
-        e.histogram("h", &[("a", "b")], &[0.5, 1.0], &[1, 2, 3], 4.5);
+        e.histogram(
+            &HistogramNames::new("h", &[0.5, 1.0]),
+            &LabelSet::new(&[("a", "b")]),
+            &[1, 2, 3],
+            4.5,
+        );
         assert_eq!(
             e.finish(),
             "h_bucket{a=\"b\",le=\"0.5\"} 1\nh_bucket{a=\"b\",le=\"1\"} 3\n\
