@@ -74,7 +74,23 @@ pub struct Options {
     pub kernels: Vec<String>,
     /// Hook modes to run (all when empty).
     pub modes: Vec<String>,
+    /// Leave out the tests in [`CI_SKIPS`] (`cargo xtask test`), saying so in the table.
+    pub ci: bool,
 }
+
+/// Tests `cargo xtask test` leaves out of the matrix, each with the reason; `cargo xtask
+/// vm` runs them. (kernel, mode, suite, test, reason)
+const CI_SKIPS: &[(&str, &str, &str, &str, &str)] = &[(
+    "debian-6.1",
+    "kprobe",
+    "reuseport",
+    "stalled_member_of_a_four_socket_group_stands_out_and_matches_the_kernel",
+    "kprobe-mode SYN probes are skipped by the kernel while a classic-tracepoint BPF \
+     program (here backlogd's accept() hooks, run by three threads spinning on accept()) \
+     holds the CPU's bpf_prog_active, and Linux 6.1 does not count those skips (6.7+ does, \
+     and the suite then checks the shortfall against them): 2 of 5 runs were 3-4 drops \
+     short of ~80. Documented in docs/metrics.md (kprobe-mode limits)",
+)];
 
 /// One kernel x mode cell of the table.
 struct Row {
@@ -123,7 +139,12 @@ pub fn run(opts: &Options) -> Result<()> {
     for spec in kernels {
         let kernel = fetch_kernel(spec)?;
         let work = super::workspace_root().join("target/vm").join(spec.label);
-        let initrd = build_initramfs(&work, &kernel, &payload, &modes)?;
+        let skips: Vec<(&str, &str, &str)> = CI_SKIPS
+            .iter()
+            .filter(|s| opts.ci && s.0 == spec.label)
+            .map(|s| (s.1, s.2, s.3))
+            .collect();
+        let initrd = build_initramfs(&work, &kernel, &payload, &modes, &skips)?;
         let log = work.join("console.log");
         eprintln!(
             "xtask vm: booting {} ({}) under qemu TCG; console log: {}",
@@ -145,7 +166,13 @@ pub fn run(opts: &Options) -> Result<()> {
         );
         rows.extend(parse_console(spec.label, &console, &modes));
     }
-    let table = render_table(&rows);
+    let mut table = render_table(&rows);
+    for (kernel, mode, suite, test, why) in CI_SKIPS.iter().filter(|_| opts.ci) {
+        let _ = writeln!(
+            table,
+            "NOT RUN here: {kernel} x {mode}: {suite}::{test}: {why}. `cargo xtask vm` runs it."
+        );
+    }
     println!("{table}");
     let failed: Vec<String> = rows
         .iter()
@@ -321,6 +348,7 @@ fn build_initramfs(
     kernel: &Kernel,
     payload: &Payload,
     modes: &[&str],
+    skips: &[(&str, &str, &str)],
 ) -> Result<PathBuf> {
     let root = work.join("root");
     let _ = std::fs::remove_dir_all(&root);
@@ -382,8 +410,11 @@ fn build_initramfs(
     let mut runs = String::new();
     for mode in modes {
         for (suite, filter) in GUEST_SUITES {
-            let filter = filter.unwrap_or("");
-            writeln!(runs, "run_suite {mode} {suite} {filter}")?;
+            let mut args = filter.unwrap_or("").to_owned();
+            for (_, _, test) in skips.iter().filter(|s| s.0 == *mode && s.1 == *suite) {
+                args.push_str(&format!(" --skip {test}"));
+            }
+            writeln!(runs, "run_suite {mode} {suite} {args}")?;
         }
     }
     let init = INIT_TEMPLATE
@@ -428,9 +459,10 @@ ip link set lo up
 echo "@MARK@ kernel $(uname -r) expected @RELEASE@ cpus $(nproc)"
 export BACKLOGD_BIN=/backlogd/backlogd RUST_BACKTRACE=1 NO_COLOR=1
 run_suite() {
-    mode=$1 suite=$2 filter=$3
+    mode=$1 suite=$2
+    shift 2
     echo "@MARK@ begin mode=$mode suite=$suite"
-    BACKLOGD_HOOK_MODE=$mode /backlogd/tests/$suite --test-threads=1 $filter 2>&1
+    BACKLOGD_HOOK_MODE=$mode /backlogd/tests/$suite --test-threads=1 "$@" 2>&1
     echo "@MARK@ end mode=$mode suite=$suite rc=$?"
 }
 @RUNS@
