@@ -115,6 +115,7 @@ pub fn run(config: RunConfig) -> anyhow::Result<()> {
         pin_dir: config.config.pin_dir.clone(),
     })
     .context("cannot start")?;
+    release_freed_memory();
     tracing::info!(
         mode = probes.mode.name(),
         kernel_fentry = probes.kernel.fentry,
@@ -369,6 +370,14 @@ fn apply_reload(
             changed.join(", ")
         }
     );
+}
+
+/// Loading parses the kernel's BTF (tens of MiB) and frees it again; glibc keeps freed
+/// heap for reuse unless asked, which would leave a long-running daemon at several times
+/// the memory it uses.
+fn release_freed_memory() {
+    // SAFETY: malloc_trim only returns free heap pages to the kernel.
+    unsafe { libc::malloc_trim(0) };
 }
 
 /// Runs the daemon on a background thread serving on a loopback port (for tools that
