@@ -11,8 +11,9 @@ use anyhow::{Context as _, Result, bail};
 /// open), `bpftool`, `nginx` and `wrk` (the real-world experiment), `tmux` (the terminal view's
 /// test), `systemd-analyze` (systemd: the unit's verify and security score), `openssl` and
 /// `curl` (the TLS test); for the kernel matrix: qemu, a static busybox, cpio for the initramfs, and kmod
-/// (depmod/modprobe resolve the guest's module dependencies); `bpftrace` (the benchmark's
-/// comparison with a hand-written script).
+/// (depmod/modprobe resolve the guest's module dependencies) and xz-utils (Debian's modules
+/// are .ko.xz); `bpftrace` (the benchmark's comparison with a hand-written script); procps
+/// (`pgrep` finds nginx's workers).
 const DEBIAN_PACKAGES: &[&str] = &[
     "iproute2",
     "util-linux",
@@ -29,7 +30,9 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "busybox-static",
     "cpio",
     "kmod",
+    "xz-utils",
     "bpftrace",
+    "procps",
 ];
 
 const BPF_LINKER_VERSION: &str = "0.13.0";
@@ -55,10 +58,27 @@ pub(crate) fn output(cmd: &mut Command) -> Result<String> {
 }
 
 fn nightly_sysroot() -> Result<PathBuf> {
-    let sysroot = output(Command::new("rustc").args(["+nightly", "--print", "sysroot"])).context(
-        "the nightly Rust toolchain is required to build the eBPF object; \
-             install it with `rustup toolchain install nightly`",
-    )?;
+    let print = || output(Command::new("rustc").args(["+nightly", "--print", "sysroot"]));
+    let sysroot = match print() {
+        Ok(sysroot) => sysroot,
+        // A fresh machine may have only stable: the eBPF build needs nightly.
+        Err(_) => {
+            super::run(Command::new("rustup").args([
+                "toolchain",
+                "install",
+                "nightly",
+                "--profile",
+                "minimal",
+                "--component",
+                "rust-src,clippy,rustfmt",
+            ]))
+            .context(
+                "installing the nightly Rust toolchain (needed for the eBPF object) failed; \
+                 install it with `rustup toolchain install nightly`",
+            )?;
+            print()?
+        }
+    };
     Ok(PathBuf::from(sysroot.trim()))
 }
 
