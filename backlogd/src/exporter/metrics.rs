@@ -3,7 +3,7 @@
 //! metric here is documented in docs/metrics.md.
 
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::{BTreeMap, HashMap, HashSet},
     os::fd::{AsFd as _, AsRawFd as _},
     sync::{
         Arc, Mutex,
@@ -113,10 +113,12 @@ impl Retired {
                 self.processes.entry(process).or_default().add(&stats);
             }
         }
-        self.groups
-            .retain(|g, _| now.values().any(|(group, _, _)| group == g));
-        self.processes
-            .retain(|p, _| now.values().any(|(_, process, _)| process == p));
+        if !self.groups.is_empty() || !self.processes.is_empty() {
+            let groups: HashSet<&GroupKey> = now.values().map(|(g, _, _)| g).collect();
+            let processes: HashSet<&ProcessKey> = now.values().map(|(_, p, _)| p).collect();
+            self.groups.retain(|g, _| groups.contains(g));
+            self.processes.retain(|p, _| processes.contains(p));
+        }
         self.last = now;
     }
 }

@@ -500,27 +500,11 @@ fn attach_cgroup_ingress(ebpf: &mut Ebpf) -> Result<CgroupAttachment, LoadError>
     })?;
     let program = "listener_ingress";
     let hook = format!("cgroup_skb/ingress on {path}");
-    let prog: &mut CgroupSkb = ebpf
-        .program_mut(program)
-        .ok_or(LoadError::Map(program))?
-        .try_into()
-        .map_err(|source| LoadError::Program {
-            program,
-            hook: hook.clone(),
-            source,
-        })?;
-    prog.load().map_err(|source| LoadError::Program {
-        program,
-        hook: hook.clone(),
-        source,
-    })?;
+    let prog: &mut CgroupSkb = program_mut(ebpf, program, &hook)?;
+    prog.load().map_err(program_error(program, &hook))?;
     let prog_fd = prog
         .fd()
-        .map_err(|source| LoadError::Program {
-            program,
-            hook: hook.clone(),
-            source,
-        })?
+        .map_err(program_error(program, &hook))?
         .as_fd()
         .try_clone_to_owned()
         .map_err(|source| LoadError::Attach {
@@ -530,12 +514,36 @@ fn attach_cgroup_ingress(ebpf: &mut Ebpf) -> Result<CgroupAttachment, LoadError>
     CgroupAttachment::attach(cgroup, prog_fd).map_err(|source| LoadError::Attach { hook, source })
 }
 
+/// Program `name` of the object as its type `T`; errors name `hook`.
+fn program_mut<'a, T>(
+    ebpf: &'a mut Ebpf,
+    name: &'static str,
+    hook: &str,
+) -> Result<&'a mut T, LoadError>
+where
+    &'a mut T: TryFrom<&'a mut aya::programs::Program, Error = ProgramError>,
+{
+    ebpf.program_mut(name)
+        .ok_or(LoadError::Map(name))?
+        .try_into()
+        .map_err(program_error(name, hook))
+}
+
+fn program_error(program: &'static str, hook: &str) -> impl FnOnce(ProgramError) -> LoadError {
+    let hook = hook.to_owned();
+    move |source| LoadError::Program {
+        program,
+        hook,
+        source,
+    }
+}
+
 /// Pins the link `take` hands over when the load is pinning; otherwise the link stays
 /// with the program (and goes when the daemon exits).
 fn pin_link<L, E>(
     pinning: &mut Option<Pinning>,
     program: &'static str,
-    hook: String,
+    hook: &str,
     take: impl FnOnce() -> Result<L, ProgramError>,
 ) -> Result<(), LoadError>
 where
@@ -545,11 +553,7 @@ where
     let Some(pinning) = pinning else {
         return Ok(());
     };
-    let link = take().map_err(|source| LoadError::Program {
-        program,
-        hook,
-        source,
-    })?;
+    let link = take().map_err(program_error(program, hook))?;
     let link = link.try_into().map_err(|e| PinError::NoLink {
         program: program.to_owned(),
         source: Box::new(e),
@@ -563,23 +567,32 @@ fn attach_tracepoint(
     hooks: &[(&str, &str)],
     pinning: &mut Option<Pinning>,
 ) -> Result<(), LoadError> {
-    let err = |hook: String| {
-        move |source| LoadError::Program {
-            program,
-            hook,
-            source,
-        }
-    };
-    let prog: &mut TracePoint = ebpf
-        .program_mut(program)
-        .ok_or(LoadError::Map(program))?
-        .try_into()
-        .map_err(err(program.to_owned()))?;
-    prog.load().map_err(err(program.to_owned()))?;
+    let prog: &mut TracePoint = program_mut(ebpf, program, program)?;
+    prog.load().map_err(program_error(program, program))?;
     for (category, name) in hooks {
         let hook = format!("tracepoint {category}:{name}");
-        let id = prog.attach(category, name).map_err(err(hook.clone()))?;
-        pin_link(pinning, program, hook, || prog.take_link(id))?;
+        let id = prog
+            .attach(category, name)
+            .map_err(program_error(program, &hook))?;
+        pin_link(pinning, program, &hook, || prog.take_link(id))?;
+    }
+    Ok(())
+}
+
+fn attach_kprobe(
+    ebpf: &mut Ebpf,
+    program: &'static str,
+    functions: &[&str],
+    pinning: &mut Option<Pinning>,
+) -> Result<(), LoadError> {
+    let prog: &mut KProbe = program_mut(ebpf, program, program)?;
+    prog.load().map_err(program_error(program, program))?;
+    for function in functions {
+        let hook = format!("kprobe {function}");
+        let id = prog
+            .attach(function, 0)
+            .map_err(program_error(program, &hook))?;
+        pin_link(pinning, program, &hook, || prog.take_link(id))?;
     }
     Ok(())
 }
@@ -592,19 +605,11 @@ fn attach_btf_tracepoint(
     pinning: &mut Option<Pinning>,
 ) -> Result<(), LoadError> {
     let hook = format!("tp_btf/{function}");
-    let err = |source| LoadError::Program {
-        program,
-        hook: hook.clone(),
-        source,
-    };
-    let prog: &mut BtfTracePoint = ebpf
-        .program_mut(program)
-        .ok_or(LoadError::Map(program))?
-        .try_into()
-        .map_err(err)?;
-    prog.load(function, btf).map_err(err)?;
-    let id = prog.attach().map_err(err)?;
-    pin_link(pinning, program, hook.clone(), || prog.take_link(id))
+    let prog: &mut BtfTracePoint = program_mut(ebpf, program, &hook)?;
+    prog.load(function, btf)
+        .map_err(program_error(program, &hook))?;
+    let id = prog.attach().map_err(program_error(program, &hook))?;
+    pin_link(pinning, program, &hook, || prog.take_link(id))
 }
 
 fn attach_fentry(
@@ -616,50 +621,18 @@ fn attach_fentry(
     pinning: &mut Option<Pinning>,
 ) -> Result<(), LoadError> {
     let hook = format!("{}/{function}", if exit { "fexit" } else { "fentry" });
-    let err = |source| LoadError::Program {
-        program,
-        hook: hook.clone(),
-        source,
-    };
-    let prog = ebpf.program_mut(program).ok_or(LoadError::Map(program))?;
+    let err = || program_error(program, &hook);
     if exit {
-        let prog: &mut FExit = prog.try_into().map_err(err)?;
-        prog.load(function, btf).map_err(err)?;
-        let id = prog.attach().map_err(err)?;
-        pin_link(pinning, program, hook.clone(), || prog.take_link(id))
+        let prog: &mut FExit = program_mut(ebpf, program, &hook)?;
+        prog.load(function, btf).map_err(err())?;
+        let id = prog.attach().map_err(err())?;
+        pin_link(pinning, program, &hook, || prog.take_link(id))
     } else {
-        let prog: &mut FEntry = prog.try_into().map_err(err)?;
-        prog.load(function, btf).map_err(err)?;
-        let id = prog.attach().map_err(err)?;
-        pin_link(pinning, program, hook.clone(), || prog.take_link(id))
+        let prog: &mut FEntry = program_mut(ebpf, program, &hook)?;
+        prog.load(function, btf).map_err(err())?;
+        let id = prog.attach().map_err(err())?;
+        pin_link(pinning, program, &hook, || prog.take_link(id))
     }
-}
-
-fn attach_kprobe(
-    ebpf: &mut Ebpf,
-    program: &'static str,
-    functions: &[&str],
-    pinning: &mut Option<Pinning>,
-) -> Result<(), LoadError> {
-    let err = |hook: String| {
-        move |source| LoadError::Program {
-            program,
-            hook,
-            source,
-        }
-    };
-    let prog: &mut KProbe = ebpf
-        .program_mut(program)
-        .ok_or(LoadError::Map(program))?
-        .try_into()
-        .map_err(err(program.to_owned()))?;
-    prog.load().map_err(err(program.to_owned()))?;
-    for function in functions {
-        let hook = format!("kprobe {function}");
-        let id = prog.attach(function, 0).map_err(err(hook.clone()))?;
-        pin_link(pinning, program, hook, || prog.take_link(id))?;
-    }
-    Ok(())
 }
 
 /// Takes map `name` out of the object as the typed map `T`, pinning it first when the
