@@ -23,15 +23,14 @@ fn slow_acceptor_depth_peak_counts_and_wait_match_kernel_and_application() {
 
     // 12 handshakes complete; nobody accepts yet.
     let addr = listener.addr;
-    // Each connection's handshake completes inside its connect() on loopback: the time
-    // connect() returns is when the application can first see it queued.
-    let clients: Vec<(std::net::TcpStream, Instant)> = ns.run(move || {
+    // Each connection's handshake completes inside its connect() on loopback, so the kernel
+    // queued it between the instants before and after that connect().
+    let clients: Vec<(std::net::TcpStream, Instant, Instant)> = ns.run(move || {
         (0..12)
             .map(|_| {
-                (
-                    std::net::TcpStream::connect(addr).expect("connect"),
-                    Instant::now(),
-                )
+                let before = Instant::now();
+                let stream = std::net::TcpStream::connect(addr).expect("connect");
+                (stream, before, Instant::now())
             })
             .collect()
     });
@@ -40,14 +39,20 @@ fn slow_acceptor_depth_peak_counts_and_wait_match_kernel_and_application() {
     assert_eq!(peak, 12, "kernel accept queue at the peak");
 
     // The application accepts 5, 30 ms apart; the queue is FIFO, so the i-th accept takes
-    // the i-th connection.
-    let mut app_waits = Vec::new();
-    for (_, connected_at) in clients.iter().take(5) {
+    // the i-th connection. Each wait the kernel saw lies between the shortest and the
+    // longest the application's clocks allow: (accept called - connect returned) and
+    // (accept returned - connect called). Under emulation these brackets are a few ms wide
+    // and a single point estimate is not good enough.
+    let mut app_waits: Vec<(f64, f64)> = Vec::new();
+    for (_, connect_called, connect_returned) in clients.iter().take(5) {
         std::thread::sleep(Duration::from_millis(30));
+        let accept_called = Instant::now();
         listener.socket.accept().expect("accept");
-        app_waits.push(connected_at.elapsed().as_secs_f64());
+        app_waits.push((
+            (accept_called - *connect_returned).as_secs_f64(),
+            connect_called.elapsed().as_secs_f64(),
+        ));
     }
-    let app_wait: f64 = app_waits.iter().sum();
     let queue = kernel_queue(&ns, &listener);
     let scrape = daemon.scrape();
     drop(clients);
@@ -102,22 +107,22 @@ fn slow_acceptor_depth_peak_counts_and_wait_match_kernel_and_application() {
         (12, queue.recv_q, 5),
         "(queued, queued - accepted, accept waits): backlogd vs the kernel and the application"
     );
-    // Timing, not counting: the kernel-side clock starts when the final ACK is processed,
-    // the application's when that connection's connect() returned; they differ by well under
-    // 2 ms per connection on loopback.
+    // Timing, not counting: the sum lies within the sum of the brackets.
     let measured = value(
         &scrape,
         "backlogd_listen_accept_wait_seconds_sum",
         &listener,
     );
-    let expected = app_wait;
+    let (lo, hi): (f64, f64) = app_waits
+        .iter()
+        .fold((0.0, 0.0), |(l, h), (wl, wh)| (l + wl, h + wh));
     assert!(
-        (measured - expected).abs() < 5.0 * 0.002,
-        "accept wait sum: backlogd {measured} s, application {expected} s"
+        (lo..=hi).contains(&measured),
+        "accept wait sum: backlogd {measured} s, application between {lo} and {hi} s \
+         (per connection: {app_waits:?})"
     );
-    // Each bucket holds the waits the application measured at or below its bound. The
-    // waits depend on the machine's speed (under emulation they are several times the
-    // 30 ms steps), so a bound closer than 2 ms to one of them cannot be decided.
+    // Each bucket holds the waits whose whole bracket is at or below its bound; a bound
+    // inside a bracket cannot be decided.
     let le = |bound: &str| {
         scrape
             .value(
@@ -131,11 +136,11 @@ fn slow_acceptor_depth_peak_counts_and_wait_match_kernel_and_application() {
         "0.016384", "0.032768", "0.065536", "0.131072", "0.262144", "0.524288",
     ] {
         let b: f64 = bound.parse().expect("bound");
-        if app_waits.iter().any(|w| (w - b).abs() < 0.002) {
-            eprintln!("NOT CHECKED: bucket le={bound}, an application wait is within 2 ms of it");
+        if app_waits.iter().any(|(wl, wh)| (*wl..=*wh).contains(&b)) {
+            eprintln!("NOT CHECKED: bucket le={bound} lies inside an application bracket");
             continue;
         }
-        let expected = app_waits.iter().filter(|&&w| w <= b).count() as f64;
+        let expected = app_waits.iter().filter(|(_, wh)| *wh <= b).count() as f64;
         assert_eq!(
             le(bound),
             expected,

@@ -43,6 +43,12 @@ enum Cmd {
         /// Hook modes to run: fentry, kprobe, tracepoint (default: all).
         #[arg(long = "mode")]
         modes: Vec<String>,
+        /// Suites to run (default: all guest suites).
+        #[arg(long = "suite")]
+        suites: Vec<String>,
+        /// Run each suite this many times per boot (to catch a flaky test).
+        #[arg(long, default_value_t = 1)]
+        repeat: u32,
     },
     /// Run rustfmt and clippy (-D warnings) on the host crates and the eBPF crate.
     Lint,
@@ -96,11 +102,18 @@ fn main() -> Result<()> {
             lint()?;
             test(filter.as_deref())
         }
-        Cmd::Vm { kernels, modes } => {
+        Cmd::Vm {
+            kernels,
+            modes,
+            suites,
+            repeat,
+        } => {
             setup::run()?;
             vm::run(&vm::Options {
                 kernels,
                 modes,
+                suites,
+                repeat,
                 ci: false,
             })
         }
@@ -254,6 +267,8 @@ fn test(filter: Option<&str>) -> Result<()> {
         vm::run(&vm::Options {
             kernels: Vec::new(),
             modes: Vec::new(),
+            suites: Vec::new(),
+            repeat: 1,
             ci: true,
         })
         .map(|()| "passed (table above)")

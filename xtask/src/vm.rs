@@ -74,6 +74,10 @@ pub struct Options {
     pub kernels: Vec<String>,
     /// Hook modes to run (all when empty).
     pub modes: Vec<String>,
+    /// Suites to run (all of [`GUEST_SUITES`] when empty).
+    pub suites: Vec<String>,
+    /// Runs of each suite per boot (flaky-test hunting); 1 when 0.
+    pub repeat: u32,
     /// Leave out the tests in [`CI_SKIPS`] (`cargo xtask test`), saying so in the table.
     pub ci: bool,
 }
@@ -134,8 +138,23 @@ pub fn run(opts: &Options) -> Result<()> {
             known.join(", ")
         );
     }
+    for s in &opts.suites {
+        if !GUEST_SUITES.iter().any(|(n, _)| n == s) {
+            let known: Vec<_> = GUEST_SUITES.iter().map(|(n, _)| *n).collect();
+            bail!(
+                "unknown suite {s:?}; the guest suites are {}",
+                known.join(", ")
+            );
+        }
+    }
+    let suites: Vec<(&str, Option<&str>)> = GUEST_SUITES
+        .iter()
+        .filter(|(n, _)| opts.suites.is_empty() || opts.suites.iter().any(|s| s == n))
+        .copied()
+        .collect();
     let payload = build_payload()?;
     let mut rows = Vec::new();
+    let mut excerpts = String::new();
     for spec in kernels {
         let kernel = fetch_kernel(spec)?;
         let work = super::workspace_root().join("target/vm").join(spec.label);
@@ -144,7 +163,8 @@ pub fn run(opts: &Options) -> Result<()> {
             .filter(|s| opts.ci && s.0 == spec.label)
             .map(|s| (s.1, s.2, s.3))
             .collect();
-        let initrd = build_initramfs(&work, &kernel, &payload, &modes, &skips)?;
+        let runs = suite_runs(&modes, &suites, opts.repeat.max(1), &skips);
+        let initrd = build_initramfs(&work, &kernel, &payload, &runs)?;
         let log = work.join("console.log");
         eprintln!(
             "xtask vm: booting {} ({}) under qemu TCG; console log: {}",
@@ -165,8 +185,12 @@ pub fn run(opts: &Options) -> Result<()> {
             }
         );
         rows.extend(parse_console(spec.label, &console, &modes));
+        excerpts.push_str(&failure_excerpts(spec.label, &console));
     }
-    let mut table = render_table(&rows);
+    // The failing suites' own output, so a CI log says what failed without the console
+    // logs (which stay on the CI machine).
+    eprint!("{excerpts}");
+    let mut table = render_table(&rows, &suites, opts.repeat);
     for (kernel, mode, suite, test, why) in CI_SKIPS.iter().filter(|_| opts.ci) {
         let _ = writeln!(
             table,
@@ -343,13 +367,7 @@ fn find_vmlinuz(root: &Path) -> Result<PathBuf> {
 }
 
 /// Stages the guest's root file system under `work/root` and packs it as a newc cpio.
-fn build_initramfs(
-    work: &Path,
-    kernel: &Kernel,
-    payload: &Payload,
-    modes: &[&str],
-    skips: &[(&str, &str, &str)],
-) -> Result<PathBuf> {
+fn build_initramfs(work: &Path, kernel: &Kernel, payload: &Payload, runs: &str) -> Result<PathBuf> {
     let root = work.join("root");
     let _ = std::fs::remove_dir_all(&root);
     for dir in [
@@ -407,21 +425,11 @@ fn build_initramfs(
         )?;
     }
 
-    let mut runs = String::new();
-    for mode in modes {
-        for (suite, filter) in GUEST_SUITES {
-            let mut args = filter.unwrap_or("").to_owned();
-            for (_, _, test) in skips.iter().filter(|s| s.0 == *mode && s.1 == *suite) {
-                args.push_str(&format!(" --skip {test}"));
-            }
-            writeln!(runs, "run_suite {mode} {suite} {args}")?;
-        }
-    }
     let init = INIT_TEMPLATE
         .replace("@MARK@", MARK)
         .replace("@RELEASE@", &kernel.release)
         .replace("@INSMODS@", &insmods)
-        .replace("@RUNS@", &runs);
+        .replace("@RUNS@", runs);
     let init_path = root.join("init");
     std::fs::write(&init_path, init)?;
     set_executable(&init_path)?;
@@ -469,6 +477,62 @@ run_suite() {
 echo "@MARK@ done"
 poweroff -f
 "#;
+
+/// The init script's `run_suite` lines: every suite in every mode, `repeat` times, less the
+/// skipped tests of (mode, suite, test).
+fn suite_runs(
+    modes: &[&str],
+    suites: &[(&str, Option<&str>)],
+    repeat: u32,
+    skips: &[(&str, &str, &str)],
+) -> String {
+    let mut runs = String::new();
+    for mode in modes {
+        for (suite, filter) in suites {
+            let mut args = filter.unwrap_or("").to_owned();
+            for (_, _, test) in skips.iter().filter(|s| s.0 == *mode && s.1 == *suite) {
+                args.push_str(&format!(" --skip {test}"));
+            }
+            for _ in 0..repeat {
+                let _ = writeln!(runs, "run_suite {mode} {suite} {args}");
+            }
+        }
+    }
+    runs
+}
+
+/// Each suite run that ended with a non-zero status (or never ended), with its output.
+fn failure_excerpts(kernel: &str, console: &str) -> String {
+    let mut out = String::new();
+    let mut current: Option<(String, Vec<&str>)> = None;
+    for line in console.lines() {
+        let line = line.trim_end_matches('\r');
+        if let Some(rest) = line.split(&format!("{MARK} begin ")).nth(1) {
+            current = Some((rest.trim().to_owned(), Vec::new()));
+        } else if let Some(rest) = line.split(&format!("{MARK} end ")).nth(1) {
+            if let Some((what, lines)) = current.take()
+                && !rest.trim_end().ends_with("rc=0")
+            {
+                let _ = writeln!(out, "---- {kernel} {what}: {}", rest.trim());
+                for l in lines {
+                    let _ = writeln!(out, "{l}");
+                }
+            }
+        } else if let Some((_, lines)) = current.as_mut() {
+            lines.push(line);
+        }
+    }
+    if let Some((what, lines)) = current {
+        let _ = writeln!(
+            out,
+            "---- {kernel} {what}: no end (guest died or timed out)"
+        );
+        for l in lines.iter().rev().take(200).rev() {
+            let _ = writeln!(out, "{l}");
+        }
+    }
+    out
+}
 
 /// Boots the kernel with the initramfs; the serial console goes to `log`.
 fn boot(kernel: &Kernel, initrd: &Path, log: &Path) -> Result<()> {
@@ -598,10 +662,10 @@ fn fields(rest: &str) -> (String, String) {
     (get("mode="), get("suite="))
 }
 
-fn render_table(rows: &[Row]) -> String {
+fn render_table(rows: &[Row], suites: &[(&str, Option<&str>)], repeat: u32) -> String {
     let mut t = String::from("kernel matrix (qemu TCG, suites: ");
     t.push_str(
-        &GUEST_SUITES
+        &suites
             .iter()
             .map(|(s, f)| match f {
                 Some(f) => format!("{s}[{f}]"),
@@ -610,6 +674,9 @@ fn render_table(rows: &[Row]) -> String {
             .collect::<Vec<_>>()
             .join(" "),
     );
+    if repeat > 1 {
+        let _ = write!(t, ", each run {repeat} times");
+    }
     t.push_str(")\n");
     let _ = writeln!(
         t,
