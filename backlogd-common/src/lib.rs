@@ -227,14 +227,16 @@ pub struct KernelOffsets {
     pub tp_listen_fd: u32,
     pub tp_listen_backlog: u32,
     pub tp_exit_ret: u32,
-    pub tp_state_skaddr: u32,
-    pub tp_state_oldstate: u32,
-    pub tp_state_newstate: u32,
-    pub tp_state_protocol: u32,
-    pub tp_synack_skaddr: u32,
-    pub tp_data_ready_skaddr: u32,
     /// `fd` of sys_enter_accept and sys_enter_accept4 (the daemon checks they agree).
     pub tp_accept_fd: u32,
+    /// `struct pt_regs` at the raw `sys_exit` tracepoint: the syscall number (low 32 bits
+    /// of x86-64 `orig_ax`, arm64 `syscallno`) and the first argument (x86-64 `di`,
+    /// arm64 `orig_x0`: `x0` already holds the return value).
+    pub regs_syscall_nr: u32,
+    pub regs_arg0: u32,
+    /// This architecture's numbers of accept(2) and accept4(2).
+    pub nr_accept: u32,
+    pub nr_accept4: u32,
 }
 
 /// `listen(2)` arguments parked between syscall entry and exit.

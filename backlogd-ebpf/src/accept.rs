@@ -1,26 +1,38 @@
 //! The accept queue: connections queued for accept(), taken by accept(), how long they
 //! waited, and queue depths.
 //!
-//! Tracepoint mode: `sock:sk_data_ready` fires on the listener right after the kernel appends a finished
-//! handshake to its accept queue, so the queue's tail is the new child: its enqueue time
-//! is recorded under the child's address. accept()/accept4() exit then finds the child
-//! behind the returned fd and the wait is the difference. (io_uring accepts do not pass
-//! these syscalls and are not counted as accepted.)
+//! Tracepoint mode: the `sk_data_ready` tracepoint fires on the listener right after the
+//! kernel appends a finished handshake to its accept queue, so the queue's tail is the new
+//! child: its enqueue time is recorded under the child's address. accept()/accept4() exit
+//! then finds the child behind the returned fd and the wait is the difference. (io_uring
+//! accepts do not pass these syscalls and are not counted as accepted.)
 //!
-//! fentry and kprobe modes call [`enqueued`] from `inet_csk_reqsk_queue_add`'s return
-//! and [`accepted`] from `inet_csk_accept`'s, which also sees io_uring accepts.
+//! The accept() syscall hooks differ by mode, each the cheapest that keeps the mode exact:
+//! - tracepoint mode: the classic `syscalls:sys_{enter,exit}_accept{,4}` tracepoints. They
+//!   cost other syscalls a bitmap test, and nothing else this mode attaches is subject to
+//!   the per-CPU guard they hold (see below).
+//! - kprobe mode: the raw `sys_exit` tracepoint, whose saved registers still hold the
+//!   listener fd. A classic tracepoint program holds the per-CPU guard (`bpf_prog_active`)
+//!   that makes the kernel skip any kprobe firing meanwhile on that CPU, so a SYN
+//!   delivered on the exit of an interrupt that arrived inside an accept() probe would go
+//!   unseen by the SYN kprobes. A raw tracepoint program does not take that guard; the
+//!   price is one run at the exit of every syscall on the host (BENCHMARKS.md has the
+//!   figure).
+//! - fentry mode: [`enqueued`] from `inet_csk_reqsk_queue_add`'s return (kprobe mode too)
+//!   and [`accepted`] from `inet_csk_accept`'s, which also sees io_uring accepts.
 
 use aya_ebpf::{
     helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns},
-    macros::{map, tracepoint},
+    macros::{map, raw_tracepoint, tracepoint},
     maps::{Array, LruHashMap, PerCpuHashMap},
-    programs::TracePointContext,
+    programs::{RawTracePointContext, TracePointContext},
 };
 use backlogd_common::{ACCEPT_WAIT_BUCKETS, LISTENER_STATS_ENTRIES, QueueState};
 
 use crate::{
     kernel::{
-        KPtr, Result, is_tcp_listener, offset, socket_inode, socket_of_fd, take_pending, tp_field,
+        KPtr, Result, is_tcp_listener, number, offset, socket_inode, socket_of_fd, take_pending,
+        tp_field,
     },
     syn::update,
 };
@@ -40,7 +52,7 @@ static QUEUE_EPOCH: Array<u32> = Array::with_max_entries(1, 0);
 #[map]
 static QUEUED_AT: LruHashMap<u64, u64> = LruHashMap::with_max_entries(65536, 0);
 
-/// accept() fd parked between syscall entry and exit, by thread.
+/// accept() fd parked between syscall entry and exit, by thread (tracepoint mode).
 #[map]
 static PENDING_ACCEPT: LruHashMap<u64, u64> = LruHashMap::with_max_entries(4096, 0);
 
@@ -85,15 +97,15 @@ pub(crate) fn observe_queues(sk: KPtr, ino: u64) -> Result<()> {
     Ok(())
 }
 
-#[tracepoint]
-pub fn queued(ctx: TracePointContext) -> u32 {
-    let _ = try_queued(&ctx);
+/// `TP_PROTO(const struct sock *sk)`.
+#[raw_tracepoint(tracepoint = "sk_data_ready")]
+pub fn queued(ctx: RawTracePointContext) -> u32 {
+    let _ = try_queued(KPtr(ctx.arg(0)));
     0
 }
 
-fn try_queued(ctx: &TracePointContext) -> Result<()> {
-    let sk = KPtr(tp_field(ctx, offset(|o| &o.tp_data_ready_skaddr))?);
-    if !is_tcp_listener(sk)? {
+fn try_queued(sk: KPtr) -> Result<()> {
+    if sk.is_null() || !is_tcp_listener(sk)? {
         return Ok(());
     }
     let child = sk
@@ -137,8 +149,32 @@ fn try_accept_exit(ctx: &TracePointContext) -> Result<()> {
     if ret < 0 {
         return Ok(());
     }
+    accept_returned(fd, ret as u64)
+}
+
+/// `TP_PROTO(struct pt_regs *regs, long ret)`, at the exit of every syscall (kprobe mode).
+#[raw_tracepoint(tracepoint = "sys_exit")]
+pub fn accept_sys_exit(ctx: RawTracePointContext) -> u32 {
+    let _ = try_accept_sys_exit(KPtr(ctx.arg(0)), ctx.arg(1));
+    0
+}
+
+fn try_accept_sys_exit(regs: KPtr, ret: i64) -> Result<()> {
+    if ret < 0 {
+        return Ok(());
+    }
+    let nr: u32 = regs.read(offset(|o| &o.regs_syscall_nr))?;
+    if nr != number(|o| &o.nr_accept4) && nr != number(|o| &o.nr_accept) {
+        return Ok(());
+    }
+    accept_returned(regs.read(offset(|o| &o.regs_arg0))?, ret as u64)
+}
+
+/// accept() on listener fd `fd` returned fd `child`.
+#[inline(always)]
+fn accept_returned(fd: u64, child: u64) -> Result<()> {
     let listener = socket_of_fd(fd)?.deref(offset(|o| &o.socket_sk))?;
-    let child = socket_of_fd(ret as u64)?.deref(offset(|o| &o.socket_sk))?;
+    let child = socket_of_fd(child)?.deref(offset(|o| &o.socket_sk))?;
     accepted(listener, child)
 }
 

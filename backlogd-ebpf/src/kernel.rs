@@ -31,22 +31,20 @@ static OFFSETS: KernelOffsets = KernelOffsets {
     tp_listen_fd: 0,
     tp_listen_backlog: 0,
     tp_exit_ret: 0,
-    tp_state_skaddr: 0,
-    tp_state_oldstate: 0,
-    tp_state_newstate: 0,
-    tp_state_protocol: 0,
     sk_ack_backlog: 0,
     net_mib_stats: 0,
     mib_index: [0; 4],
     bpf_array_pptrs: 0,
-    tp_synack_skaddr: 0,
     icsk_accept_tail: 0,
     icsk_syn_qlen: 0,
     request_sock_sk: 0,
     skb_head: 0,
     skb_transport_header: 0,
-    tp_data_ready_skaddr: 0,
     tp_accept_fd: 0,
+    regs_syscall_nr: 0,
+    regs_arg0: 0,
+    nr_accept: 0,
+    nr_accept4: 0,
 };
 
 /// Errors are the helpers' negative errno values; programs only ever drop them.
@@ -57,6 +55,12 @@ pub type Result<T> = core::result::Result<T, i32>;
 pub fn offset(select: fn(&KernelOffsets) -> &u32) -> usize {
     // SAFETY: `OFFSETS` is a valid, aligned static; volatile only defeats const-folding.
     (unsafe { core::ptr::read_volatile(select(&OFFSETS)) }) as usize
+}
+
+/// Reads one of the kernel-specific numbers in `OFFSETS` that is not an offset.
+#[inline(always)]
+pub fn number(select: fn(&KernelOffsets) -> &u32) -> u32 {
+    offset(select) as u32
 }
 
 /// A kernel address we only ever read through `bpf_probe_read_kernel`.

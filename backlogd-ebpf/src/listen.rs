@@ -6,13 +6,17 @@
 //! through `PENDING_LISTEN`, keyed by thread. A repeated `listen()` on a listener emits a
 //! new LISTEN event with the new figures.
 //!
-//! A listener going away shows up as `sock:inet_sock_set_state` LISTEN -> anything.
+//! A listener going away shows up as `inet_sock_set_state` LISTEN -> CLOSE, taken as a raw
+//! tracepoint (it fires in process context on every connect() and close(); a classic
+//! tracepoint program there would make the kernel skip kprobe programs of SYNs arriving
+//! meanwhile, see `kprobe.rs`). The listen(2) syscall tracepoints stay classic: listen()
+//! is rare.
 
 use aya_ebpf::{
     helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid},
-    macros::{map, tracepoint},
+    macros::{map, raw_tracepoint, tracepoint},
     maps::{LruHashMap, PerCpuArray, RingBuf},
-    programs::TracePointContext,
+    programs::{RawTracePointContext, TracePointContext},
 };
 use backlogd_common::{
     AF_INET, AF_INET6, IPPROTO_TCP, LISTENER_EVENTS_BYTES, ListenerEvent, PENDING_LISTEN_ENTRIES,
@@ -108,30 +112,32 @@ fn try_listen_exit(ctx: &TracePointContext) -> Result<()> {
     Ok(())
 }
 
-#[tracepoint]
-pub fn listener_state(ctx: TracePointContext) -> u32 {
-    let _ = try_listener_state(&ctx);
+/// `TP_PROTO(const struct sock *sk, const int oldstate, const int newstate)`.
+#[raw_tracepoint(tracepoint = "inet_sock_set_state")]
+pub fn listener_state(ctx: RawTracePointContext) -> u32 {
+    let sk = KPtr(ctx.arg(0));
+    let oldstate: u64 = ctx.arg(1);
+    let newstate: u64 = ctx.arg(2);
+    let _ = match (oldstate as u32, newstate as u32) {
+        // A listener leaves LISTEN only for CLOSE. (LISTEN -> SYN_RECV is every child
+        // being cloned from its listener: not a listener going away.)
+        (TCP_LISTEN, TCP_CLOSE) => listener_closed(sk),
+        (TCP_SYN_RECV, TCP_ESTABLISHED) if is_tcp(sk) => crate::syn::handshake_completed(),
+        _ => Ok(()),
+    };
     0
 }
 
-fn try_listener_state(ctx: &TracePointContext) -> Result<()> {
-    let protocol: u16 = tp_field(ctx, offset(|o| &o.tp_state_protocol))?;
-    if protocol != IPPROTO_TCP {
-        return Ok(());
-    }
-    let oldstate: i32 = tp_field(ctx, offset(|o| &o.tp_state_oldstate))?;
-    let newstate: i32 = tp_field(ctx, offset(|o| &o.tp_state_newstate))?;
-    match (oldstate as u32, newstate as u32) {
-        // A listener leaves LISTEN only for CLOSE. (LISTEN -> SYN_RECV is every child
-        // being cloned from its listener: not a listener going away.)
-        (TCP_LISTEN, TCP_CLOSE) => listener_closed(ctx),
-        (TCP_SYN_RECV, TCP_ESTABLISHED) => crate::syn::handshake_completed(),
-        _ => Ok(()),
-    }
+/// The tracepoint fires for SCTP and MPTCP sockets too (its record has a protocol field).
+#[inline(always)]
+fn is_tcp(sk: KPtr) -> bool {
+    sk.read::<u16>(offset(|o| &o.sk_protocol)) == Ok(IPPROTO_TCP)
 }
 
-fn listener_closed(ctx: &TracePointContext) -> Result<()> {
-    let sk = KPtr(tp_field(ctx, offset(|o| &o.tp_state_skaddr))?);
+fn listener_closed(sk: KPtr) -> Result<()> {
+    if sk.is_null() || !is_tcp(sk) {
+        return Ok(());
+    }
     // A listener still has its struct socket when it leaves LISTEN (tcp_close orphans it
     // only afterwards); if not, ino stays 0 and the daemon's rescan removes the entry.
     let ino = sk

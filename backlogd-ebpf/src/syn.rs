@@ -20,14 +20,17 @@
 //! deltas with exact boundaries: [`call_enter`] at the entry of `tcp_conn_request` (SYN)
 //! or `tcp_check_req` / `tcp_get_cookie_sock` (final ACK) and [`call_exit`] at its return.
 //!
-//! `synack_retransmit` counts `tcp:tcp_retransmit_synack` per listener.
+//! `synack_retransmit` counts the `tcp_retransmit_synack` tracepoint per listener, as a raw
+//! tracepoint: a classic tracepoint program is skipped whenever another classic-tracepoint
+//! or kprobe program runs on the CPU (the retransmit timer fires on an interrupt's exit,
+//! possibly inside one), a raw tracepoint program is not.
 
 use aya_ebpf::{
     bindings::__sk_buff,
     helpers::bpf_skb_load_bytes,
-    macros::{btf_tracepoint, cgroup_skb, map, tracepoint},
+    macros::{btf_tracepoint, cgroup_skb, map, raw_tracepoint},
     maps::{PerCpuArray, PerCpuHashMap},
-    programs::{BtfTracePointContext, SkBuffContext, TracePointContext},
+    programs::{BtfTracePointContext, RawTracePointContext, SkBuffContext},
 };
 use backlogd_common::{
     LISTENER_STATS_ENTRIES, ListenerStats, SynStash, TCP_LISTEN, mib, segment_kind,
@@ -35,7 +38,6 @@ use backlogd_common::{
 
 use crate::kernel::{
     KPtr, Result, cpu_area_offset, is_tcp_listener, launder, offset, offset_at, socket_inode,
-    tp_field,
 };
 
 #[map]
@@ -364,14 +366,17 @@ fn settle(stash: &SynStash) -> Result<()> {
     Ok(())
 }
 
-#[tracepoint]
-pub fn synack_retransmit(ctx: TracePointContext) -> u32 {
-    let _ = try_synack_retransmit(&ctx);
+/// `TP_PROTO(const struct sock *sk, const struct request_sock *req)`.
+#[raw_tracepoint(tracepoint = "tcp_retransmit_synack")]
+pub fn synack_retransmit(ctx: RawTracePointContext) -> u32 {
+    let _ = try_synack_retransmit(KPtr(ctx.arg(0)));
     0
 }
 
-fn try_synack_retransmit(ctx: &TracePointContext) -> Result<()> {
-    let sk = KPtr(tp_field(ctx, offset(|o| &o.tp_synack_skaddr))?);
+fn try_synack_retransmit(sk: KPtr) -> Result<()> {
+    if sk.is_null() {
+        return Err(-14);
+    }
     let ino = socket_inode(sk)?;
     update(sk, ino, |s| s.synack_retransmits += 1);
     Ok(())

@@ -42,6 +42,13 @@ pub enum BtfError {
     },
 }
 
+/// `struct pt_regs` members holding, at syscall exit, the syscall number (and its size)
+/// and the first argument.
+#[cfg(target_arch = "x86_64")]
+const SYSCALL_REGS: (&str, usize, &str) = ("orig_ax", 8, "di");
+#[cfg(target_arch = "aarch64")]
+const SYSCALL_REGS: (&str, usize, &str) = ("syscallno", 4, "orig_x0");
+
 pub struct KernelBtf {
     btf: Btf,
 }
@@ -98,6 +105,10 @@ impl KernelBtf {
             request_sock_sk: f("request_sock", "sk", 8)?,
             skb_head: f("sk_buff", "head", 8)?,
             skb_transport_header: f("sk_buff", "transport_header", 2)?,
+            regs_syscall_nr: f("pt_regs", SYSCALL_REGS.0, SYSCALL_REGS.1)?,
+            regs_arg0: f("pt_regs", SYSCALL_REGS.2, 8)?,
+            nr_accept: libc::SYS_accept as u32,
+            nr_accept4: libc::SYS_accept4 as u32,
             ..KernelOffsets::default()
         })
     }
@@ -233,6 +244,9 @@ mod tests {
         // struct sock starts with its sock_common; skc_family is in its first 32 bytes.
         assert!(o.sk_family < 32, "{o:?}");
         assert!(o.sk_max_ack_backlog > o.sk_family);
+        // x86-64 pt_regs is ABI: di and orig_ax are its 15th and 16th words.
+        #[cfg(target_arch = "x86_64")]
+        assert_eq!((o.regs_arg0, o.regs_syscall_nr), (14 * 8, 15 * 8));
     }
 
     #[test]

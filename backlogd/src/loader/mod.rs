@@ -1,13 +1,22 @@
 //! Loading the eBPF object and attaching its programs.
 //!
 //! Listener lifecycle and SYN-ACK retransmits use tracepoints every kernel has, in every
-//! mode. The SYN path and the accept queue depend on the hook mode (see `modes.rs` and
-//! docs/hook-modes.md):
+//! mode: the listen(2) syscall tracepoints, and `inet_sock_set_state` and
+//! `tcp_retransmit_synack` as raw tracepoints. The SYN path and the accept queue depend on
+//! the hook mode (see `modes.rs` and the README's hook-mode matrix):
 //! - fentry: fentry/fexit on tcp_conn_request, tcp_check_req, tcp_get_cookie_sock,
 //!   inet_csk_reqsk_queue_add and inet_csk_accept;
-//! - kprobe: kprobes/kretprobes on the same functions, accept() by syscall tracepoints;
+//! - kprobe: kprobes/kretprobes on the same functions, accept() at the raw `sys_exit`
+//!   tracepoint;
 //! - tracepoint: a cgroup_skb ingress program on the cgroup v2 root plus skb-release
-//!   tp_btf hooks (backlogd-ebpf/src/syn.rs), sock:sk_data_ready, accept() syscalls.
+//!   tp_btf hooks (backlogd-ebpf/src/syn.rs), raw `sk_data_ready`, accept() syscall
+//!   tracepoints.
+//!
+//! A classic-tracepoint or kprobe program makes the kernel skip every other such program
+//! that fires on its CPU while it runs (see backlogd-ebpf/src/kprobe.rs); raw tracepoint,
+//! tp_btf, fentry and cgroup programs do not. So classic tracepoints are used only where
+//! nothing of the mode can be skipped because of them: listen(2) (rare) everywhere, and
+//! accept() in tracepoint mode.
 
 pub mod btf;
 mod cgroup;
@@ -22,8 +31,8 @@ use aya::{
     Ebpf, EbpfLoader,
     maps::{Array, Map, MapData, PerCpuArray, PerCpuHashMap, RingBuf},
     programs::{
-        BtfTracePoint, CgroupSkb, FEntry, FExit, KProbe, ProgramError, ProgramFd, TracePoint,
-        links::FdLink,
+        BtfTracePoint, CgroupSkb, FEntry, FExit, KProbe, ProgramError, ProgramFd, RawTracePoint,
+        TracePoint, links::FdLink,
     },
 };
 use backlogd_common::{KernelOffsets, ListenerStats, QueueState};
@@ -113,7 +122,7 @@ pub struct Probes {
     _cgroup_ingress: Option<CgroupAttachment>,
     pub mode: HookMode,
     pub kernel: KernelSupport,
-    /// Whether enqueue events (`sock:sk_data_ready`) are seen: queued and accept wait.
+    /// Whether enqueue events (`sk_data_ready`) are seen: queued and accept wait.
     pub enqueue_events: bool,
     /// The programs were already attached and counting: adopted from pinned state.
     pub adopted: bool,
@@ -141,21 +150,22 @@ fn counting_programs(stats: &PerCpuHashMap<MapData, u64, ListenerStats>) -> Vec<
         .collect()
 }
 
-/// Marks a tracepoint offset whose tracepoint this kernel lacks.
-const NO_TRACEPOINT: u32 = u32::MAX;
-
 /// Tracepoints: (program, [(category, tracepoint)]).
 type Tracepoints = [(&'static str, &'static [(&'static str, &'static str)])];
 
-/// Every mode: listener lifecycle and SYN-ACK retransmits.
+/// Every mode: listen(2).
 const COMMON_TRACEPOINTS: &Tracepoints = &[
     ("listen_enter", &[("syscalls", "sys_enter_listen")]),
     ("listen_exit", &[("syscalls", "sys_exit_listen")]),
-    ("listener_state", &[("sock", "inet_sock_set_state")]),
-    ("synack_retransmit", &[("tcp", "tcp_retransmit_synack")]),
 ];
 
-/// accept() and accept4(), by syscall (tracepoint and kprobe modes).
+/// Every mode: (program, raw tracepoint); listeners closing and SYN-ACK retransmits.
+const COMMON_RAW_TRACEPOINTS: &[(&str, &str)] = &[
+    ("listener_state", "inet_sock_set_state"),
+    ("synack_retransmit", "tcp_retransmit_synack"),
+];
+
+/// accept() and accept4() in tracepoint mode.
 const ACCEPT_TRACEPOINTS: &Tracepoints = &[
     (
         "accept_enter",
@@ -172,6 +182,11 @@ const ACCEPT_TRACEPOINTS: &Tracepoints = &[
         ],
     ),
 ];
+
+/// accept() and accept4() returning, in kprobe mode: a raw tracepoint, which unlike the
+/// classic ones above does not make the kernel skip SYN kprobes while it runs (see
+/// backlogd-ebpf/src/accept.rs), at the price of a run per syscall.
+const ACCEPT_RAW_TRACEPOINT: (&str, &str) = ("accept_sys_exit", "sys_exit");
 
 /// fentry mode: (program, kernel function, exit hook?).
 const FUNCTION_HOOKS_FENTRY: &[(&str, &str, bool)] = &[
@@ -306,12 +321,7 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 /// have been counting all along, so nothing is loaded or attached.
 fn adopt(pins: &PinDir, mode: HookMode) -> Result<Probes, LoadError> {
     let enqueue_events = match mode {
-        HookMode::Tracepoint => Format::read(&tracefs::tracing_dir()?, "sock", "sk_data_ready")
-            .map(|_| true)
-            .or_else(|e| match e {
-                TracefsError::NoTracepoint { .. } => Ok(false),
-                e => Err(e),
-            })?,
+        HookMode::Tracepoint => has_sk_data_ready()?,
         HookMode::Fentry | HookMode::Kprobe => true,
     };
     let [events, events_lost, stats, stats_full, queues, epoch] =
@@ -370,6 +380,9 @@ fn load_mode(
     for &(program, hooks) in COMMON_TRACEPOINTS {
         attach_tracepoint(&mut ebpf, program, hooks, pinning)?;
     }
+    for &(program, tracepoint) in COMMON_RAW_TRACEPOINTS {
+        attach_raw_tracepoint(&mut ebpf, program, tracepoint, pinning)?;
+    }
     let mut cgroup_ingress = None;
     let enqueue_events = match mode {
         HookMode::Fentry => {
@@ -382,18 +395,17 @@ fn load_mode(
             for &(program, functions) in FUNCTION_HOOKS_KPROBE {
                 attach_kprobe(&mut ebpf, program, functions, pinning)?;
             }
-            for &(program, hooks) in ACCEPT_TRACEPOINTS {
-                attach_tracepoint(&mut ebpf, program, hooks, pinning)?;
-            }
+            let (program, tracepoint) = ACCEPT_RAW_TRACEPOINT;
+            attach_raw_tracepoint(&mut ebpf, program, tracepoint, pinning)?;
             true
         }
         HookMode::Tracepoint => {
             for &(program, hooks) in ACCEPT_TRACEPOINTS {
                 attach_tracepoint(&mut ebpf, program, hooks, pinning)?;
             }
-            let enqueue_events = offsets.tp_data_ready_skaddr != NO_TRACEPOINT;
+            let enqueue_events = has_sk_data_ready()?;
             if enqueue_events {
-                attach_tracepoint(&mut ebpf, "queued", &[("sock", "sk_data_ready")], pinning)?;
+                attach_raw_tracepoint(&mut ebpf, "queued", "sk_data_ready", pinning)?;
             } else {
                 tracing::warn!(
                     "this kernel has no sock:sk_data_ready tracepoint: in tracepoint mode, \
@@ -447,20 +459,6 @@ fn tracepoint_offsets(o: &mut KernelOffsets) -> Result<(), TracefsError> {
     o.tp_listen_fd = enter.offset("fd")?;
     o.tp_listen_backlog = enter.offset("backlog")?;
     o.tp_exit_ret = Format::read(&tracing, "syscalls", "sys_exit_listen")?.offset("ret")?;
-    let state = Format::read(&tracing, "sock", "inet_sock_set_state")?;
-    o.tp_state_skaddr = state.offset("skaddr")?;
-    o.tp_state_oldstate = state.offset("oldstate")?;
-    o.tp_state_newstate = state.offset("newstate")?;
-    o.tp_state_protocol = state.offset("protocol")?;
-    o.tp_synack_skaddr =
-        Format::read(&tracing, "tcp", "tcp_retransmit_synack")?.offset("skaddr")?;
-    // sock:sk_data_ready is recent (Linux 6.x); without it the accept figures that need
-    // the enqueue moment (queued, accept wait) are not reported.
-    match Format::read(&tracing, "sock", "sk_data_ready") {
-        Ok(f) => o.tp_data_ready_skaddr = f.offset("skaddr")?,
-        Err(TracefsError::NoTracepoint { .. }) => o.tp_data_ready_skaddr = NO_TRACEPOINT,
-        Err(e) => return Err(e),
-    }
     o.tp_accept_fd = Format::read(&tracing, "syscalls", "sys_enter_accept4")?.offset("fd")?;
     let accept_fd = Format::read(&tracing, "syscalls", "sys_enter_accept")?.offset("fd")?;
     // One program serves both syscalls; its single offset must fit both records.
@@ -473,6 +471,16 @@ fn tracepoint_offsets(o: &mut KernelOffsets) -> Result<(), TracefsError> {
         });
     }
     Ok(())
+}
+
+/// The `sk_data_ready` tracepoint is recent (Linux 6.x); without it, tracepoint mode does
+/// not see the enqueue moment (queued, accept wait).
+fn has_sk_data_ready() -> Result<bool, TracefsError> {
+    match Format::read(&tracefs::tracing_dir()?, "sock", "sk_data_ready") {
+        Ok(_) => Ok(true),
+        Err(TracefsError::NoTracepoint { .. }) => Ok(false),
+        Err(e) => Err(e),
+    }
 }
 
 /// Mount point of the cgroup v2 hierarchy (`/sys/fs/cgroup` on unified systems,
@@ -577,6 +585,21 @@ fn attach_tracepoint(
         pin_link(pinning, program, &hook, || prog.take_link(id))?;
     }
     Ok(())
+}
+
+fn attach_raw_tracepoint(
+    ebpf: &mut Ebpf,
+    program: &'static str,
+    tracepoint: &str,
+    pinning: &mut Option<Pinning>,
+) -> Result<(), LoadError> {
+    let hook = format!("raw tracepoint {tracepoint}");
+    let prog: &mut RawTracePoint = program_mut(ebpf, program, &hook)?;
+    prog.load().map_err(program_error(program, &hook))?;
+    let id = prog
+        .attach(tracepoint)
+        .map_err(program_error(program, &hook))?;
+    pin_link(pinning, program, &hook, || prog.take_link(id))
 }
 
 fn attach_kprobe(

@@ -4,7 +4,8 @@
 //! report records both).
 //!
 //! Sections, in order: per-event cost of every eBPF program in each hook mode (kernel
-//! bpf_stats); handshake capacity with and without the daemon; the daemon's CPU and memory
+//! bpf_stats); what every syscall on the host pays (the raw `sys_exit` accept hook and the
+//! listen(2) syscall tracepoints); handshake capacity with and without the daemon; the daemon's CPU and memory
 //! under SYN load; how long a drop takes to show; scrape cost at scale (listeners and
 //! established connections), with `ss`/`nstat` polling beside it; a bpftrace script on
 //! the same tracepoints.
@@ -43,6 +44,7 @@ struct Params {
     samples: usize,
     drop_samples: usize,
     idle_secs: f64,
+    syscalls: usize,
 }
 
 const FULL: Params = Params {
@@ -56,6 +58,7 @@ const FULL: Params = Params {
     samples: 20,
     drop_samples: 7,
     idle_secs: 10.0,
+    syscalls: 5_000_000,
 };
 
 const QUICK: Params = Params {
@@ -69,6 +72,7 @@ const QUICK: Params = Params {
     samples: 5,
     drop_samples: 3,
     idle_secs: 5.0,
+    syscalls: 1_000_000,
 };
 
 /// First port of the scale test's listeners; the namespace's ephemeral range ends below.
@@ -129,6 +133,7 @@ pub fn run(quick: bool) -> Result<()> {
     section(&mut r, "Per-event cost of the eBPF programs", |r| {
         program_cost(p, &ns, r)
     });
+    section(&mut r, "Cost on every syscall", |r| syscall_overhead(p, r));
     section(&mut r, "Connection-rate capacity", |r| capacity(p, &ns, r));
     section(&mut r, "Daemon CPU and memory under SYN load", |r| {
         daemon_cost(p, &ns, r)
@@ -416,6 +421,66 @@ fn program_cost(p: &Params, ns: &Netns, r: &mut Report) -> Result<()> {
         }
     }
     drop(stats);
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------
+// Syscalls
+
+/// ns per `getppid()` in a tight loop, best of three runs of `n`.
+fn ns_per_syscall(n: usize) -> f64 {
+    (0..3)
+        .map(|_| {
+            let t = Instant::now();
+            for _ in 0..n {
+                // SAFETY: getppid takes no arguments and cannot fail.
+                unsafe { libc::syscall(libc::SYS_getppid) };
+            }
+            t.elapsed().as_nanos() as f64 / n as f64
+        })
+        .fold(f64::INFINITY, f64::min)
+}
+
+/// Every syscall on the host pays for the syscall tracepoints backlogd enables: the
+/// listen(2) ones (a bitmap test per syscall) and, in tracepoint and kprobe modes, the raw
+/// `sys_exit` program that sees accept() return (a run per syscall).
+fn syscall_overhead(p: &Params, r: &mut Report) -> Result<()> {
+    r.line(format!(
+        "`getppid()` in a tight loop on one thread, best of 3 runs of {} calls, without \
+         backlogd and with it in each mode (measured before and after, to show drift).\n",
+        p.syscalls
+    ));
+    let before = ns_per_syscall(p.syscalls);
+    let mut rows = vec![vec![
+        "none (before)".to_owned(),
+        format!("{before:.1}"),
+        String::new(),
+    ]];
+    for mode in MODES {
+        match Daemon::start(mode, &[])? {
+            Err(why) => rows.push(vec![
+                (*mode).to_owned(),
+                format!("not supported: {why}"),
+                String::new(),
+            ]),
+            Ok(d) => {
+                let with = ns_per_syscall(p.syscalls);
+                rows.push(vec![
+                    (*mode).to_owned(),
+                    format!("{with:.1}"),
+                    format!("{:+.1}", with - before),
+                ]);
+                drop(d);
+            }
+        }
+    }
+    let after = ns_per_syscall(p.syscalls);
+    rows.push(vec![
+        "none (after)".to_owned(),
+        format!("{after:.1}"),
+        format!("{:+.1}", after - before),
+    ]);
+    r.table(&["backlogd", "ns per syscall", "vs none"], &rows);
     Ok(())
 }
 
