@@ -353,6 +353,22 @@ fn apply_reload(
     if new.http != current.http {
         changed.push("http (limits, TLS, users: for new connections)".into());
     }
+    // The web config file can change under the same path (an emptied or truncated file
+    // turns TLS and auth off): say what it now does, loudly if it dropped a protection.
+    let (was, now) = (to.http.borrow().web.describe(), http.web.describe());
+    if was != now {
+        changed.push(format!("web config: {was} -> {now}"));
+        let lost = |what: &str| {
+            was.contains(&format!("{what} on")) && now.contains(&format!("{what} off"))
+        };
+        if lost("TLS") || lost("basic auth") {
+            tracing::warn!(
+                "SIGHUP: the web config now turns protection off ({was} -> {now}): /metrics \
+                 and the API are served without it from now on. If that is not intended, \
+                 restore the web config file and send SIGHUP again"
+            );
+        }
+    }
     // Always replaced: the web config file may have changed even if its path did not
     // (new certificate, new users).
     to.http.send_replace(Arc::new(http));

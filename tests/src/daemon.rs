@@ -67,6 +67,11 @@ impl Daemon {
         if !extra.contains(&"--listen") && !extra.contains(&"--config") {
             command.args(["--listen", "127.0.0.1:0"]);
         }
+        // Never the host's /etc/backlogd/backlogd.toml: with its pin_dir a test daemon of
+        // another build would clear a production daemon's pins and detach its programs.
+        if !extra.contains(&"--config") {
+            command.args(["--config", "/dev/null"]);
+        }
         command.args(extra).envs(env.iter().copied());
         if let Some(mode) = hook_mode().filter(|_| !extra.contains(&"--hook-mode")) {
             command.args(["--hook-mode", &mode]);

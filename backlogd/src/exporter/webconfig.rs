@@ -221,13 +221,15 @@ fn tls_acceptor(path: &Path, base: &Path, t: TlsFormat) -> Result<TlsAcceptor, W
 }
 
 /// Basic auth against bcrypt hashes. bcrypt is slow by design (tens of ms per check), so
-/// checks run on the blocking pool one at a time and a successful pair is remembered, as
-/// exporter-toolkit does: a flood of wrong passwords then costs one core at most and
-/// never delays a scraper whose credentials were already accepted.
+/// checks run on the blocking pool one at a time, a check that would have to wait is
+/// refused at once (401; Prometheus retries at its next scrape), and a successful pair is
+/// remembered, as exporter-toolkit does: a flood of wrong passwords then costs one core at
+/// most, holds no connection slot waiting, and a scraper whose credentials were already
+/// accepted is answered without a check.
 pub struct BasicAuth {
     users: BTreeMap<String, String>,
     accepted: Mutex<HashSet<(String, String)>>,
-    checking: tokio::sync::Semaphore,
+    checking: Arc<tokio::sync::Semaphore>,
 }
 
 /// Remembered successes; past this many the memory is cleared (it is a cache).
@@ -238,7 +240,7 @@ impl BasicAuth {
         Self {
             users,
             accepted: Mutex::new(HashSet::new()),
-            checking: tokio::sync::Semaphore::new(1),
+            checking: Arc::new(tokio::sync::Semaphore::new(1)),
         }
     }
 
@@ -276,15 +278,20 @@ impl BasicAuth {
                 None => return false,
             },
         };
-        let Ok(_slot) = self.checking.acquire().await else {
+        // The permit moves into the check: a client that hangs up does not free the slot
+        // while its bcrypt still runs.
+        let Ok(slot) = self.checking.clone().try_acquire_owned() else {
             return false;
         };
         let password = pair.1.clone();
-        let ok = tokio::task::spawn_blocking(move || bcrypt::verify(password, &hash))
-            .await
-            .ok()
-            .and_then(Result::ok)
-            .unwrap_or(false)
+        let ok = tokio::task::spawn_blocking(move || {
+            let _slot = slot;
+            bcrypt::verify(password, &hash)
+        })
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .unwrap_or(false)
             && known;
         if ok {
             let mut accepted = self.accepted.lock().unwrap_or_else(|e| e.into_inner());
