@@ -355,13 +355,14 @@ fn apply_reload(
     }
     // The web config file can change under the same path (an emptied or truncated file
     // turns TLS and auth off): say what it now does, loudly if it dropped a protection.
-    let (was, now) = (to.http.borrow().web.describe(), http.web.describe());
+    let (was_tls, was_auth, was) = {
+        let old = &to.http.borrow().web;
+        (old.tls.is_some(), old.auth.is_some(), old.describe())
+    };
+    let now = http.web.describe();
     if was != now {
         changed.push(format!("web config: {was} -> {now}"));
-        let lost = |what: &str| {
-            was.contains(&format!("{what} on")) && now.contains(&format!("{what} off"))
-        };
-        if lost("TLS") || lost("basic auth") {
+        if (was_tls && http.web.tls.is_none()) || (was_auth && http.web.auth.is_none()) {
             tracing::warn!(
                 "SIGHUP: the web config now turns protection off ({was} -> {now}): /metrics \
                  and the API are served without it from now on. If that is not intended, \
