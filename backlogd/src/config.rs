@@ -68,12 +68,12 @@ pub struct HttpLayer {
     /// (YAML: `tls_server_config`, `basic_auth_users`) [default: none: plain HTTP, no auth].
     #[arg(long = "web-config-file", value_name = "FILE")]
     pub web_config_file: Option<PathBuf>,
-    /// Most client connections served at once; past it, the oldest connection with no
-    /// request in flight is closed to make room [default: 64].
+    /// Most client connections served at once; past it, an idle connection is closed to
+    /// make room (one that never sent a request first) [default: 64].
     #[arg(long = "http-max-connections", value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     pub max_connections: Option<u64>,
-    /// Seconds a client has to send a request's headers (and to finish a TLS handshake)
-    /// [default: 5].
+    /// Seconds a new connection has to finish its TLS handshake and send its first request
+    /// head, and a later request head has from its first byte [default: 5].
     #[arg(long = "http-read-header-timeout", value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(1..))]
     pub read_header_timeout: Option<u64>,
     /// Seconds a kept-alive connection may stay silent before it is closed [default: 60].

@@ -1,11 +1,15 @@
 //! The HTTP server loop, hardened so that no client can stall a scrape or the shutdown:
 //!
-//! - every connection has a deadline for its request head (and TLS handshake), a read
-//!   idle timeout and a write stall timeout, so slowloris and slow readers are cut;
+//! - every connection has a deadline for its request head (a new connection: TLS handshake
+//!   and first head within `read_header_timeout` of connecting; a kept-alive one: within
+//!   `read_header_timeout` of the head's first byte), a read idle timeout and a write stall
+//!   timeout, so slowloris and slow readers are cut;
 //! - request heads are bounded (431 past `max_header_bytes`);
-//! - at most `max_connections` are open; a new connection past that evicts the oldest one
-//!   with no request in flight, so a flood of idle or slow connections cannot lock a
-//!   scraper out (it would if new connections were refused instead);
+//! - at most `max_connections` are open; a new connection past that evicts an idle one
+//!   (one that never sent a request first, then the oldest kept-alive one), so a flood of
+//!   idle or slow connections cannot lock a scraper out (it would if new connections were
+//!   refused instead). A connection whose response is not yet fully handed to the kernel
+//!   is never idle, so an eviction cannot truncate a scrape;
 //! - on shutdown open connections get `shutdown_timeout` to finish, then are cut.
 //!
 //! Settings come through a watch channel, so SIGHUP changes limits, TLS and users for
@@ -13,17 +17,20 @@
 
 use std::{
     collections::BTreeMap,
+    io,
     net::SocketAddr,
     pin::Pin,
     sync::{
         Arc, Mutex,
-        atomic::{AtomicUsize, Ordering},
+        atomic::{AtomicU64, AtomicUsize, Ordering},
     },
+    task::{Context, Poll},
     time::Duration,
 };
 
 use axum::{
     Router,
+    body::{Body, Bytes, HttpBody},
     extract::{Request, State},
     http::{HeaderValue, StatusCode, header},
     middleware::Next,
@@ -31,7 +38,7 @@ use axum::{
 };
 use hyper_util::{rt::TokioIo, service::TowerToHyperService};
 use tokio::{
-    io::{AsyncRead, AsyncWrite},
+    io::{AsyncRead, AsyncWrite, ReadBuf},
     net::{TcpListener, TcpStream},
     sync::watch,
     task::{AbortHandle, JoinSet},
@@ -89,9 +96,28 @@ async fn require_auth(State(settings): State<Settings>, req: Request, next: Next
 
 /// One open connection, as the eviction policy sees it.
 struct Conn {
-    /// Requests being answered right now; 0 means idle, a slow header, or a TLS handshake.
-    busy: Arc<AtomicUsize>,
+    state: Arc<ConnState>,
     abort: AbortHandle,
+}
+
+/// What the eviction policy and the request-head deadline know of a connection.
+#[derive(Default)]
+struct ConnState {
+    /// Requests whose head was read, answered or not.
+    requests: AtomicU64,
+    /// Requests whose response is not yet wholly handed to the kernel: from the moment the
+    /// head was read until the write after the body's end was flushed. Closing the socket
+    /// earlier would truncate the response; later, the kernel still delivers what it has.
+    in_flight: AtomicUsize,
+    /// Responses whose body ended but whose last bytes may still sit in hyper's buffer:
+    /// they leave `in_flight` at the next completed flush.
+    ended_unflushed: AtomicUsize,
+}
+
+impl ConnState {
+    fn idle(&self) -> bool {
+        self.in_flight.load(Ordering::Acquire) == 0
+    }
 }
 
 #[derive(Default)]
@@ -139,23 +165,25 @@ pub async fn serve(
                         tracing::debug!(%peer, "connection refused: every slot has a request in flight");
                         continue;
                     }
-                    let busy = Arc::new(AtomicUsize::new(0));
-                    let id = {
-                        let mut c = lock(&conns);
-                        c.next_id += 1;
-                        c.next_id
-                    };
+                    let state = Arc::new(ConnState::default());
+                    // The table stays locked until the entry is in: a task that ends at
+                    // once removes its entry only after it was inserted, never before
+                    // (which would leave a stale entry holding a slot).
+                    let mut table = lock(&conns);
+                    table.next_id += 1;
+                    let id = table.next_id;
                     let registration = Registration { conns: conns.clone(), id };
                     let abort = tasks.spawn(connection(
                         stream,
                         peer,
                         current,
                         router.clone(),
-                        busy.clone(),
+                        state.clone(),
                         stop_rx.clone(),
                         registration,
                     ));
-                    lock(&conns).open.insert(id, Conn { busy, abort });
+                    table.open.insert(id, Conn { state, abort });
+                    drop(table);
                 }
                 Err(e) => {
                     // Out of fds or memory: back off instead of spinning on accept.
@@ -182,27 +210,29 @@ pub async fn serve(
     }
 }
 
-/// Ensures a slot for one more connection: evicts the oldest idle connection when full.
-/// False when every open connection is in the middle of a request.
+/// Ensures a slot for one more connection when all are taken, by closing an idle one:
+/// the oldest that never sent a request (a flood, a slowloris, a port scan) if any, else
+/// the oldest kept-alive one (a scraper that reconnects loses least). False when every
+/// open connection is answering a request.
 fn make_room(conns: &Mutex<Conns>, max: u64) -> bool {
     let mut c = lock(conns);
     if (c.open.len() as u64) < max {
         return true;
     }
-    let victim = c
+    let idle = |conn: &&Conn| conn.state.idle();
+    let never_asked = c
         .open
         .iter()
-        .find(|(_, conn)| conn.busy.load(Ordering::Relaxed) == 0)
+        .find(|(_, conn)| idle(conn) && conn.state.requests.load(Ordering::Acquire) == 0);
+    let victim = never_asked
+        .or_else(|| c.open.iter().find(|(_, conn)| idle(conn)))
         .map(|(id, _)| *id);
     match victim {
         Some(id) => {
             if let Some(conn) = c.open.remove(&id) {
                 conn.abort.abort();
             }
-            tracing::debug!(
-                max,
-                "connection limit reached: closed the oldest idle connection"
-            );
+            tracing::debug!(max, "connection limit reached: closed an idle connection");
             true
         }
         None => false,
@@ -214,12 +244,17 @@ async fn connection(
     peer: SocketAddr,
     settings: Arc<HttpSettings>,
     router: Router,
-    busy: Arc<AtomicUsize>,
+    state: Arc<ConnState>,
     stop: watch::Receiver<bool>,
     _registration: Registration,
 ) {
     let limits = &settings.limits;
     let _ = stream.set_nodelay(true);
+    let stream = Tracked::new(
+        stream,
+        state.clone(),
+        Duration::from_secs(limits.read_header_timeout),
+    );
     let mut io = TimeoutStream::new(stream);
     io.set_read_timeout(Some(Duration::from_secs(limits.idle_timeout)));
     io.set_write_timeout(Some(Duration::from_secs(limits.write_timeout)));
@@ -229,13 +264,13 @@ async fn connection(
             let handshake = Duration::from_secs(limits.read_header_timeout);
             match tokio::time::timeout(handshake, tls.accept(io)).await {
                 Ok(Ok(tls_stream)) => {
-                    serve_connection(tls_stream, &settings, router, busy, stop).await
+                    serve_connection(tls_stream, &settings, router, state, stop).await
                 }
                 Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
                 Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
             }
         }
-        None => serve_connection(io, &settings, router, busy, stop).await,
+        None => serve_connection(io, &settings, router, state, stop).await,
     }
 }
 
@@ -243,7 +278,7 @@ async fn serve_connection<I>(
     io: I,
     settings: &HttpSettings,
     router: Router,
-    busy: Arc<AtomicUsize>,
+    state: Arc<ConnState>,
     mut stop: watch::Receiver<bool>,
 ) where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
@@ -252,18 +287,25 @@ async fn serve_connection<I>(
     let max_head = usize::try_from(limits.max_header_bytes).unwrap_or(usize::MAX);
     let tower = TowerToHyperService::new(router);
     let service = hyper::service::service_fn(move |req| {
-        let guard = BusyGuard::new(busy.clone());
+        let guard = InFlight::begin(state.clone());
         let call = hyper::service::Service::call(&tower, req);
         async move {
-            let response = call.await;
-            drop(guard);
-            response
+            let response: Response = call.await?;
+            Ok::<_, std::convert::Infallible>(response.map(|body| {
+                Body::new(UntilFlushed {
+                    body,
+                    _guard: guard,
+                })
+            }))
         }
     });
     let mut builder = hyper::server::conn::http1::Builder::new();
+    // The request-head deadline is `Tracked`'s: hyper's own header timer also runs while
+    // a kept-alive connection waits for its next request, which would cut every idle
+    // connection after `read_header_timeout` and make `idle_timeout` meaningless.
     builder
         .timer(hyper_util::rt::TokioTimer::new())
-        .header_read_timeout(Duration::from_secs(limits.read_header_timeout))
+        .header_read_timeout(None)
         .max_header_size(max_head)
         .max_buf_size(max_head.max(8192))
         .keep_alive(true);
@@ -282,18 +324,150 @@ async fn serve_connection<I>(
     }
 }
 
-/// Marks a connection busy while one of its requests is being answered.
-struct BusyGuard(Arc<AtomicUsize>);
+/// One request in flight on a connection, from its head until its response was flushed.
+struct InFlight(Arc<ConnState>);
 
-impl BusyGuard {
-    fn new(busy: Arc<AtomicUsize>) -> Self {
-        busy.fetch_add(1, Ordering::Relaxed);
-        Self(busy)
+impl InFlight {
+    fn begin(state: Arc<ConnState>) -> Self {
+        state.requests.fetch_add(1, Ordering::AcqRel);
+        state.in_flight.fetch_add(1, Ordering::AcqRel);
+        Self(state)
     }
 }
 
-impl Drop for BusyGuard {
+impl Drop for InFlight {
+    /// The body ended (or was dropped unsent): what is left is hyper's buffer, which the
+    /// next completed flush hands to the kernel.
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
+        self.0.ended_unflushed.fetch_add(1, Ordering::AcqRel);
+    }
+}
+
+/// A response body that keeps its request in flight until hyper drops it.
+struct UntilFlushed {
+    body: Body,
+    /// Held for its drop.
+    _guard: InFlight,
+}
+
+impl HttpBody for UntilFlushed {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, axum::Error>>> {
+        Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
+/// The connection's socket, watched: request-head deadline and flush tracking.
+struct Tracked<S> {
+    inner: S,
+    state: Arc<ConnState>,
+    head_timeout: Duration,
+    /// Set while a request head is due: from accept for a new connection, from the first
+    /// byte read while idle for a kept-alive one; cleared once a request begins.
+    head_deadline: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// `requests` when the deadline was set: a different count means that head arrived.
+    deadline_for: u64,
+}
+
+impl<S> Tracked<S> {
+    fn new(inner: S, state: Arc<ConnState>, head_timeout: Duration) -> Self {
+        Self {
+            inner,
+            state,
+            head_timeout,
+            head_deadline: Some(Box::pin(tokio::time::sleep(head_timeout))),
+            deadline_for: 0,
+        }
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Tracked<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = &mut *self;
+        let requests = this.state.requests.load(Ordering::Acquire);
+        let idle = this.state.idle();
+        if this.head_deadline.is_some() && (!idle || requests != this.deadline_for) {
+            this.head_deadline = None;
+        }
+        let before = buf.filled().len();
+        match Pin::new(&mut this.inner).poll_read(cx, buf) {
+            Poll::Ready(Ok(())) => {
+                if idle && this.head_deadline.is_none() && buf.filled().len() > before {
+                    this.head_deadline = Some(Box::pin(tokio::time::sleep(this.head_timeout)));
+                    this.deadline_for = requests;
+                }
+                Poll::Ready(Ok(()))
+            }
+            Poll::Pending => {
+                let expired = this
+                    .head_deadline
+                    .as_mut()
+                    .is_some_and(|deadline| deadline.as_mut().poll(cx).is_ready());
+                if expired {
+                    return Poll::Ready(Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "request head not complete within read_header_timeout",
+                    )));
+                }
+                Poll::Pending
+            }
+            other => other,
+        }
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Tracked<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    /// hyper flushes after writing out its whole buffer, so a completed flush means every
+    /// response whose body had ended is now the kernel's to deliver.
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let flushed = Pin::new(&mut self.inner).poll_flush(cx);
+        if let Poll::Ready(Ok(())) = flushed {
+            let done = self.state.ended_unflushed.swap(0, Ordering::AcqRel);
+            if done > 0 {
+                self.state.in_flight.fetch_sub(done, Ordering::AcqRel);
+            }
+        }
+        flushed
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
     }
 }
