@@ -26,7 +26,7 @@ use crate::{
     loader::{self, LoadOptions},
     queues::QueueWindows,
     sampling::{self, tcpext},
-    service::{self, notify},
+    service::{self, health::Heartbeats, notify},
 };
 
 /// State the event loop writes and the exporters read.
@@ -176,7 +176,12 @@ async fn serve(
     // Events are flowing, so a listener cannot slip between the scan and them; after this
     // first scan the table also holds what was listening before we started.
     rescan(&shared).await;
-    let rescans = tokio::spawn(rescan_periodically(shared.clone(), rescan_rx));
+    let heartbeats = Arc::new(Heartbeats::new());
+    let rescans = tokio::spawn(rescan_periodically(
+        shared.clone(),
+        rescan_rx,
+        heartbeats.clone(),
+    ));
     let maps = Arc::new(Mutex::new(KernelMaps {
         events_lost: probes.listener_events_lost,
         listener_stats: probes.listener_stats,
@@ -188,7 +193,11 @@ async fn serve(
     let windows = Arc::new(Mutex::new(QueueWindows::new(Duration::from_secs(
         current.hwm_window,
     ))));
-    let sampler = tokio::spawn(sample_queues(maps.clone(), windows.clone()));
+    let sampler = tokio::spawn(sample_queues(
+        maps.clone(),
+        windows.clone(),
+        heartbeats.clone(),
+    ));
     let metrics = Metrics::new(
         shared.clone(),
         maps,
@@ -213,13 +222,11 @@ async fn serve(
         let _ = ready.send(addr);
     }
     let watchdog = notify::watchdog_interval().map(|every| {
-        tracing::info!("systemd watchdog on: pinging every {every:?}");
-        tokio::spawn(async move {
-            loop {
-                notify::watchdog();
-                tokio::time::sleep(every).await;
-            }
-        })
+        tracing::info!(
+            "systemd watchdog on: pinging every {every:?} while the queue sampler and the \
+             rescans keep finishing"
+        );
+        tokio::spawn(watchdog(every, heartbeats, rescan_tx.subscribe()))
     });
     let targets = ReloadTargets {
         set_log_filter: config.set_log_filter.as_deref(),
@@ -507,35 +514,83 @@ async fn rescan(shared: &Arc<Shared>) {
 }
 
 /// Every second, moves the kernel's queue maxima into the high-water-mark windows.
-async fn sample_queues(maps: SharedMaps, windows: Arc<Mutex<QueueWindows>>) {
+async fn sample_queues(
+    maps: SharedMaps,
+    windows: Arc<Mutex<QueueWindows>>,
+    heartbeats: Arc<Heartbeats>,
+) {
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        let mut maps = maps.lock().unwrap_or_else(|e| e.into_inner());
-        let mut windows = windows.lock().unwrap_or_else(|e| e.into_inner());
-        let maps = &mut *maps;
-        windows.sample(
-            &maps.listener_queues,
-            &mut maps.queue_epoch,
-            std::time::Instant::now(),
-        );
+        {
+            let mut maps = maps.lock().unwrap_or_else(|e| e.into_inner());
+            let mut windows = windows.lock().unwrap_or_else(|e| e.into_inner());
+            let maps = &mut *maps;
+            windows.sample(
+                &maps.listener_queues,
+                &mut maps.queue_epoch,
+                std::time::Instant::now(),
+            );
+        }
+        heartbeats.sampled();
     }
 }
 
-async fn rescan_periodically(shared: Arc<Shared>, mut every: watch::Receiver<Duration>) {
+/// Pings the systemd watchdog every `every` while the periodic jobs keep finishing; when
+/// one stops, says which and stops pinging, so systemd restarts the daemon.
+async fn watchdog(
+    every: Duration,
+    heartbeats: Arc<Heartbeats>,
+    rescan_interval: watch::Receiver<Duration>,
+) {
+    let mut quiet = false;
+    loop {
+        match heartbeats.stalled(*rescan_interval.borrow()) {
+            None => {
+                if quiet {
+                    tracing::info!("daemon healthy again: pinging the systemd watchdog");
+                    quiet = false;
+                }
+                notify::watchdog();
+            }
+            Some(what) => {
+                if !quiet {
+                    tracing::error!(
+                        "not pinging the systemd watchdog: {what}. The daemon is stuck; \
+                         systemd restarts it when the watchdog period runs out"
+                    );
+                    quiet = true;
+                }
+            }
+        }
+        tokio::time::sleep(every).await;
+    }
+}
+
+async fn rescan_periodically(
+    shared: Arc<Shared>,
+    mut every: watch::Receiver<Duration>,
+    heartbeats: Arc<Heartbeats>,
+) {
     loop {
         let period = *every.borrow_and_update();
         let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
-                _ = tick.tick() => rescan(&shared).await,
+                _ = tick.tick() => {
+                    rescan(&shared).await;
+                    heartbeats.scanned();
+                }
                 // A reload changed the interval: start over with the new one.
                 changed = every.changed() => {
                     if changed.is_err() {
                         return;
                     }
+                    // The watchdog judges the next scan by the new interval, counted
+                    // from now, as the schedule is.
+                    heartbeats.scanned();
                     break;
                 }
             }
