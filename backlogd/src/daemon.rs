@@ -35,6 +35,9 @@ pub struct Shared {
     listeners: RwLock<ListenerTable>,
     /// How to read each network namespace's TcpExt counters, by netns inode.
     netns_sources: Mutex<HashMap<u32, tcpext::Source>>,
+    /// Listen sysctls by netns inode, as of the last scan (or the first API request that
+    /// needed a namespace the scan had not seen).
+    netns_sysctls: Mutex<HashMap<u32, tcpext::ListenSysctls>>,
 }
 
 impl Shared {
@@ -63,23 +66,43 @@ impl Shared {
         out
     }
 
-    /// Listen sysctls of every namespace that has listeners.
+    /// Listen sysctls of every namespace that has listeners, as of the last scan (they
+    /// change rarely; reading them means joining each namespace).
     pub fn netns_sysctls(&self) -> Vec<(u32, tcpext::ListenSysctls)> {
         let wanted: HashSet<u32> = self.listeners().iter().map(|l| l.netns).collect();
-        let sources = self.netns_sources.lock().unwrap_or_else(|e| e.into_inner());
+        let mut known = self.netns_sysctls.lock().unwrap_or_else(|e| e.into_inner());
+        let missing: Vec<u32> = wanted
+            .iter()
+            .copied()
+            .filter(|ns| !known.contains_key(ns))
+            .collect();
+        if !missing.is_empty() {
+            let sources = self.netns_sources.lock().unwrap_or_else(|e| e.into_inner());
+            for ns in missing {
+                if let Some(s) = sources.get(&ns).and_then(|source| source.sysctls(ns)) {
+                    known.insert(ns, s);
+                }
+            }
+        }
         let mut out: Vec<(u32, tcpext::ListenSysctls)> = wanted
             .into_iter()
-            .filter_map(|ns| Some((ns, sources.get(&ns)?.sysctls(ns)?)))
+            .filter_map(|ns| Some((ns, *known.get(&ns)?)))
             .collect();
         out.sort_by_key(|(ns, _)| *ns);
         out
     }
 
+    /// A listen() in `netns`, by a task there. Its cached sysctls are dropped: namespace
+    /// inode numbers are reused, so they may be a gone namespace's (read again on demand).
     fn note_netns(&self, netns: u32, source: tcpext::Source) {
         self.netns_sources
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(netns, source);
+        self.netns_sysctls
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&netns);
     }
 }
 
@@ -486,6 +509,13 @@ async fn rescan(shared: &Arc<Shared>) {
             .unwrap_or_else(|e| e.into_inner());
         sources.retain(|ns, _| scanned.contains(ns) || in_use.contains(ns));
         sources.extend(scan.netns);
+        drop(sources);
+        let mut sysctls = shared
+            .netns_sysctls
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        sysctls.retain(|ns, _| in_use.contains(ns));
+        sysctls.extend(scan.sysctls);
     }
     let found = scan.listeners;
     let listed = scan.listed;

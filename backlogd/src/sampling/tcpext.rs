@@ -3,8 +3,10 @@
 
 use std::{
     collections::HashMap,
-    os::unix::fs::MetadataExt as _,
+    fs::File,
+    os::unix::fs::{FileExt as _, MetadataExt as _},
     path::{Path, PathBuf},
+    sync::Arc,
 };
 
 /// TcpExt counters backlogd exports, as `/proc/net/netstat` names them.
@@ -16,26 +18,35 @@ pub const COUNTERS: [&str; 5] = [
     "TCPSynRetrans",
 ];
 
-/// Where a namespace's counters can be read.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Where a namespace's counters can be read without switching namespaces.
+#[derive(Debug, Clone)]
 pub enum Source {
-    /// A task in the namespace: `/proc/PID/task/TID/net/netstat`, no namespace switch.
+    /// A task in the namespace: `/proc/PID/task/TID/net/netstat`.
     Task { pid: u32, tid: u32 },
-    /// A namespace file (`/run/netns/NAME`): read from a thread that joins it.
-    File(PathBuf),
+    /// `/proc/thread-self/net/netstat` opened by a thread inside the namespace (one with no
+    /// task, only a bind mount such as `/run/netns/NAME`). The open file stays bound to that
+    /// namespace, so a scrape re-reads it from the start instead of joining the namespace.
+    Netstat(Arc<File>),
 }
 
 impl Source {
-    /// The source a `/proc/PID/task/TID/ns/net` or bind-mount path found by a scan gives.
-    pub fn from_ns_path(path: &Path) -> Self {
+    /// A task's source, if `path` is `/proc/PID/task/TID/ns/net`.
+    pub fn task(path: &Path) -> Option<Self> {
         let parts: Vec<&str> = path.iter().filter_map(|p| p.to_str()).collect();
         match parts.as_slice() {
-            ["/", "proc", pid, "task", tid, "ns", "net"] => match (pid.parse(), tid.parse()) {
-                (Ok(pid), Ok(tid)) => Source::Task { pid, tid },
-                _ => Source::File(path.to_owned()),
-            },
-            _ => Source::File(path.to_owned()),
+            ["/", "proc", pid, "task", tid, "ns", "net"] => Some(Source::Task {
+                pid: pid.parse().ok()?,
+                tid: tid.parse().ok()?,
+            }),
+            _ => None,
         }
+    }
+
+    /// Opens this thread's namespace's netstat for later reads from any thread.
+    pub fn open_here() -> std::io::Result<Self> {
+        Ok(Source::Netstat(Arc::new(File::open(
+            "/proc/thread-self/net/netstat",
+        )?)))
     }
 
     /// The namespace's counters, or None if the source no longer leads to `netns`.
@@ -50,19 +61,39 @@ impl Source {
                 }
                 parse(&std::fs::read_to_string(task.join("net/netstat")).ok()?)
             }
-            Source::File(path) => {
-                if std::fs::metadata(path).ok()?.ino() != u64::from(netns) {
-                    return None;
-                }
-                super::netns::run_in(path, || {
-                    std::fs::read_to_string("/proc/thread-self/net/netstat")
-                })
-                .ok()?
-                .ok()
-                .and_then(|text| parse(&text))
-            }
+            Source::Netstat(file) => parse(&read_from_start(file).ok()?),
         }
     }
+
+    /// The namespace's listen sysctls, read from a thread that joins it (`/proc/sys/net`
+    /// always shows the reader's namespace). Scans read them in passing; this is for a
+    /// namespace known only from a listen event so far.
+    pub fn sysctls(&self, netns: u32) -> Option<ListenSysctls> {
+        let Source::Task { pid, tid } = self else {
+            return None;
+        };
+        let path = PathBuf::from(format!("/proc/{pid}/task/{tid}/ns/net"));
+        if std::fs::metadata(&path).ok()?.ino() != u64::from(netns) {
+            return None;
+        }
+        super::netns::run_in(&path, ListenSysctls::read_here)
+            .ok()?
+            .ok()
+    }
+}
+
+/// The whole file, read again from offset 0 (procfs seq files regenerate on each pass).
+fn read_from_start(file: &File) -> std::io::Result<String> {
+    let mut out = Vec::with_capacity(8192);
+    let mut chunk = [0u8; 8192];
+    loop {
+        let n = file.read_at(&mut chunk, out.len() as u64)?;
+        if n == 0 {
+            break;
+        }
+        out.extend_from_slice(&chunk[..n]);
+    }
+    String::from_utf8(out).map_err(std::io::Error::other)
 }
 
 /// Listen-related sysctls of a namespace (they are per namespace).
@@ -74,38 +105,21 @@ pub struct ListenSysctls {
     pub tcp_abort_on_overflow: u32,
 }
 
-impl Source {
-    /// The namespace path to join for reading its `/proc/sys/net`.
-    fn ns_path(&self) -> PathBuf {
-        match self {
-            Source::Task { pid, tid } => format!("/proc/{pid}/task/{tid}/ns/net").into(),
-            Source::File(path) => path.clone(),
-        }
-    }
-
-    /// The namespace's listen sysctls, read from a thread that joins it (`/proc/sys/net`
-    /// always shows the reader's namespace).
-    pub fn sysctls(&self, netns: u32) -> Option<ListenSysctls> {
-        let path = self.ns_path();
-        if std::fs::metadata(&path).ok()?.ino() != u64::from(netns) {
-            return None;
-        }
-        super::netns::run_in(&path, || {
-            let read = |key: &str| -> std::io::Result<u32> {
-                std::fs::read_to_string(format!("/proc/sys/{}", key.replace('.', "/")))?
-                    .trim()
-                    .parse()
-                    .map_err(std::io::Error::other)
-            };
-            Ok(ListenSysctls {
-                somaxconn: read("net.core.somaxconn")?,
-                tcp_max_syn_backlog: read("net.ipv4.tcp_max_syn_backlog")?,
-                tcp_syncookies: read("net.ipv4.tcp_syncookies")?,
-                tcp_abort_on_overflow: read("net.ipv4.tcp_abort_on_overflow")?,
-            })
+impl ListenSysctls {
+    /// The calling thread's namespace's values.
+    pub fn read_here() -> std::io::Result<Self> {
+        let read = |key: &str| -> std::io::Result<u32> {
+            std::fs::read_to_string(format!("/proc/sys/{}", key.replace('.', "/")))?
+                .trim()
+                .parse()
+                .map_err(std::io::Error::other)
+        };
+        Ok(Self {
+            somaxconn: read("net.core.somaxconn")?,
+            tcp_max_syn_backlog: read("net.ipv4.tcp_max_syn_backlog")?,
+            tcp_syncookies: read("net.ipv4.tcp_syncookies")?,
+            tcp_abort_on_overflow: read("net.ipv4.tcp_abort_on_overflow")?,
         })
-        .ok()?
-        .ok()
     }
 }
 
@@ -145,14 +159,45 @@ mod tests {
 
     #[test]
     fn task_paths_become_task_sources() {
-        assert_eq!(
-            Source::from_ns_path(Path::new("/proc/12/task/34/ns/net")),
-            Source::Task { pid: 12, tid: 34 }
+        assert!(matches!(
+            Source::task(Path::new("/proc/12/task/34/ns/net")),
+            Some(Source::Task { pid: 12, tid: 34 })
+        ));
+        assert!(Source::task(Path::new("/run/netns/blue")).is_none());
+    }
+
+    #[test]
+    fn an_open_netstat_reads_fresh_counters_each_time() {
+        use std::os::fd::AsRawFd as _;
+        let source = Source::open_here().unwrap();
+        let me = std::process::id();
+        let ns = std::fs::metadata(format!("/proc/{me}/task/{me}/ns/net"))
+            .unwrap()
+            .ino() as u32;
+        let before = source.read(ns).unwrap()["ListenOverflows"];
+        // Overflow a loopback listener with a backlog of 0: its accept queue holds one
+        // connection, the next SYNs are dropped and counted.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        // SAFETY: listen(2) on a socket this test owns.
+        assert_eq!(unsafe { libc::listen(listener.as_raw_fd(), 0) }, 0);
+        let addr = listener.local_addr().unwrap();
+        let clients: Vec<_> = (0..3)
+            .map(|_| std::thread::spawn(move || std::net::TcpStream::connect(addr)))
+            .collect();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        let mut now = before;
+        while now <= before && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            now = source.read(ns).unwrap()["ListenOverflows"];
+        }
+        assert!(
+            now > before,
+            "ListenOverflows stayed {before} in the kept file"
         );
-        assert_eq!(
-            Source::from_ns_path(Path::new("/run/netns/blue")),
-            Source::File("/run/netns/blue".into())
-        );
+        drop(listener);
+        for c in clients {
+            let _ = c.join();
+        }
     }
 
     #[test]
