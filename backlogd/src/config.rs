@@ -371,6 +371,15 @@ impl Config {
         }
         out
     }
+
+    /// Puts back the running values of every setting [`Self::restart_only_changes`]
+    /// reports, so a reload keeps using them and the next reload warns again.
+    pub fn keep_restart_only(&mut self, running: &Config) {
+        self.listen = running.listen;
+        self.btf = running.btf.clone();
+        self.pin_dir = running.pin_dir.clone();
+        self.hook_mode = running.hook_mode;
+    }
 }
 
 /// The hook mode in files is spelled as on the command line (`auto`, `fentry`, ...).
@@ -503,5 +512,25 @@ mod tests {
         assert!(a.restart_only_changes(&b).is_empty());
         b.hook_mode = HookModeArg::Tracepoint;
         assert_eq!(a.restart_only_changes(&b)[0].0, "hook_mode");
+    }
+
+    #[test]
+    fn a_reload_keeps_every_restart_only_setting_as_running() {
+        let running = Config::default();
+        let mut new = running.clone();
+        new.listen = "127.0.0.1:1".parse().unwrap();
+        new.btf = "/elsewhere".into();
+        new.pin_dir = Some("/sys/fs/bpf/other".into());
+        new.hook_mode = HookModeArg::Tracepoint;
+        new.rescan_interval = 1;
+        let keys: Vec<_> = running
+            .restart_only_changes(&new)
+            .iter()
+            .map(|c| c.0)
+            .collect();
+        assert_eq!(keys, ["listen", "btf", "pin_dir", "hook_mode"]);
+        new.keep_restart_only(&running);
+        assert!(running.restart_only_changes(&new).is_empty());
+        assert_eq!(new.rescan_interval, 1, "reloadable settings are left alone");
     }
 }

@@ -345,10 +345,7 @@ fn apply_reload(
              restart (`systemctl restart backlogd`); still using {old}"
         );
     }
-    // What needs a restart stays as running, so the next reload warns again.
-    new.listen = current.listen;
-    new.btf = current.btf.clone();
-    new.hook_mode = current.hook_mode;
+    new.keep_restart_only(current);
     let mut changed = Vec::new();
     if new.log != current.log {
         match to.set_log_filter {

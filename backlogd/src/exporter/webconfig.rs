@@ -68,6 +68,17 @@ pub enum WebConfigError {
         user: String,
         error: bcrypt::BcryptError,
     },
+    #[error(
+        "web config file {path}: basic_auth_users.{user} has bcrypt cost {cost}: one check \
+         would take seconds of CPU (each cost step doubles it; 10 takes tens of ms), longer \
+         than a scrape may wait. Fix: hash the password again with cost 10 to {WARN_COST}, \
+         e.g. `htpasswd -nBC 10 \"\" | tr -d ':\\n'`"
+    )]
+    Cost {
+        path: PathBuf,
+        user: String,
+        cost: u32,
+    },
     #[error("web config file {path}: tls_server_config.{key} {file}: {why}. Fix: {fix}")]
     Tls {
         path: PathBuf,
@@ -121,12 +132,14 @@ impl WebConfig {
         let auth = match file.basic_auth_users {
             Some(users) if !users.is_empty() => {
                 for (user, hash) in &users {
-                    hash.parse::<bcrypt::HashParts>()
-                        .map_err(|error| WebConfigError::Hash {
+                    let parts = hash.parse::<bcrypt::HashParts>().map_err(|error| {
+                        WebConfigError::Hash {
                             path: path.to_owned(),
                             user: user.clone(),
                             error,
-                        })?;
+                        }
+                    })?;
+                    check_cost(path, user, parts.get_cost())?;
                 }
                 Some(Arc::new(BasicAuth::new(users)))
             }
@@ -220,6 +233,32 @@ fn tls_acceptor(path: &Path, base: &Path, t: TlsFormat) -> Result<TlsAcceptor, W
     Ok(TlsAcceptor::from(Arc::new(config)))
 }
 
+/// bcrypt costs above this get a warning: every uncached check then takes over 200 ms.
+const WARN_COST: u32 = 12;
+/// ... and above this are refused: a check would take seconds (cost 10: 60 ms, cost 16:
+/// 3.3 s with htpasswd on the CI machine).
+const MAX_COST: u32 = 16;
+
+fn check_cost(path: &Path, user: &str, cost: u32) -> Result<(), WebConfigError> {
+    if cost > MAX_COST {
+        return Err(WebConfigError::Cost {
+            path: path.to_owned(),
+            user: user.to_owned(),
+            cost,
+        });
+    }
+    if cost > WARN_COST {
+        tracing::warn!(
+            "web config file {}: basic_auth_users.{user} has bcrypt cost {cost}; every check \
+             of a password not yet accepted costs {}x a cost-10 check on the one core \
+             bcrypt checks share. Cost 10 to {WARN_COST} is enough for a scrape password",
+            path.display(),
+            1u32 << (cost - 10)
+        );
+    }
+    Ok(())
+}
+
 /// Basic auth against bcrypt hashes. bcrypt is slow by design (tens of ms per check), so
 /// checks run on the blocking pool one at a time, a check that would have to wait is
 /// refused at once (401; Prometheus retries at its next scrape), and a successful pair is
@@ -301,5 +340,34 @@ impl BasicAuth {
             accepted.insert(pair);
         }
         ok
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(users: &str) -> Result<WebConfig, WebConfigError> {
+        let dir = std::env::temp_dir().join(format!("backlogd-webconfig-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("web.yml");
+        std::fs::write(&path, format!("basic_auth_users:\n{users}")).unwrap();
+        let loaded = WebConfig::load(&path);
+        std::fs::remove_dir_all(dir).ok();
+        loaded
+    }
+
+    #[test]
+    fn a_bcrypt_cost_of_seconds_per_check_is_refused_with_the_fix() {
+        const SALT_AND_HASH: &str = "757Z651vHdpP9jYGLGAZSu8Hv7mmLSIU/DcQALzsURkOq10uCIWeC";
+        assert!(load(&format!("  a: $2y$16${SALT_AND_HASH}\n")).is_ok());
+        let err = load(&format!("  a: $2y$17${SALT_AND_HASH}\n"))
+            .expect_err("cost 17 refused")
+            .to_string();
+        assert!(
+            err.contains("basic_auth_users.a has bcrypt cost 17")
+                && err.contains("htpasswd -nBC 10"),
+            "{err}"
+        );
     }
 }

@@ -54,6 +54,15 @@ pub enum PinError {
         #[source]
         source: io::Error,
     },
+    #[error(
+        "cannot create the pin directory {dir}: read-only file system. Under systemd, \
+         ProtectKernelTunables= (and ProtectSystem=strict) make /sys/fs/bpf read-only, and \
+         ReadWritePaths= cannot reopen a directory that does not exist yet. Fix: keep \
+         pin_dir = \"/sys/fs/bpf/backlogd\", which the shipped unit creates before the \
+         sandbox (ExecStartPre=-+/bin/mkdir -p) and opens (ReadWritePaths=), or add your \
+         directory to both lines in a drop-in (`systemctl edit backlogd`)"
+    )]
+    ReadOnly { dir: PathBuf },
     #[error("cannot use the pin directory {path}")]
     Io {
         path: PathBuf,
@@ -119,9 +128,15 @@ pub enum Found {
 impl PinDir {
     /// Checks that `root` is on bpffs (creating it if needed).
     pub fn open(root: &Path, build: String) -> Result<Self, PinError> {
-        std::fs::create_dir_all(root).map_err(|source| PinError::Create {
-            dir: root.into(),
-            source,
+        std::fs::create_dir_all(root).map_err(|source| {
+            if source.kind() == io::ErrorKind::ReadOnlyFilesystem {
+                PinError::ReadOnly { dir: root.into() }
+            } else {
+                PinError::Create {
+                    dir: root.into(),
+                    source,
+                }
+            }
         })?;
         if !on_bpffs(root).map_err(io_err(root))? {
             return Err(PinError::NotBpffs { dir: root.into() });
