@@ -118,8 +118,9 @@ pub mod segment_kind {
     pub const SYN: u32 = 1;
     /// An ACK handled at the listener: the final ACK of a handshake (or a syncookie ACK).
     pub const ACK: u32 = 2;
-    /// Anything else reaching a listener (RST, IPv6 with extension headers): tracepoint
-    /// mode only, so that drops on its account are still counted.
+    /// Anything else that can make the kernel drop for a listener: in tracepoint mode a
+    /// segment that is neither (RST, IPv6 with extension headers); in fentry and kprobe
+    /// modes an ICMP error for a pending request (`tcp_req_err`).
     pub const OTHER: u32 = 3;
 }
 
@@ -219,6 +220,8 @@ pub struct KernelOffsets {
     pub icsk_syn_qlen: u32,
     /// `offsetof(struct request_sock, sk)`: the child socket of a queued request.
     pub request_sock_sk: u32,
+    /// `offsetof(struct request_sock, rsk_listener)`: the listener a request belongs to.
+    pub request_sock_listener: u32,
     /// `offsetof(struct sk_buff, head)` and `transport_header`: the TCP header of a
     /// segment is at `head + transport_header`.
     pub skb_head: u32,

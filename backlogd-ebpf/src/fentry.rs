@@ -9,6 +9,8 @@
 //!   a handshake (regular and syncookie); retransmitted SYNs for pending requests.
 //!   (Not `tcp_v{4,6}_syn_recv_sock` itself: Debian's 6.1 refuses a trampoline on it with
 //!   ENOTSUPP; its two callers bracket it.)
+//! - `tcp_req_err` entry/return: an ICMP error that removed a pending request, a listen
+//!   drop outside any segment (reason "other").
 //! - the final-ACK functions' return, and `inet_csk_reqsk_queue_add`'s for Fast Open: a
 //!   connection queued for accept.
 //! - `inet_csk_accept` return: a connection accepted, and how long it waited.
@@ -17,7 +19,7 @@ use aya_ebpf::{
     macros::{fentry, fexit},
     programs::{FEntryContext, FExitContext},
 };
-use backlogd_common::segment_kind::{ACK, SYN};
+use backlogd_common::segment_kind::{ACK, OTHER, SYN};
 
 use crate::{
     accept,
@@ -84,6 +86,19 @@ pub fn cookie_sock_exit(ctx: FExitContext) -> i32 {
     let _ = ctx
         .ret::<u64>()
         .and_then(|child| syn::call_exit(ACK, child));
+    0
+}
+
+/// `void tcp_req_err(struct sock *sk, u32 seq, bool abort)`: `sk` is the request.
+#[fentry(function = "tcp_req_err")]
+pub fn req_err_enter(ctx: FEntryContext) -> i32 {
+    let _ = arg_ptr(ctx.arg(0)).and_then(syn::request_error_enter);
+    0
+}
+
+#[fexit(function = "tcp_req_err")]
+pub fn req_err_exit(_ctx: FExitContext) -> i32 {
+    let _ = syn::call_exit(OTHER, 0);
     0
 }
 

@@ -38,6 +38,7 @@ static OFFSETS: KernelOffsets = KernelOffsets {
     icsk_accept_tail: 0,
     icsk_syn_qlen: 0,
     request_sock_sk: 0,
+    request_sock_listener: 0,
     skb_head: 0,
     skb_transport_header: 0,
     tp_accept_fd: 0,

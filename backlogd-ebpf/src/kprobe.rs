@@ -22,7 +22,7 @@ use aya_ebpf::{
     maps::PerCpuArray,
     programs::{ProbeContext, RetProbeContext},
 };
-use backlogd_common::segment_kind::{ACK, SYN};
+use backlogd_common::segment_kind::{ACK, OTHER, SYN};
 
 use crate::{
     accept,
@@ -73,6 +73,19 @@ pub fn final_ack_kretprobe(ctx: RetProbeContext) -> u32 {
 #[kprobe]
 pub fn check_req_kprobe(ctx: ProbeContext) -> u32 {
     let _ = arg(&ctx, 0).and_then(|sk| syn::pending_request_segment(KPtr(sk), KPtr(arg(&ctx, 1)?)));
+    0
+}
+
+/// `tcp_req_err`: an ICMP error for a pending request, as in fentry mode.
+#[kprobe]
+pub fn req_err_kprobe(ctx: ProbeContext) -> u32 {
+    let _ = arg(&ctx, 0).and_then(|req| syn::request_error_enter(KPtr(req)));
+    0
+}
+
+#[kretprobe]
+pub fn req_err_kretprobe(_ctx: RetProbeContext) -> u32 {
+    let _ = syn::call_exit(OTHER, 0);
     0
 }
 

@@ -53,7 +53,7 @@ static STASH: PerCpuArray<SynStash> = PerCpuArray::with_max_entries(1, 0);
 
 /// Function-hook modes: one open call per segment kind and CPU (index = kind - 1).
 #[map]
-static CALL_STASH: PerCpuArray<SynStash> = PerCpuArray::with_max_entries(2, 0);
+static CALL_STASH: PerCpuArray<SynStash> = PerCpuArray::with_max_entries(3, 0);
 
 const TCP_FLAG_SYN: u8 = 0x02;
 const TCP_FLAG_RST: u8 = 0x04;
@@ -126,16 +126,17 @@ pub(crate) fn handshake_completed() -> Result<()> {
 }
 
 /// Function-hook modes: the kernel starts processing `skb` on listener `sk` (`kind` SYN:
-/// `tcp_conn_request`; ACK: `tcp_check_req` or `tcp_get_cookie_sock`, which never nest in
-/// each other or in `tcp_conn_request`). Runs in softirq, so calls never interleave on a
-/// CPU; a call whose exit hook was missed (kretprobe) is settled at the next call of
-/// either kind, with deltas that are still that call's own.
+/// `tcp_conn_request`; ACK: `tcp_check_req` or `tcp_get_cookie_sock`; OTHER:
+/// `tcp_req_err`, with the request as `skb`; none nests in another). Runs in softirq, so
+/// calls never interleave on a CPU; a call whose exit hook was missed (kretprobe) is
+/// settled at the next call of any kind, with deltas that are still that call's own.
 #[inline(always)]
 pub(crate) fn call_enter(sk: KPtr, skb: u64, kind: u32) -> Result<()> {
-    // Neither kind nests in the other, so a window still open here, of either kind, is
-    // a call that has returned: settle it now, before this call moves the counters.
+    // No kind nests in another, so a window still open here, of any kind, is a call
+    // that has returned: settle it now, before this call moves the counters.
     settle_stale(segment_kind::SYN);
     settle_stale(segment_kind::ACK);
+    settle_stale(segment_kind::OTHER);
     let slot = call_slot(kind)?;
     let state: u8 = sk.read(offset(|o| &o.sk_state))?;
     if u32::from(state) != TCP_LISTEN {
@@ -176,6 +177,19 @@ pub(crate) fn call_exit(kind: u32, ret: u64) -> Result<()> {
         let _ = crate::accept::enqueued(KPtr(stash.sk), Some(KPtr(ret)));
     }
     settle(stash)
+}
+
+/// Function-hook modes: an ICMP error arrived for pending request `req`
+/// (`tcp_req_err`). A fatal one (host or network unreachable, TTL exceeded, parameter
+/// problem) removes the request and counts a listen drop for its listener, outside any
+/// segment's window; this opens one for it. Its drops count as reason "other".
+#[inline(always)]
+pub(crate) fn request_error_enter(req: KPtr) -> Result<()> {
+    let listener = req.deref(offset(|o| &o.request_sock_listener))?;
+    if listener.is_null() {
+        return Err(-14);
+    }
+    call_enter(listener, req.0, segment_kind::OTHER)
 }
 
 /// Whether this CPU is inside `tcp_conn_request` (where only a TCP Fast Open SYN queues a

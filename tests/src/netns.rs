@@ -183,7 +183,39 @@ impl Netns {
             .unwrap_or_else(|| panic!("no SYN counter in: {out}"))
     }
 
-    /// Removes every rule [`Netns::drop_incoming`] added.
+    /// Answers every SYN-ACK this namespace sends with an ICMP error instead (IPv4 host
+    /// unreachable, IPv6 administratively prohibited), as a router does for a SYN flood's
+    /// spoofed sources: the kernel then removes the pending request and counts a listen
+    /// drop (`tcp_req_err`).
+    pub fn reject_outgoing_synacks(&self) {
+        self.command("nft", &["add", "table", "inet", "backlogd_test"]);
+        self.command(
+            "nft",
+            &[
+                "add",
+                "chain",
+                "inet",
+                "backlogd_test",
+                "output",
+                "{ type filter hook output priority 0; }",
+            ],
+        );
+        for rule in [
+            "meta nfproto ipv4 tcp flags & (syn|ack) == syn|ack reject with icmp type host-unreachable",
+            "meta nfproto ipv6 tcp flags & (syn|ack) == syn|ack reject with icmpv6 type admin-prohibited",
+        ] {
+            self.command(
+                "nft",
+                &["add", "rule", "inet", "backlogd_test", "output"]
+                    .into_iter()
+                    .chain(rule.split(' '))
+                    .collect::<Vec<_>>(),
+            );
+        }
+    }
+
+    /// Removes every rule [`Netns::drop_incoming`] and
+    /// [`Netns::reject_outgoing_synacks`] added.
     pub fn stop_dropping(&self) {
         self.command("nft", &["delete", "table", "inet", "backlogd_test"]);
     }

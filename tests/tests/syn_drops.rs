@@ -276,3 +276,66 @@ fn final_ack_overflow_with_abort_on_overflow_is_counted_the_same() {
 fn final_ack_overflow_on_dual_stack_listener_from_ipv4_is_counted_the_same() {
     final_ack_overflow("0", "[::]:0", Some("127.0.0.1"));
 }
+
+/// An ICMP error for a SYN-ACK (a router's host unreachable for a spoofed SYN source)
+/// makes the kernel remove the pending request and count a listen drop outside any
+/// segment (`tcp_req_err`). fentry and kprobe modes hook that function and count the drop
+/// as reason "other"; tracepoint mode has no hook there (docs/metrics.md), so for it the
+/// test checks exactly that: nothing attributed to the listener, while the namespace's
+/// exported ListenDrops still has the kernel's figure.
+fn icmp_aborted_requests(bind: &str) {
+    let (daemon, ns, listener) = setup(&[], bind, 16);
+    ns.reject_outgoing_synacks();
+    let before = tcp_ext(&ns);
+    let skips = daemon.missed_runs();
+    let clients = connect_burst(&ns, listener.addr, 5);
+    // Each client's SYN, and its retransmission 1 s later, meets an ICMP error.
+    std::thread::sleep(Duration::from_millis(1500));
+    // Closing a client in SYN_SENT sends nothing: the namespace is quiet from here.
+    drop(clients);
+    ns.stop_dropping();
+    std::thread::sleep(Duration::from_millis(100));
+    let kernel = ListenCounters::delta(&before, &tcp_ext(&ns));
+    let queue = kernel_queue(&ns, &listener);
+    let scrape = daemon.scrape();
+    let ours = Figures::of(&scrape, &listener);
+    eprintln!("ICMP-aborted requests: kernel {kernel:?}, socket {queue:?}, backlogd {ours:?}");
+
+    // The scenario happened: every first SYN's request was removed by an ICMP error.
+    assert!(kernel.listen_drops >= 5, "{kernel:?}");
+    assert_eq!(
+        kernel.listen_overflows + kernel.reqq_full_drop,
+        0,
+        "{kernel:?}"
+    );
+    assert_eq!(queue.drops, kernel.listen_drops, "sk_drops vs ListenDrops");
+    let netns = ns.inode().to_string();
+    let exported = scrape
+        .value(
+            "backlogd_netns_listen_drops_total",
+            &[("netns", netns.as_str())],
+        )
+        .unwrap_or_else(|| panic!("no netns ListenDrops in:\n{}", scrape.text));
+    assert_eq!(exported as u64, before["ListenDrops"] + kernel.listen_drops);
+    if scrape.hook_mode() == "tracepoint" {
+        assert_eq!(
+            ours.all_drops(),
+            0,
+            "tracepoint mode attributes none: {ours:?}"
+        );
+    } else {
+        ours.assert_match(&kernel, daemon.kprobe_skips_since(skips));
+        ours.assert_sk_drops(&queue);
+        assert_eq!(ours.other, kernel.listen_drops, "{ours:?}");
+    }
+}
+
+#[test]
+fn icmp_errors_for_pending_requests_are_drops_of_reason_other() {
+    icmp_aborted_requests("127.0.0.1:0");
+}
+
+#[test]
+fn icmp_errors_for_pending_ipv6_requests_are_drops_of_reason_other() {
+    icmp_aborted_requests("[::1]:0");
+}

@@ -59,10 +59,11 @@ const GUEST_SUITES: &[(&str, Option<&str>)] = &[
 /// Host tools the suites run, copied into the guest with their shared libraries.
 const GUEST_TOOLS: &[&str] = &["ip", "ss", "nft", "bpftool", "setpriv"];
 
-/// Kernel modules the suites need: nf_tables for `Netns::drop_incoming`; tcp_diag (and
-/// inet_diag) for sock_diag, which backlogd's scans and `ss` use. (A production host's
-/// modprobe autoloads them; the guest has no modprobe.)
-const GUEST_MODULES: &[&str] = &["nf_tables", "tcp_diag"];
+/// Kernel modules the suites need: nf_tables for `Netns::drop_incoming`, nft_reject_inet
+/// for `Netns::reject_outgoing_synacks`; tcp_diag (and inet_diag) for sock_diag, which
+/// backlogd's scans and `ss` use. (A production host's modprobe autoloads them; the guest
+/// has no modprobe.)
+const GUEST_MODULES: &[&str] = &["nf_tables", "nft_reject_inet", "tcp_diag"];
 
 /// A guest that has not powered off by then is killed and its rows fail.
 const GUEST_TIMEOUT: Duration = Duration::from_secs(30 * 60);

@@ -103,6 +103,8 @@ impl KernelBtf {
             icsk_syn_qlen: self.offset_of("inet_connection_sock", "icsk_accept_queue", None)?
                 + f("request_sock_queue", "qlen", 4)?,
             request_sock_sk: f("request_sock", "sk", 8)?,
+            // `rsk_listener` is a macro for this field.
+            request_sock_listener: f("request_sock", "__req_common.skc_listener", 8)?,
             skb_head: f("sk_buff", "head", 8)?,
             skb_transport_header: f("sk_buff", "transport_header", 2)?,
             regs_syscall_nr: f("pt_regs", SYSCALL_REGS.0, SYSCALL_REGS.1)?,

@@ -5,7 +5,7 @@
 //! `tcp_retransmit_synack` as raw tracepoints. The SYN path and the accept queue depend on
 //! the hook mode (see `modes.rs` and the README's hook-mode matrix):
 //! - fentry: fentry/fexit on tcp_conn_request, tcp_check_req, tcp_get_cookie_sock,
-//!   inet_csk_reqsk_queue_add and inet_csk_accept;
+//!   tcp_req_err, inet_csk_reqsk_queue_add and inet_csk_accept;
 //! - kprobe: kprobes/kretprobes on the same functions, accept() at the raw `sys_exit`
 //!   tracepoint;
 //! - tracepoint: a cgroup_skb ingress program on the cgroup v2 root plus skb-release
@@ -196,6 +196,8 @@ const FUNCTION_HOOKS_FENTRY: &[(&str, &str, bool)] = &[
     ("check_req_exit", "tcp_check_req", true),
     ("cookie_sock_enter", "tcp_get_cookie_sock", false),
     ("cookie_sock_exit", "tcp_get_cookie_sock", true),
+    ("req_err_enter", "tcp_req_err", false),
+    ("req_err_exit", "tcp_req_err", true),
     ("reqsk_queue_add_exit", "inet_csk_reqsk_queue_add", true),
     ("inet_csk_accept_exit", "inet_csk_accept", true),
 ];
@@ -213,6 +215,8 @@ const FUNCTION_HOOKS_KPROBE: &[(&str, &[&str])] = &[
         "final_ack_kretprobe",
         &["tcp_check_req", "tcp_get_cookie_sock"],
     ),
+    ("req_err_kprobe", &["tcp_req_err"]),
+    ("req_err_kretprobe", &["tcp_req_err"]),
     ("reqsk_queue_add_kprobe", &["inet_csk_reqsk_queue_add"]),
     ("reqsk_queue_add_kretprobe", &["inet_csk_reqsk_queue_add"]),
 ];
