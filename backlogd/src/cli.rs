@@ -1,9 +1,10 @@
 //! Command line.
 
-use std::{net::SocketAddr, path::PathBuf};
+use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
+use crate::client::ApiArgs;
 use crate::{config::Layer, doctor::findings::Severity};
 
 /// Per-listener TCP listen-queue observability: requested vs granted backlogs, SYN and
@@ -51,9 +52,8 @@ pub struct UnpinArgs {
 
 #[derive(Debug, Args)]
 pub struct TopArgs {
-    /// Address of the daemon's HTTP endpoint.
-    #[arg(long, value_name = "HOST:PORT", default_value = "127.0.0.1:9851")]
-    pub api: SocketAddr,
+    #[command(flatten)]
+    pub api: ApiArgs,
     /// Seconds between refreshes (change it live with + and -).
     #[arg(long, value_name = "SECONDS", default_value_t = 1.0)]
     pub interval: f64,
@@ -70,9 +70,8 @@ pub struct TopArgs {
 
 #[derive(Debug, Args)]
 pub struct DoctorArgs {
-    /// Address of the daemon's HTTP endpoint.
-    #[arg(long, value_name = "HOST:PORT", default_value = "127.0.0.1:9851")]
-    pub api: SocketAddr,
+    #[command(flatten)]
+    pub api: ApiArgs,
     /// Print the findings as JSON.
     #[arg(long)]
     pub json: bool,

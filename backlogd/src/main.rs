@@ -1,6 +1,7 @@
 //! backlogd: eBPF-based listen-queue observability daemon and CLI.
 
 mod cli;
+mod client;
 mod config;
 mod daemon;
 mod doctor;
@@ -21,12 +22,12 @@ fn doctor_cmd(args: &cli::DoctorArgs) -> anyhow::Result<Outcome> {
     let api = if args.standalone {
         let api = daemon::spawn_standalone()?;
         std::thread::sleep(std::time::Duration::from_secs(args.duration));
-        api
+        client::ApiArgs::plain(api)
     } else {
-        args.api
+        args.api.clone()
     };
     let failed = doctor::run(&doctor::DoctorOptions {
-        api,
+        api: client::Api::new(&api)?,
         json: args.json,
         fail_on: args.fail_on,
     })?;
@@ -40,12 +41,12 @@ fn doctor_cmd(args: &cli::DoctorArgs) -> anyhow::Result<Outcome> {
 fn top(args: &cli::TopArgs) -> anyhow::Result<()> {
     let interval = std::time::Duration::from_secs_f64(args.interval.clamp(0.25, 60.0));
     let api = if args.standalone {
-        daemon::spawn_standalone()?
+        client::ApiArgs::plain(daemon::spawn_standalone()?)
     } else {
-        args.api
+        args.api.clone()
     };
     tui::run(&tui::TopOptions {
-        api,
+        api: client::Api::new(&api)?,
         interval,
         once: args.once,
         json: args.json,

@@ -2,37 +2,18 @@
 
 pub mod findings;
 
-use std::net::SocketAddr;
-
-use anyhow::{Context as _, anyhow};
-
 use self::findings::{Finding, Severity};
-use crate::exporter::metrics::Snapshot;
+use crate::{client::Api, exporter::metrics::Snapshot};
 
 pub struct DoctorOptions {
-    pub api: SocketAddr,
+    pub api: Api,
     pub json: bool,
     pub fail_on: Severity,
 }
 
 /// Prints the findings; returns whether one is at or above `fail_on`.
 pub fn run(opts: &DoctorOptions) -> anyhow::Result<bool> {
-    let url = format!("http://{}/api/v1/snapshot", opts.api);
-    let body = ureq::get(&url)
-        .call()
-        .map_err(|e| {
-            anyhow!(
-                "cannot reach the backlogd daemon at {} ({e}). Fix: start it (`backlogd run` \
-                 or its systemd service), or point `--api HOST:PORT` at the address it serves",
-                opts.api
-            )
-        })?
-        .body_mut()
-        .read_to_string()
-        .with_context(|| format!("reading {url}"))?;
-    let snapshot: Snapshot = serde_json::from_str(&body).with_context(|| {
-        format!("{url} did not answer with a backlogd snapshot (a different backlogd version?)")
-    })?;
+    let snapshot = opts.api.snapshot()?;
     let found = findings::diagnose(&snapshot);
     if opts.json {
         println!("{}", serde_json::to_string_pretty(&found)?);
