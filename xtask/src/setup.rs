@@ -33,6 +33,7 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "xz-utils",
     "bpftrace",
     "procps",
+    "apache2-utils",
 ];
 
 const BPF_LINKER_VERSION: &str = "0.13.0";
