@@ -152,7 +152,8 @@ pub fn run(config: RunConfig) -> anyhow::Result<()> {
         tracing::info!(
             kept = ?kept.iter().map(ToString::to_string).collect::<Vec<_>>(),
             "dropped every capability the running daemon does not need \
-             (kept: setns for rescans and BPF map access, /proc of other users)"
+             (kept: setns for rescans and BPF map access, /proc of other users); the \
+             bounding set is cut to the same and no_new_privs is set, so none returns"
         );
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()

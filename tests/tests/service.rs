@@ -6,20 +6,30 @@
 use std::{
     io::{Read as _, Write as _},
     net::{SocketAddr, TcpListener, TcpStream},
-    os::{linux::net::SocketAddrExt as _, unix::net::UnixDatagram},
+    os::{
+        fd::AsRawFd as _,
+        linux::net::SocketAddrExt as _,
+        unix::{fs::MetadataExt as _, net::UnixDatagram},
+    },
     path::{Path, PathBuf},
     process::Command,
     sync::{
         Arc,
-        atomic::{AtomicBool, Ordering},
+        atomic::{AtomicBool, AtomicU64, Ordering},
+        mpsc,
     },
+    thread::JoinHandle,
     time::{Duration, Instant},
 };
 
 use backlogd_tests::{
-    Daemon,
+    Daemon, Netns, Scrape,
     daemon::{binary, http_get, run_to_end, try_http_get},
+    kernel::tcp_ext,
+    sockets::Listener,
+    tools,
 };
+use socket2::{Domain, Socket, Type};
 
 /// A scratch directory removed when dropped.
 struct TempDir(PathBuf);
@@ -94,20 +104,46 @@ impl NotifySocket {
     }
 }
 
-/// Effective capabilities of every thread of `pid`.
-fn thread_caps(pid: u32) -> Vec<(String, u64)> {
+/// The capability sets of one thread (`/proc/PID/task/TID/status`).
+#[derive(Debug)]
+struct ThreadCaps {
+    tid: String,
+    inheritable: u64,
+    permitted: u64,
+    effective: u64,
+    bounding: u64,
+    ambient: u64,
+    no_new_privs: bool,
+}
+
+/// Capability sets of every thread of `pid`.
+fn thread_caps(pid: u32) -> Vec<ThreadCaps> {
     let dir = format!("/proc/{pid}/task");
     std::fs::read_dir(&dir)
-        .unwrap()
+        .unwrap_or_else(|e| panic!("{dir}: {e}"))
         .flatten()
         .map(|t| {
-            let status = std::fs::read_to_string(t.path().join("status")).unwrap();
-            let eff = status
-                .lines()
-                .find_map(|l| l.strip_prefix("CapEff:"))
-                .map(|h| u64::from_str_radix(h.trim(), 16).unwrap())
-                .unwrap();
-            (t.file_name().to_string_lossy().into_owned(), eff)
+            let path = t.path().join("status");
+            let status = std::fs::read_to_string(&path)
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            let field = |name: &str| {
+                status
+                    .lines()
+                    .find_map(|l| l.strip_prefix(name))
+                    .map(str::trim)
+                    .unwrap_or_else(|| panic!("no {name} in {}:\n{status}", path.display()))
+                    .to_owned()
+            };
+            let hex = |name: &str| u64::from_str_radix(&field(name), 16).unwrap();
+            ThreadCaps {
+                tid: t.file_name().to_string_lossy().into_owned(),
+                inheritable: hex("CapInh:"),
+                permitted: hex("CapPrm:"),
+                effective: hex("CapEff:"),
+                bounding: hex("CapBnd:"),
+                ambient: hex("CapAmb:"),
+                no_new_privs: field("NoNewPrivs:") == "1",
+            }
         })
         .collect()
 }
@@ -115,6 +151,52 @@ fn thread_caps(pid: u32) -> Vec<(String, u64)> {
 const CAP_DAC_READ_SEARCH: u64 = 1 << 2;
 const CAP_SYS_PTRACE: u64 = 1 << 19;
 const CAP_SYS_ADMIN: u64 = 1 << 21;
+/// What the running daemon keeps (backlogd/src/service/caps.rs `KEEP`).
+const KEEP: u64 = CAP_SYS_ADMIN | CAP_SYS_PTRACE | CAP_DAC_READ_SEARCH;
+
+/// Asserts that every thread of the daemon `pid` holds exactly what the daemon says it
+/// keeps once the probes are attached: permitted and effective sets of `KEEP`, empty
+/// inheritable and ambient sets. Returns the threads.
+#[track_caller]
+fn assert_runtime_caps(pid: u32) -> Vec<ThreadCaps> {
+    let threads = thread_caps(pid);
+    // The main thread, two runtime workers, and the blocking pool once it has run a scan.
+    assert!(
+        threads.len() >= 3,
+        "only {} threads: {threads:?}",
+        threads.len()
+    );
+    for t in &threads {
+        assert_eq!(
+            (t.permitted, t.effective, t.inheritable, t.ambient),
+            (KEEP, KEEP, 0, 0),
+            "thread {} (CapPrm, CapEff, CapInh, CapAmb), want ({KEEP:#x}, {KEEP:#x}, 0, 0): \
+             {t:x?}",
+            t.tid
+        );
+    }
+    threads
+}
+
+/// Asserts that no thread can get back what the daemon gave up. The daemon stays uid 0,
+/// and execve(2) gives a root process every capability of its bounding set: so the
+/// bounding set must be `KEEP` too, unless no_new_privs is set (then an execve can gain
+/// nothing).
+#[track_caller]
+fn assert_no_way_back(threads: &[ThreadCaps]) {
+    for t in threads {
+        assert!(
+            t.bounding == KEEP || t.no_new_privs,
+            "thread {}: CapBnd {:#x} still holds {:#x} beyond what the daemon keeps, and \
+             NoNewPrivs is 0: the daemon runs as uid 0, so an execve(2) from it regains every \
+             capability of the bounding set. Want CapBnd {KEEP:#x} (PR_CAPBSET_DROP before \
+             giving up CAP_SETPCAP) or no_new_privs: {t:x?}",
+            t.tid,
+            t.bounding,
+            t.bounding & !KEEP
+        );
+    }
+}
 
 #[test]
 fn readiness_comes_after_attach_and_serving_then_reload_watchdog_and_stop() {
@@ -143,16 +225,10 @@ fn readiness_comes_after_attach_and_serving_then_reload_watchdog_and_stop() {
     assert!(daemon.log().contains("probes attached"), "{}", daemon.log());
 
     // Capabilities: only what the running daemon needs, in every thread.
-    let want = CAP_SYS_ADMIN | CAP_SYS_PTRACE | CAP_DAC_READ_SEARCH;
-    let caps = thread_caps(daemon.pid());
-    assert!(!caps.is_empty());
-    for (tid, eff) in &caps {
-        assert_eq!(*eff, want, "thread {tid} CapEff {eff:#x}, want {want:#x}");
-    }
+    let threads = assert_runtime_caps(daemon.pid()).len();
     eprintln!(
-        "CapEff of all {} threads after READY=1: {want:#018x} (CAP_DAC_READ_SEARCH, \
-         CAP_SYS_PTRACE, CAP_SYS_ADMIN)",
-        caps.len()
+        "all {threads} threads after READY=1: CapPrm = CapEff = {KEEP:#018x} \
+         (CAP_DAC_READ_SEARCH, CAP_SYS_PTRACE, CAP_SYS_ADMIN), CapInh = CapAmb = 0"
     );
     daemon.wait_for_log("dropped every capability");
 
@@ -204,43 +280,344 @@ fn wait_for_nth(daemon: &Daemon, needle: &str, n: usize) -> String {
     }
 }
 
+/// Number of log lines containing `needle` so far.
+fn log_lines(daemon: &Daemon, needle: &str) -> usize {
+    daemon.log().lines().filter(|l| l.contains(needle)).count()
+}
+
+/// Calls `f` every 100 ms until it returns `Some`, for up to `limit`.
+#[track_caller]
+fn eventually<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "no {what} within {limit:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A response read whole from a connection the server closes after it.
+#[derive(Debug)]
+struct Reply {
+    status: u16,
+    head: String,
+    body: Vec<u8>,
+}
+
+impl Reply {
+    fn parse(bytes: &[u8]) -> std::io::Result<Self> {
+        let shown = || String::from_utf8_lossy(&bytes[..bytes.len().min(300)]).into_owned();
+        let end = bytes
+            .windows(4)
+            .position(|w| w == b"\r\n\r\n")
+            .ok_or_else(|| std::io::Error::other(format!("no response head in {:?}", shown())))?;
+        let head = String::from_utf8_lossy(&bytes[..end]).into_owned();
+        let status = head
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| std::io::Error::other(format!("no status in {:?}", shown())))?;
+        Ok(Self {
+            status,
+            head,
+            body: bytes[end + 4..].to_vec(),
+        })
+    }
+
+    fn header(&self, name: &str) -> Option<&str> {
+        self.head.lines().skip(1).find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.trim().eq_ignore_ascii_case(name).then(|| v.trim())
+        })
+    }
+
+    /// The body, after checking it is exactly as long as the response said.
+    #[track_caller]
+    fn complete_text(&self) -> String {
+        let length: usize = self
+            .header("content-length")
+            .unwrap_or_else(|| panic!("no content-length: {}", self.head))
+            .parse()
+            .expect("content-length");
+        assert_eq!(
+            self.body.len(),
+            length,
+            "body of {} bytes, content-length {length}: {}",
+            self.body.len(),
+            self.head
+        );
+        String::from_utf8(self.body.clone()).expect("utf-8 body")
+    }
+}
+
+/// `GET path` with `Connection: close`, optional basic-auth credentials (base64) and extra
+/// header lines (each ending in CRLF).
+fn get_request(path: &str, auth: Option<&str>, extra: &str) -> Vec<u8> {
+    let auth = auth.map_or(String::new(), |a| format!("Authorization: Basic {a}\r\n"));
+    format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{auth}{extra}\r\n").into_bytes()
+}
+
+/// Sends `request` on a new connection and reads the response until the server closes.
+fn exchange(addr: SocketAddr, request: &[u8]) -> std::io::Result<Reply> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
+    s.set_read_timeout(Some(Duration::from_secs(20)))?;
+    s.write_all(request)?;
+    let mut out = Vec::new();
+    s.read_to_end(&mut out)?;
+    Reply::parse(&out)
+}
+
+fn get_as(addr: SocketAddr, path: &str, auth: Option<&str>) -> Reply {
+    exchange(addr, &get_request(path, auth, ""))
+        .unwrap_or_else(|e| panic!("GET http://{addr}{path}: {e}"))
+}
+
+/// A complete `/metrics` scrape with credentials.
+fn scrape_as(addr: SocketAddr, auth: &str) -> Scrape {
+    let reply = get_as(addr, "/metrics", Some(auth));
+    assert_eq!(reply.status, 200, "{reply:?}");
+    Scrape::parse(&reply.complete_text())
+}
+
+fn base64(text: &str) -> String {
+    const ABC: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for chunk in text.as_bytes().chunks(3) {
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(ABC[(n >> (18 - 6 * i) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+/// SIGHUP, then waits for the daemon's RELOADING=1 and READY=1: the reload is done.
+fn reload(daemon: &Daemon, notify: &NotifySocket) {
+    daemon.signal(libc::SIGHUP);
+    let seen = notify.recv_until("READY=1", Duration::from_secs(10));
+    assert!(
+        seen.iter().any(|m| m.lines().any(|l| l == "RELOADING=1")),
+        "no RELOADING=1 before READY=1: {seen:?}"
+    );
+}
+
+/// A listener in `ns` whose `listen()` was called by a thread that has exited since: the
+/// daemon learns of the listener from the event, but the event's thread no longer leads
+/// into the namespace, so the namespace's own TcpExt counters can be read only once a
+/// sock_diag scan finds another task in it (the namespace's helper thread).
+fn listen_from_a_thread_gone_since(ns: &Netns) -> (Socket, SocketAddr, u64) {
+    let socket = ns.run(|| {
+        std::thread::spawn(|| {
+            let s = Socket::new(Domain::IPV4, Type::STREAM, None).expect("socket()");
+            let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
+            s.bind(&any.into()).expect("bind");
+            s.listen(16).expect("listen()");
+            s
+        })
+        .join()
+        .expect("listening thread")
+    });
+    let addr = socket.local_addr().unwrap().as_socket().unwrap();
+    let inode = std::fs::metadata(format!("/proc/self/fd/{}", socket.as_raw_fd()))
+        .unwrap()
+        .ino();
+    (socket, addr, inode)
+}
+
+/// bcrypt of `scrape-secret` (`htpasswd -nbBC 10 prometheus scrape-secret`).
+const HASH: &str = "$2y$10$qonUAlC6be2t0qfORsmUle0X.EzSnnCOAc8b05c1rnpV9iK2OeUtK";
+
 #[test]
 fn sighup_applies_reloadable_settings_and_keeps_the_old_config_when_the_new_is_bad() {
     let dir = TempDir::new("reload");
-    let port = free_port();
-    let file = dir.write(
-        "backlogd.toml",
-        &format!("listen = \"127.0.0.1:{port}\"\nrescan_interval = 30\nlog = \"info\"\n"),
+    let web = dir.write(
+        "web.yml",
+        &format!("basic_auth_users:\n  prometheus: {HASH}\n"),
     );
-    let daemon = Daemon::start_with(&["--config", file.to_str().unwrap()]);
-    assert_eq!(daemon.addr.port(), port, "listen from the file");
-
-    // Reloadable: the rescan interval and the log filter. Not: the listen address.
+    let bad_web = dir.write(
+        "bad-web.yml",
+        "basic_auth_users:\n  prometheus: not-a-hash\n",
+    );
+    let good = base64("prometheus:scrape-secret");
+    let port = free_port();
     let other = free_port();
+    let config = |listen: u16, log: &str, rescan: u64, hwm: u64, http: &str| {
+        format!(
+            "listen = \"127.0.0.1:{listen}\"\nlog = \"{log}\"\nrescan_interval = {rescan}\n\
+             hwm_window = {hwm}\n{http}"
+        )
+    };
+    let file = dir.write("backlogd.toml", &config(port, "info", 600, 600, ""));
+    let notify = NotifySocket::bind("reload");
+    let daemon = Daemon::start_env(
+        &["--config", file.to_str().unwrap()],
+        &[("NOTIFY_SOCKET", &notify.name)],
+    );
+    assert_eq!(daemon.addr.port(), port, "listen from the file");
+    notify.recv_until("READY=1", Duration::from_secs(30));
+    let addr = daemon.addr;
+    // A 12 KiB request head: within the default max_header_bytes (16384), over 8192.
+    let padded = |auth: Option<&str>| {
+        get_request(
+            "/metrics",
+            auth,
+            &format!("X-Pad: {}\r\n", "a".repeat(12 * 1024)),
+        )
+    };
+    let r = exchange(addr, &padded(None)).unwrap();
+    assert_eq!(
+        r.status, 200,
+        "12 KiB head under the default limit: {}",
+        r.head
+    );
+    assert_eq!(get_as(addr, "/metrics", None).status, 200, "no auth yet");
+
+    // What shows the other reloadable settings. hwm_window: an accept-queue peak of 6,
+    // drained, stays in backlogd_listen_accept_queue_max_length for the window (600 s).
+    let ns = Netns::new();
+    let netns = ns.inode().to_string();
+    let (listener, listener_addr, inode) = listen_from_a_thread_gone_since(&ns);
+    daemon.wait_for_listener(inode);
+    let socket = inode.to_string();
+    let queue = |s: &Scrape| {
+        (
+            s.value(
+                "backlogd_listen_accept_queue_length",
+                &[("socket", &socket)],
+            ),
+            s.value(
+                "backlogd_listen_accept_queue_max_length",
+                &[("socket", &socket)],
+            ),
+        )
+    };
+    let clients: Vec<TcpStream> = ns.run(move || {
+        (0..6)
+            .map(|_| TcpStream::connect(listener_addr).expect("connect"))
+            .collect()
+    });
+    daemon.wait_for("6 connections queued", |s| {
+        (queue(s) == (Some(6.0), Some(6.0))).then_some(())
+    });
+    for _ in 0..6 {
+        listener.accept().expect("accept");
+    }
+    daemon.wait_for("the queue drained", |s| {
+        (queue(s) == (Some(0.0), Some(6.0))).then_some(())
+    });
+    // Several one-second samples later the peak is still reported...
+    std::thread::sleep(Duration::from_millis(2500));
+    let before = daemon.scrape();
+    assert_eq!(
+        queue(&before),
+        (Some(0.0), Some(6.0)),
+        "(length, peak) with hwm_window = 600"
+    );
+    // ... and rescan_interval: the namespace's TcpExt counters are not exported, since the
+    // thread that called listen() is gone and no scan (every 600 s) has found another.
+    assert!(
+        before
+            .find(
+                "backlogd_netns_listen_overflows_total",
+                &[("netns", &netns)]
+            )
+            .is_empty(),
+        "netns {netns} counters exported before any rescan:\n{}",
+        before.text
+    );
+    assert_eq!(log_lines(&daemon, "configuration reloaded"), 0);
+
+    // Reload: everything reloadable changes, and the listen address (which is not).
     std::fs::write(
         &file,
-        format!(
-            "listen = \"127.0.0.1:{other}\"\nrescan_interval = 1\nhwm_window = 5\n\
-             log = \"backlogd=debug,info\"\n"
+        config(
+            other,
+            "warn",
+            1,
+            1,
+            &format!(
+                "[http]\nmax_header_bytes = 8192\nweb_config_file = \"{}\"\n",
+                web.display()
+            ),
         ),
     )
     .unwrap();
-    daemon.signal(libc::SIGHUP);
-    let line = wait_for_nth(&daemon, "configuration reloaded", 1);
-    for change in ["rescan_interval 30 -> 1", "hwm_window 60 -> 5", "log "] {
-        assert!(line.contains(change), "{change} missing: {line}");
-    }
+    reload(&daemon, &notify);
     let warned = daemon.wait_for_log("`listen` changed");
     assert!(warned.contains("restart"), "{warned}");
-    // The new interval and the new filter are in force: debug-level scan lines now come
-    // every second.
-    std::thread::sleep(Duration::from_millis(2500));
-    assert_eq!(daemon.get("/metrics").0, 200, "still on the old port");
+    // [http], for new connections: the users of the web config, the smaller head limit.
+    let none = get_as(addr, "/metrics", None);
+    assert_eq!(none.status, 401, "{none:?}");
+    assert_eq!(
+        none.header("www-authenticate"),
+        Some("Basic realm=\"backlogd\""),
+        "{none:?}"
+    );
+    let r = exchange(addr, &padded(Some(&good))).unwrap();
+    assert_eq!(
+        r.status, 431,
+        "12 KiB head over max_header_bytes = 8192: {}",
+        r.head
+    );
+    assert!(scrape_as(addr, &good).text.contains("backlogd_hook_mode"));
+    // The listen address needs a restart: still the old port, nothing on the new one.
+    let refused = TcpStream::connect(("127.0.0.1", other))
+        .expect_err("the new listen address must not be served before a restart");
+    assert_eq!(refused.kind(), std::io::ErrorKind::ConnectionRefused);
+    // hwm_window = 1: the peak ages out within seconds.
+    eventually(
+        "the drained peak leaving the 1 s window",
+        Duration::from_secs(15),
+        || (queue(&scrape_as(addr, &good)) == (Some(0.0), Some(0.0))).then_some(()),
+    );
+    // rescan_interval = 1: a scan finds the namespace's helper thread, and the namespace's
+    // counters appear, equal to the kernel's.
+    let exported = eventually(
+        "the namespace's counters after a rescan",
+        Duration::from_secs(15),
+        || {
+            scrape_as(addr, &good).value(
+                "backlogd_netns_listen_overflows_total",
+                &[("netns", &netns)],
+            )
+        },
+    );
+    assert_eq!(exported, tcp_ext(&ns)["ListenOverflows"] as f64);
+    // log = "warn": this reload's own "configuration reloaded" line (info) was filtered out.
+    assert_eq!(
+        log_lines(&daemon, "configuration reloaded"),
+        0,
+        "info line logged with log = \"warn\":\n{}",
+        daemon.log()
+    );
+    drop(clients);
 
-    // A bad file: the error names the key and line, the running config stays.
+    // A bad file: the error names the key and line, and the running config stays whole.
+    let kept = |after: &str| {
+        let none = get_as(addr, "/metrics", None);
+        assert_eq!(none.status, 401, "auth off after {after}: {none:?}");
+        let r = exchange(addr, &padded(Some(&good))).unwrap();
+        assert_eq!(
+            r.status, 431,
+            "head limit changed after {after}: {}",
+            r.head
+        );
+        assert!(scrape_as(addr, &good).text.contains("backlogd_hook_mode"));
+    };
     std::fs::write(&file, "rescan_interval = 2\nlisten_adress = \"x\"\n").unwrap();
-    daemon.signal(libc::SIGHUP);
-    let failed = daemon.wait_for_log("config reload failed");
+    reload(&daemon, &notify);
+    let failed = wait_for_nth(&daemon, "config reload failed", 1);
     assert!(
         failed.contains("keeping the running configuration"),
         "{failed}"
@@ -250,31 +627,138 @@ fn sighup_applies_reloadable_settings_and_keeps_the_old_config_when_the_new_is_b
         log.contains("listen_adress") && log.contains("line 2"),
         "{log}"
     );
-    assert_eq!(daemon.get("/metrics").0, 200);
-    // Once fixed, a reload works again and starts from the running (not the bad) config.
+    kept("a file with an unknown key");
+    // A good file naming a bad web config: nothing of it is applied (not the log filter,
+    // not the head limit, not turning auth off).
     std::fs::write(
         &file,
-        format!("listen = \"127.0.0.1:{port}\"\nrescan_interval = 7\n"),
+        config(
+            port,
+            "info",
+            2,
+            600,
+            &format!(
+                "[http]\nmax_header_bytes = 65536\nweb_config_file = \"{}\"\n",
+                bad_web.display()
+            ),
+        ),
     )
     .unwrap();
-    daemon.signal(libc::SIGHUP);
-    let line = wait_for_nth(&daemon, "configuration reloaded", 2);
-    assert!(line.contains("rescan_interval 1 -> 7"), "{line}");
+    reload(&daemon, &notify);
+    let failed = wait_for_nth(&daemon, "config reload failed", 2);
+    assert!(
+        failed.contains("keeping the running configuration")
+            && failed.contains("basic_auth_users.prometheus"),
+        "{failed}"
+    );
+    kept("a file naming a bad web config");
+    // Still log = "warn": a good reload that leaves it so logs no info line (it would if
+    // the bad file's log = "info" had been applied); its head limit is back to 16384.
+    std::fs::write(
+        &file,
+        config(
+            port,
+            "warn",
+            1,
+            1,
+            &format!("[http]\nweb_config_file = \"{}\"\n", web.display()),
+        ),
+    )
+    .unwrap();
+    reload(&daemon, &notify);
+    let r = exchange(addr, &padded(Some(&good))).unwrap();
+    assert_eq!(
+        r.status, 200,
+        "12 KiB head, max_header_bytes 16384 again: {}",
+        r.head
+    );
+    assert_eq!(
+        log_lines(&daemon, "configuration reloaded"),
+        0,
+        "{}",
+        daemon.log()
+    );
+    // log = "info" again: the reload says so, and starts from the running config (the
+    // rescan interval is 1, not the bad files' 2).
+    std::fs::write(
+        &file,
+        config(
+            port,
+            "info",
+            7,
+            1,
+            &format!("[http]\nweb_config_file = \"{}\"\n", web.display()),
+        ),
+    )
+    .unwrap();
+    reload(&daemon, &notify);
+    let line = wait_for_nth(&daemon, "configuration reloaded", 1);
+    for change in ["log \"warn\" -> \"info\"", "rescan_interval 1 -> 7"] {
+        assert!(line.contains(change), "{change} missing: {line}");
+    }
+    assert!(
+        !line.contains("hwm_window"),
+        "hwm_window did not change: {line}"
+    );
 }
 
-/// Sends a request head byte by byte, slowly, until `stop` (slowloris).
-fn slowloris(addr: SocketAddr, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<()> {
+/// What a slowloris client saw.
+#[derive(Debug)]
+struct Slow {
+    /// From just before connect() until the server closed the connection; None if it was
+    /// still open when the client gave up or was stopped.
+    closed_after: Option<Duration>,
+    /// Bytes of the never-ending request head it sent.
+    sent: usize,
+    /// What the server sent back.
+    reply: Vec<u8>,
+}
+
+/// A slowloris client: sends a request head that never ends, one byte every 200 ms,
+/// watching for the server to close the connection, until it does, `give_up` after
+/// connecting, or `stop`.
+fn slowloris(addr: SocketAddr, give_up: Duration, stop: Arc<AtomicBool>) -> JoinHandle<Slow> {
     std::thread::spawn(move || {
-        let Ok(mut s) = TcpStream::connect(addr) else {
-            return;
+        // Before connect(): the server cannot have accepted the connection earlier.
+        let start = Instant::now();
+        let mut s = TcpStream::connect(addr).expect("slowloris connect");
+        s.set_read_timeout(Some(Duration::from_millis(200)))
+            .unwrap();
+        let mut out = Slow {
+            closed_after: None,
+            sent: 0,
+            reply: Vec::new(),
         };
         let head = b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
         for b in head.iter().cycle() {
-            if stop.load(Ordering::Relaxed) || s.write_all(&[*b]).is_err() {
-                return;
+            if stop.load(Ordering::Relaxed) || start.elapsed() > give_up {
+                return out;
             }
-            std::thread::sleep(Duration::from_millis(200));
+            if s.write_all(&[*b]).is_err() {
+                out.closed_after = Some(start.elapsed());
+                return out;
+            }
+            out.sent += 1;
+            // Up to 200 ms until the next byte, returning at once if the server closes.
+            let mut buf = [0u8; 1024];
+            match s.read(&mut buf) {
+                Ok(0) => {
+                    out.closed_after = Some(start.elapsed());
+                    return out;
+                }
+                Ok(n) => out.reply.extend_from_slice(&buf[..n]),
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) => {}
+                Err(_) => {
+                    out.closed_after = Some(start.elapsed());
+                    return out;
+                }
+            }
         }
+        unreachable!("cycle() never ends")
     })
 }
 
@@ -289,7 +773,7 @@ fn sigterm_exits_within_seconds_despite_idle_and_slow_clients() {
     assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
     let stop = Arc::new(AtomicBool::new(false));
     let slow: Vec<_> = (0..4)
-        .map(|_| slowloris(daemon.addr, stop.clone()))
+        .map(|_| slowloris(daemon.addr, Duration::from_secs(30), stop.clone()))
         .collect();
     // A client that asks and never reads the answer.
     let mut deaf = TcpStream::connect(daemon.addr).unwrap();
@@ -303,7 +787,9 @@ fn sigterm_exits_within_seconds_despite_idle_and_slow_clients() {
     let status = daemon.wait_exit(Duration::from_secs(10));
     let took = start.elapsed();
     stop.store(true, Ordering::Relaxed);
-    slow.into_iter().for_each(|t| t.join().unwrap());
+    for t in slow {
+        t.join().unwrap();
+    }
     let status = status.unwrap_or_else(|| panic!("still running 10 s after SIGTERM"));
     eprintln!(
         "SIGTERM to exit: {took:?} with 1 idle keep-alive, 4 slowloris and 1 non-reading \
@@ -392,19 +878,41 @@ fn malformed_oversized_slow_and_flooding_clients_leave_metrics_answering() {
     );
     assert!(timed_scrape(addr) < bound);
 
-    // Slowloris: more slow connections than the limit, each trickling a header.
-    let stop = Arc::new(AtomicBool::new(false));
-    let slow: Vec<_> = (0..64).map(|_| slowloris(addr, stop.clone())).collect();
+    // Slowloris: more slow connections than the limit, each trickling a head for longer
+    // than the header timeout. Past the limit each new connection closes an older idle
+    // one; the others are cut at the header timeout: none outlives it.
+    let timeout = Duration::from_secs(2);
+    let give_up = timeout + Duration::from_secs(10);
+    let never = Arc::new(AtomicBool::new(false));
+    let slow: Vec<_> = (0..64)
+        .map(|_| slowloris(addr, give_up, never.clone()))
+        .collect();
     std::thread::sleep(Duration::from_millis(500));
     let mut worst = Duration::ZERO;
     for _ in 0..10 {
         worst = worst.max(timed_scrape(addr));
         std::thread::sleep(Duration::from_millis(300));
     }
-    stop.store(true, Ordering::Relaxed);
-    slow.into_iter().for_each(|t| t.join().unwrap());
+    let slow: Vec<Slow> = slow.into_iter().map(|t| t.join().unwrap()).collect();
     eprintln!("slowloris (64 connections, limit 32): worst of 10 scrapes {worst:?}");
     assert!(worst < bound, "scrape took {worst:?} under slowloris");
+    for (i, r) in slow.iter().enumerate() {
+        let closed = r
+            .closed_after
+            .unwrap_or_else(|| panic!("slowloris {i} still open after {give_up:?}: {r:?}"));
+        assert!(
+            closed <= timeout + Duration::from_secs(3) && r.reply.is_empty(),
+            "slowloris {i} (header timeout {timeout:?}): {r:?}"
+        );
+    }
+    let evicted = slow
+        .iter()
+        .filter(|r| r.closed_after.is_some_and(|c| c < timeout))
+        .count();
+    assert!(
+        evicted >= 64 - 32,
+        "64 slowloris with a limit of 32, only {evicted} closed before the header timeout"
+    );
 
     // Flood: many connections opened at once and left silent.
     let flood: Vec<TcpStream> = (0..400)
@@ -426,8 +934,214 @@ fn malformed_oversized_slow_and_flooding_clients_leave_metrics_answering() {
     assert!(timed_scrape(addr) < bound);
 }
 
-/// bcrypt of `scrape-secret` (`htpasswd -nbBC 10 prometheus scrape-secret`).
-const HASH: &str = "$2y$10$qonUAlC6be2t0qfORsmUle0X.EzSnnCOAc8b05c1rnpV9iK2OeUtK";
+#[test]
+fn slowloris_clients_are_cut_at_the_header_timeout_while_metrics_answers() {
+    let timeout = Duration::from_secs(2);
+    let daemon = Daemon::start_with(&[
+        "--http-read-header-timeout",
+        "2",
+        "--http-max-connections",
+        "64",
+    ]);
+    let addr = daemon.addr;
+    // Fewer than the limit, so that no eviction closes them: only the header timeout can.
+    // They trickle a byte every 200 ms, far more often than the idle timeout (60 s).
+    let give_up = timeout + Duration::from_secs(10);
+    let never = Arc::new(AtomicBool::new(false));
+    let slow: Vec<_> = (0..16)
+        .map(|_| slowloris(addr, give_up, never.clone()))
+        .collect();
+    let mut scrapes = Vec::new();
+    let start = Instant::now();
+    while !slow.iter().all(|t| t.is_finished()) && start.elapsed() < give_up {
+        scrapes.push(timed_scrape(addr));
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let slow: Vec<Slow> = slow.into_iter().map(|t| t.join().unwrap()).collect();
+    let closed: Vec<Duration> = slow
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            r.closed_after
+                .unwrap_or_else(|| panic!("slowloris {i} still open after {give_up:?}: {r:?}"))
+        })
+        .collect();
+    eprintln!(
+        "16 slowloris, header timeout {timeout:?}: closed after {:?} to {:?}; {} scrapes \
+         meanwhile, worst {:?}",
+        closed.iter().min().unwrap(),
+        closed.iter().max().unwrap(),
+        scrapes.len(),
+        scrapes.iter().max().unwrap()
+    );
+    for (i, (r, closed)) in slow.iter().zip(&closed).enumerate() {
+        // Not before the deadline (the clock started before connect()), and not long
+        // after it; nothing sent back; bytes were trickling until the cut.
+        assert!(
+            *closed >= timeout && *closed <= timeout + Duration::from_secs(3),
+            "slowloris {i} closed after {closed:?}, header timeout {timeout:?}: {r:?}"
+        );
+        assert!(r.reply.is_empty(), "slowloris {i}: {r:?}");
+        assert!(r.sent >= 5, "slowloris {i} sent {} bytes: {r:?}", r.sent);
+    }
+    // A well-behaved client was answered all along (timed_scrape asserts each answer).
+    assert!(scrapes.len() >= 2, "{} scrapes", scrapes.len());
+    assert!(
+        scrapes.iter().all(|t| *t < Duration::from_secs(3)),
+        "scrape times under slowloris: {scrapes:?}"
+    );
+}
+
+/// Whether the server has closed `s` (a connection that never sent anything, so nothing
+/// but a close can arrive on it).
+fn closed_by_server(s: &TcpStream) -> bool {
+    s.set_nonblocking(true).unwrap();
+    let mut byte = [0u8; 1];
+    let seen = s.peek(&mut byte);
+    s.set_nonblocking(false).unwrap();
+    match seen {
+        Ok(0) => true,
+        Ok(_) => panic!("a silent connection was sent data"),
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => false,
+        Err(_) => true,
+    }
+}
+
+#[test]
+fn a_large_scrape_read_slowly_is_not_truncated_when_a_flood_hits_the_connection_limit() {
+    const MAX: usize = 4;
+    const FLOOD: usize = 16;
+    const LISTENERS: usize = 600;
+    // The daemon serves inside a namespace of the test's, so that the namespace's tcp_wmem
+    // can cap the send buffer of its connections (below).
+    let ns = Netns::new();
+    // Generous timeouts: only the connection limit may close anything here.
+    let daemon = ns.run(|| {
+        Daemon::start_with(&[
+            "--http-max-connections",
+            "4",
+            "--http-read-header-timeout",
+            "60",
+            "--http-write-timeout",
+            "60",
+        ])
+    });
+    let addr = daemon.addr;
+    let get = |path: &'static str| ns.run(move || http_get(addr, path));
+    // A big scrape: ~40 series for each of 600 listeners.
+    let netns = ns.inode().to_string();
+    let listeners: Vec<Listener> = (0..LISTENERS)
+        .map(|_| Listener::open(&ns, "127.0.0.1:0", 8))
+        .collect();
+    let inodes: std::collections::HashSet<String> =
+        listeners.iter().map(|l| l.inode.to_string()).collect();
+    // Ours among the namespace's listeners (the daemon's own socket is one too).
+    let ours = |s: &Scrape| {
+        s.find("backlogd_listen_backlog_granted", &[("netns", &netns)])
+            .iter()
+            .filter(|sample| inodes.contains(&sample.labels["socket"]))
+            .count()
+    };
+    eventually(
+        "every listener of the namespace in a scrape",
+        Duration::from_secs(30),
+        || {
+            let (status, body) = get("/metrics");
+            assert_eq!(status, 200, "{body}");
+            (ours(&Scrape::parse(&body)) == LISTENERS).then_some(())
+        },
+    );
+
+    // From now on the kernel grows a socket's send buffer to 64 KiB at most, so it holds
+    // only a sliver of the response and the rest is still the server's to write when the
+    // flood comes. (With the host's 4 MiB it could take a scrape of a few MiB whole, and
+    // closing the connection would not truncate it.)
+    ns.sysctl("net.ipv4.tcp_wmem", "4096 16384 65536");
+
+    // The slow reader: a small receive buffer, reads the first 256 KiB in 4 KiB steps 10 ms
+    // apart, then stops until the flood has hit the limit, then reads the rest.
+    let (mid_tx, mid_rx) = mpsc::channel();
+    let (go_tx, go_rx) = mpsc::channel::<()>();
+    let slow = ns.run(move || {
+        let s = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
+        s.set_recv_buffer_size(4096).unwrap();
+        s.connect(&addr.into()).expect("slow reader connect");
+        TcpStream::from(s)
+    });
+    let reader = std::thread::spawn(move || -> (Vec<u8>, Option<std::io::Error>) {
+        let mut s = slow;
+        s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .unwrap();
+        let mut got = Vec::new();
+        let mut buf = [0u8; 4096];
+        let mut told = false;
+        loop {
+            if !told && got.len() >= 256 * 1024 {
+                mid_tx.send(got.len()).unwrap();
+                go_rx.recv().unwrap();
+                told = true;
+            }
+            match s.read(&mut buf) {
+                Ok(0) => return (got, None),
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+                Err(e) => return (got, Some(e)),
+            }
+            if !told {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+    });
+    let read_before = mid_rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("the slow reader got less than 256 KiB");
+    // The flood: connections that never send a request, 4 times the limit, held open.
+    let flood: Vec<TcpStream> = ns.run(move || {
+        (0..FLOOD)
+            .map(|_| TcpStream::connect(addr).expect("flood connect"))
+            .collect()
+    });
+    // Each flood connection past the limit closes one connection: wait until the server
+    // has taken them all in.
+    eventually(
+        "the server closing connections past the limit",
+        Duration::from_secs(10),
+        || (flood.iter().filter(|s| closed_by_server(s)).count() >= FLOOD - MAX).then_some(()),
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    go_tx.send(()).unwrap();
+    let (got, error) = reader.join().unwrap();
+    let closed = flood.iter().filter(|s| closed_by_server(s)).count();
+
+    if let Some(e) = error {
+        panic!(
+            "the slow reader's connection failed after {} bytes: {e}",
+            got.len()
+        );
+    }
+    let reply = Reply::parse(&got).unwrap();
+    assert_eq!(reply.status, 200, "{}", reply.head);
+    let text = reply.complete_text();
+    eprintln!(
+        "slow reader: {} bytes of body, {read_before} read before a flood of {FLOOD} \
+         connections (limit {MAX}); {closed} flood connections closed",
+        text.len()
+    );
+    // Most of it was still the server's to send when the flood came.
+    assert!(text.len() >= 8 * read_before, "only {} bytes", text.len());
+    let last = text.lines().last().unwrap_or_default();
+    assert!(
+        text.ends_with('\n') && last.starts_with("backlogd_build_info{") && last.ends_with(" 1"),
+        "the exposition's last line is {last:?}"
+    );
+    assert_eq!(ours(&Scrape::parse(&text)), LISTENERS);
+    // The slow reader kept its slot; the flood connections took turns in the others.
+    assert_eq!(
+        closed,
+        FLOOD - (MAX - 1),
+        "flood connections closed by the server (limit {MAX}, 1 slot for the slow reader)"
+    );
+}
 
 fn get_with_auth(addr: SocketAddr, auth: Option<&str>) -> String {
     use std::fmt::Write as _;
@@ -465,12 +1179,184 @@ fn basic_auth_from_a_web_config_file_rejects_and_accepts() {
     );
 }
 
+/// Reads one response from a kept-alive connection: its status (the body is skipped).
+fn read_one_response(s: &mut TcpStream) -> std::io::Result<u16> {
+    let mut got = Vec::new();
+    let mut byte = [0u8; 1];
+    while !got.ends_with(b"\r\n\r\n") {
+        if s.read(&mut byte)? == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        got.push(byte[0]);
+    }
+    let reply = Reply::parse(&got)?;
+    let length: usize = reply
+        .header("content-length")
+        .and_then(|l| l.parse().ok())
+        .ok_or_else(|| std::io::Error::other(format!("no content-length: {}", reply.head)))?;
+    let mut body = vec![0u8; length];
+    s.read_exact(&mut body)?;
+    Ok(reply.status)
+}
+
+/// An attacker with a wrong password: keeps a connection alive and sends request after
+/// request on it, 5 ms apart, reconnecting whenever the server closes it. Counts answers
+/// by status (401s, anything else) and connections.
+fn wrong_password_client(
+    addr: SocketAddr,
+    auth: String,
+    stop: Arc<AtomicBool>,
+    counts: Arc<[AtomicU64; 3]>,
+) -> JoinHandle<()> {
+    std::thread::spawn(move || {
+        let request =
+            format!("GET /metrics HTTP/1.1\r\nHost: x\r\nAuthorization: Basic {auth}\r\n\r\n");
+        while !stop.load(Ordering::Relaxed) {
+            let Ok(mut s) = TcpStream::connect(addr) else {
+                std::thread::sleep(Duration::from_millis(5));
+                continue;
+            };
+            counts[2].fetch_add(1, Ordering::Relaxed);
+            s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            while !stop.load(Ordering::Relaxed) {
+                if s.write_all(request.as_bytes()).is_err() {
+                    break;
+                }
+                match read_one_response(&mut s) {
+                    Ok(401) => counts[0].fetch_add(1, Ordering::Relaxed),
+                    Ok(_) => counts[1].fetch_add(1, Ordering::Relaxed),
+                    Err(_) => break,
+                };
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+    })
+}
+
+/// One scrape attempt on a new connection: "200" (with the whole exposition), another
+/// status, or what went wrong.
+fn scrape_attempt(addr: SocketAddr, auth: &str) -> String {
+    match exchange(addr, &get_request("/metrics", Some(auth), "")) {
+        Ok(r) if r.status == 200 => {
+            let length = r.header("content-length").and_then(|l| l.parse().ok());
+            if length != Some(r.body.len()) {
+                return format!(
+                    "200 truncated: {} bytes of content-length {length:?}",
+                    r.body.len()
+                );
+            }
+            let text = String::from_utf8_lossy(&r.body);
+            assert!(text.contains("backlogd_build_info"), "{text}");
+            "200".into()
+        }
+        Ok(r) => r.status.to_string(),
+        Err(e) => format!("failed: {e}"),
+    }
+}
+
+#[test]
+fn wrong_passwords_cannot_take_every_slot_or_lock_out_a_scraper_with_the_right_one() {
+    const MAX: usize = 8;
+    const ATTACKERS: usize = 3 * MAX;
+    let dir = TempDir::new("auth-flood");
+    // Two users with the same password: their credentials are remembered separately.
+    let web = dir.write(
+        "web.yml",
+        &format!("basic_auth_users:\n  prometheus: {HASH}\n  grafana: {HASH}\n"),
+    );
+    let daemon = Daemon::start_with(&[
+        "--web-config-file",
+        web.to_str().unwrap(),
+        "--http-max-connections",
+        "8",
+    ]);
+    let addr = daemon.addr;
+    let prometheus = base64("prometheus:scrape-secret");
+    let grafana = base64("grafana:scrape-secret");
+    // prometheus scrapes before the flood: its credentials are checked and remembered.
+    assert_eq!(scrape_attempt(addr, &prometheus), "200");
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let counts: Arc<[AtomicU64; 3]> = Arc::new(Default::default());
+    let attackers: Vec<_> = (0..ATTACKERS)
+        .map(|i| {
+            let user = if i % 2 == 0 { "prometheus" } else { "grafana" };
+            wrong_password_client(
+                addr,
+                base64(&format!("{user}:guess-{i}")),
+                stop.clone(),
+                counts.clone(),
+            )
+        })
+        .collect();
+    std::thread::sleep(Duration::from_secs(1));
+    let answered = counts[0].load(Ordering::Relaxed);
+    assert!(
+        answered >= 100,
+        "the flood got only {answered} answers in 1 s"
+    );
+
+    // Under the flood, the scraper whose credentials were remembered: every scrape.
+    let remembered: Vec<String> = (0..10)
+        .map(|_| {
+            let outcome = scrape_attempt(addr, &prometheus);
+            std::thread::sleep(Duration::from_millis(300));
+            outcome
+        })
+        .collect();
+    // And one whose credentials were never checked (a new scraper, or any scraper after a
+    // restart or a reload, which start with nothing remembered): it must get in within 20
+    // attempts 500 ms apart, and from then on every time.
+    let mut fresh = Vec::new();
+    while fresh.len() < 20 && fresh.last().is_none_or(|o| o != "200") {
+        if !fresh.is_empty() {
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        fresh.push(scrape_attempt(addr, &grafana));
+    }
+    let after: Vec<String> = (0..5).map(|_| scrape_attempt(addr, &grafana)).collect();
+    stop.store(true, Ordering::Relaxed);
+    for a in attackers {
+        a.join().unwrap();
+    }
+    let [unauthorized, other, connections] = counts.as_ref();
+    let (unauthorized, other, connections) = (
+        unauthorized.load(Ordering::Relaxed),
+        other.load(Ordering::Relaxed),
+        connections.load(Ordering::Relaxed),
+    );
+    eprintln!(
+        "{ATTACKERS} wrong-password clients (limit {MAX}): {unauthorized} answered 401, \
+         {other} otherwise, over {connections} connections; remembered scraper: \
+         {remembered:?}; new scraper: {fresh:?} then {after:?}"
+    );
+    assert_eq!(other, 0, "a wrong password was answered other than 401");
+    assert!(
+        connections > ATTACKERS as u64,
+        "the flood never hit the limit ({connections} connections)"
+    );
+    assert!(
+        remembered.iter().all(|o| o == "200"),
+        "the remembered scraper under the flood: {remembered:?}"
+    );
+    assert_eq!(
+        fresh.last().map(String::as_str),
+        Some("200"),
+        "a scraper with the right password, never checked before, under a flood of wrong \
+         ones: {fresh:?}"
+    );
+    assert!(
+        after.iter().all(|o| o == "200"),
+        "after its first success: {after:?}"
+    );
+}
+
 #[test]
 fn tls_from_a_web_config_file() {
-    if Command::new("openssl").arg("version").output().is_err()
-        || Command::new("curl").arg("--version").output().is_err()
+    let test = "tls_from_a_web_config_file";
+    if !tools::available(test, "openssl", &["version"], "openssl")
+        || !tools::available(test, "curl", &["--version"], "curl")
     {
-        eprintln!("SKIPPED: tls_from_a_web_config_file needs the openssl and curl commands");
         return;
     }
     let dir = TempDir::new("tls");
@@ -588,15 +1474,12 @@ fn unit_file() -> PathBuf {
 
 #[test]
 fn systemd_analyze_verifies_the_shipped_unit() {
-    if Command::new("systemd-analyze")
-        .arg("--version")
-        .output()
-        .is_err()
-    {
-        eprintln!(
-            "SKIPPED: systemd_analyze_verifies_the_shipped_unit: systemd-analyze is not \
-             installed (Debian package `systemd`)"
-        );
+    if !tools::available(
+        "systemd_analyze_verifies_the_shipped_unit",
+        "systemd-analyze",
+        &["--version"],
+        "systemd",
+    ) {
         return;
     }
     // verify checks that ExecStart's binary exists: point it at the one under test.
@@ -639,18 +1522,30 @@ fn systemd_analyze_verifies_the_shipped_unit() {
     assert!(value <= 3.5, "exposure rose to {value}: {score}");
 }
 
+/// A child process killed and reaped when dropped.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        self.0.kill().ok();
+        self.0.wait().ok();
+    }
+}
+
 #[test]
 fn after_dropping_capabilities_the_daemon_still_sees_other_users_listeners_in_other_namespaces() {
-    if Command::new("busybox").arg("true").output().is_err() {
-        eprintln!(
-            "SKIPPED: needs busybox (Debian busybox-static, installed by `cargo xtask setup`)"
-        );
+    if !tools::available(
+        "after_dropping_capabilities_the_daemon_still_sees_other_users_listeners_in_other_namespaces",
+        "busybox",
+        &["true"],
+        "busybox-static",
+    ) {
         return;
     }
     // Listening before the daemon starts, so only the scan (which runs after the drop)
     // can find it: a listener of user nobody, alone in a namespace of its own.
     let port = free_port().to_string();
-    let mut child = Command::new("unshare")
+    let child = Command::new("unshare")
         .args(["--net", "--", "setpriv", "--reuid=65534", "--regid=65534"])
         .args([
             "--clear-groups",
@@ -663,7 +1558,10 @@ fn after_dropping_capabilities_the_daemon_still_sees_other_users_listeners_in_ot
         ])
         .spawn()
         .expect("unshare/setpriv (util-linux)");
-    let pid = child.id();
+    // Killed however the test ends: a panic must not leave it running (it holds the test
+    // run's stdout and stderr open).
+    let mut child = KillOnDrop(child);
+    let pid = child.0.id();
     let hex_port = format!(":{:04X} ", port.parse::<u16>().unwrap());
     let deadline = Instant::now() + Duration::from_secs(5);
     // busybox httpd listens on [::] (tcp6) where IPv6 exists.
@@ -686,13 +1584,35 @@ fn after_dropping_capabilities_the_daemon_still_sees_other_users_listeners_in_ot
         .trim_end_matches(']')
         .to_owned();
     let daemon = Daemon::start();
+    // By port and namespace: the port was free in this namespace only, and other
+    // namespaces may have a listener on it.
     let labels = daemon.wait_for("the busybox listener", |s| {
-        s.find("backlogd_listen_backlog_granted", &[("port", &port)])
-            .first()
-            .map(|sample| sample.labels.clone())
+        s.find(
+            "backlogd_listen_backlog_granted",
+            &[("port", &port), ("netns", &netns)],
+        )
+        .first()
+        .map(|sample| sample.labels.clone())
     });
-    child.kill().ok();
-    child.wait().ok();
+    // Found with only the runtime capabilities: the drop came before the scan that found
+    // it, and every thread holds exactly the kept set.
+    let threads = assert_runtime_caps(daemon.pid());
+    let log = daemon.log();
+    let line_of = |needle: &str| {
+        log.lines()
+            .position(|l| l.contains(needle))
+            .unwrap_or_else(|| panic!("no {needle:?} in the log:\n{log}"))
+    };
+    assert!(
+        line_of("dropped every capability") < line_of("sock_diag scan reconciled listeners"),
+        "the scan ran before the drop:\n{log}"
+    );
+    child.0.kill().ok();
+    child.0.wait().ok();
+    eprintln!(
+        "found by a scan with the runtime capabilities in all {} threads",
+        threads.len()
+    );
     assert_eq!(labels["netns"], netns, "{labels:?}");
     assert_eq!(
         labels["pid"],
@@ -700,4 +1620,6 @@ fn after_dropping_capabilities_the_daemon_still_sees_other_users_listeners_in_ot
         "owner not found: {labels:?}"
     );
     assert_eq!(labels["comm"], "busybox", "{labels:?}");
+    // And what was given up stays given up.
+    assert_no_way_back(&threads);
 }

@@ -251,8 +251,11 @@ fn test(filter: Option<&str>) -> Result<()> {
     );
     let bin = workspace_root().join("target/release/backlogd");
     let mut cmd = Command::new("cargo");
+    // Setup installed every tool the suite drives: a test that finds one missing fails
+    // here instead of skipping (tests/src/tools.rs).
     cmd.args(["test", "--release", "--package", "backlogd-tests"])
-        .env("BACKLOGD_BIN", &bin);
+        .env("BACKLOGD_BIN", &bin)
+        .env("BACKLOGD_REQUIRE_TOOLS", "1");
     if let Some(filter) = filter {
         cmd.args(["--", filter]);
     }

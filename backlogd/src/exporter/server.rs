@@ -19,10 +19,11 @@ use std::{
     collections::BTreeMap,
     io,
     net::SocketAddr,
+    os::fd::{AsRawFd as _, RawFd},
     pin::Pin,
     sync::{
         Arc, Mutex,
-        atomic::{AtomicU64, AtomicUsize, Ordering},
+        atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
     },
     task::{Context, Poll},
     time::Duration,
@@ -98,6 +99,28 @@ async fn require_auth(State(settings): State<Settings>, req: Request, next: Next
 struct Conn {
     state: Arc<ConnState>,
     abort: AbortHandle,
+    /// The socket, to ask the kernel whether a request is waiting unread. (The task closes
+    /// it a moment before its entry leaves the table, so a reused number can answer for
+    /// another socket in that moment: that only changes which idle connection goes.)
+    fd: RawFd,
+    accepted: std::time::Instant,
+}
+
+impl Conn {
+    /// Idle, and nothing waiting in the socket: a request that arrived but was not read
+    /// yet (a scraper's, on a fresh connection, behind a burst of accepts) makes the
+    /// connection busy, and closing it then would also reset it.
+    fn evictable(&self) -> bool {
+        self.state.idle() && !unread_bytes(self.fd)
+    }
+}
+
+/// Whether the kernel holds received bytes nobody has read on socket `fd`.
+fn unread_bytes(fd: RawFd) -> bool {
+    let mut n: libc::c_int = 0;
+    // SAFETY: FIONREAD writes one int; `fd` is a socket number (see `Conn::fd`).
+    let rc = unsafe { libc::ioctl(fd, libc::FIONREAD, &raw mut n) };
+    rc == 0 && n > 0
 }
 
 /// What the eviction policy and the request-head deadline know of a connection.
@@ -112,6 +135,8 @@ struct ConnState {
     /// Responses whose body ended but whose last bytes may still sit in hyper's buffer:
     /// they leave `in_flight` at the next completed flush.
     ended_unflushed: AtomicUsize,
+    /// The last answer on this connection was 401: a client without valid credentials.
+    unauthorized: AtomicBool,
 }
 
 impl ConnState {
@@ -166,6 +191,7 @@ pub async fn serve(
                         continue;
                     }
                     let state = Arc::new(ConnState::default());
+                    let fd = stream.as_raw_fd();
                     // The table stays locked until the entry is in: a task that ends at
                     // once removes its entry only after it was inserted, never before
                     // (which would leave a stale entry holding a slot).
@@ -182,7 +208,15 @@ pub async fn serve(
                         stop_rx.clone(),
                         registration,
                     ));
-                    table.open.insert(id, Conn { state, abort });
+                    table.open.insert(
+                        id,
+                        Conn {
+                            state,
+                            abort,
+                            fd,
+                            accepted: std::time::Instant::now(),
+                        },
+                    );
                     drop(table);
                 }
                 Err(e) => {
@@ -210,22 +244,39 @@ pub async fn serve(
     }
 }
 
-/// Ensures a slot for one more connection when all are taken, by closing an idle one:
-/// the oldest that never sent a request (a flood, a slowloris, a port scan) if any, else
-/// the oldest kept-alive one (a scraper that reconnects loses least). False when every
-/// open connection is answering a request.
+/// How long a new connection that has not sent its request yet is spared while other
+/// candidates exist: a scraper's request (after a TLS handshake, over a long path) takes
+/// a round trip or three to arrive.
+const NEW_CONNECTION_GRACE: Duration = Duration::from_secs(1);
+
+/// Ensures a slot for one more connection when all are taken. In order: the oldest idle
+/// connection that never sent a request, open for over [`NEW_CONNECTION_GRACE`] (a
+/// flood, a slowloris, a port scan); the oldest whose last answer was 401, busy or not (a
+/// client without valid credentials, e.g. a wrong-password flood, must not hold slots a
+/// scraper needs); a newer one that never sent a request; the oldest idle kept-alive one
+/// (a scraper that reconnects loses least). "Idle" includes nothing waiting unread (see
+/// [`Conn::evictable`]). False when every open connection is busy.
 fn make_room(conns: &Mutex<Conns>, max: u64) -> bool {
     let mut c = lock(conns);
     if (c.open.len() as u64) < max {
         return true;
     }
-    let idle = |conn: &&Conn| conn.state.idle();
-    let never_asked = c
-        .open
-        .iter()
-        .find(|(_, conn)| idle(conn) && conn.state.requests.load(Ordering::Acquire) == 0);
-    let victim = never_asked
-        .or_else(|| c.open.iter().find(|(_, conn)| idle(conn)))
+    let never_asked = |settled: bool| {
+        c.open.iter().find(move |(_, conn)| {
+            conn.state.requests.load(Ordering::Acquire) == 0
+                && conn.evictable()
+                && (!settled || conn.accepted.elapsed() >= NEW_CONNECTION_GRACE)
+        })
+    };
+    let refused = || {
+        c.open
+            .iter()
+            .find(|(_, conn)| conn.state.unauthorized.load(Ordering::Acquire))
+    };
+    let victim = never_asked(true)
+        .or_else(refused)
+        .or_else(|| never_asked(false))
+        .or_else(|| c.open.iter().find(|(_, conn)| conn.evictable()))
         .map(|(id, _)| *id);
     match victim {
         Some(id) => {
@@ -289,8 +340,13 @@ async fn serve_connection<I>(
     let service = hyper::service::service_fn(move |req| {
         let guard = InFlight::begin(state.clone());
         let call = hyper::service::Service::call(&tower, req);
+        let state = state.clone();
         async move {
             let response: Response = call.await?;
+            state.unauthorized.store(
+                response.status() == StatusCode::UNAUTHORIZED,
+                Ordering::Release,
+            );
             Ok::<_, std::convert::Infallible>(response.map(|body| {
                 Body::new(UntilFlushed {
                     body,

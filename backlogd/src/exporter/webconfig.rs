@@ -264,21 +264,32 @@ fn check_cost(path: &Path, user: &str, cost: u32) -> Result<(), WebConfigError> 
 /// refused at once (401; Prometheus retries at its next scrape), and a successful pair is
 /// remembered, as exporter-toolkit does: a flood of wrong passwords then costs one core at
 /// most, holds no connection slot waiting, and a scraper whose credentials were already
-/// accepted is answered without a check.
+/// accepted is answered without a check. Refused pairs are remembered too (as keyed
+/// fingerprints, not the passwords): clients repeating a wrong password (a stale secret
+/// in some config, a dumb flood) are answered without a check and stop taking the one
+/// check slot from a scraper whose password has not been checked yet. A flood that tries
+/// a new password every time still can; that is a brute-force attack, and the log and
+/// the 401s show it.
 pub struct BasicAuth {
     users: BTreeMap<String, String>,
     accepted: Mutex<HashSet<(String, String)>>,
+    refused: Mutex<HashSet<u64>>,
+    /// Keys the refused fingerprints: random per process and reload.
+    fingerprint: std::hash::RandomState,
     checking: Arc<tokio::sync::Semaphore>,
 }
 
-/// Remembered successes; past this many the memory is cleared (it is a cache).
+/// Remembered successes and refusals; past this many the memory is cleared (a cache).
 const ACCEPTED_MAX: usize = 256;
+const REFUSED_MAX: usize = 4096;
 
 impl BasicAuth {
     fn new(users: BTreeMap<String, String>) -> Self {
         Self {
             users,
             accepted: Mutex::new(HashSet::new()),
+            refused: Mutex::new(HashSet::new()),
+            fingerprint: std::hash::RandomState::new(),
             checking: Arc::new(tokio::sync::Semaphore::new(1)),
         }
     }
@@ -308,6 +319,15 @@ impl BasicAuth {
         {
             return true;
         }
+        let print = std::hash::BuildHasher::hash_one(&self.fingerprint, &pair);
+        if self
+            .refused
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(&print)
+        {
+            return false;
+        }
         // An unknown user is checked against some real hash anyway, so that the time an
         // answer takes does not tell which user names exist.
         let (known, hash) = match self.users.get(user) {
@@ -323,21 +343,26 @@ impl BasicAuth {
             return false;
         };
         let password = pair.1.clone();
-        let ok = tokio::task::spawn_blocking(move || {
+        let verdict = tokio::task::spawn_blocking(move || {
             let _slot = slot;
             bcrypt::verify(password, &hash)
         })
         .await
         .ok()
-        .and_then(Result::ok)
-        .unwrap_or(false)
-            && known;
+        .and_then(Result::ok);
+        let ok = verdict == Some(true) && known;
         if ok {
             let mut accepted = self.accepted.lock().unwrap_or_else(|e| e.into_inner());
             if accepted.len() >= ACCEPTED_MAX {
                 accepted.clear();
             }
             accepted.insert(pair);
+        } else if verdict.is_some() {
+            let mut refused = self.refused.lock().unwrap_or_else(|e| e.into_inner());
+            if refused.len() >= REFUSED_MAX {
+                refused.clear();
+            }
+            refused.insert(print);
         }
         ok
     }

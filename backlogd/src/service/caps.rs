@@ -42,10 +42,15 @@ pub enum DropError {
          so the others would keep theirs (a bug: drop them before starting the runtime)"
     )]
     Threads { threads: usize },
+    #[error("cannot set no_new_privs: {0}. Fix: report this (prctl(PR_SET_NO_NEW_PRIVS) never fails on Linux 3.5+)")]
+    NoNewPrivs(std::io::Error),
 }
 
 /// Reduces this (only) thread's permitted and effective sets to `KEEP` (those it has),
-/// clears the inheritable and ambient sets, and returns what was kept.
+/// clears the inheritable and ambient sets, and returns what was kept. So that nothing
+/// given up comes back through execve(2) (root regains every capability in its bounding
+/// set there), the bounding set is cut to `KEEP` too (while CAP_SETPCAP is still held)
+/// and no_new_privs is set.
 pub fn drop_to_runtime_set() -> Result<Vec<Capability>, DropError> {
     let threads = std::fs::read_dir("/proc/self/task").map_or(1, |d| d.count());
     if threads > 1 {
@@ -57,6 +62,18 @@ pub fn drop_to_runtime_set() -> Result<Vec<Capability>, DropError> {
         .copied()
         .filter(|c| permitted.contains(c))
         .collect();
+    if caps::has_cap(None, CapSet::Effective, Capability::CAP_SETPCAP)? {
+        for cap in caps::read(None, CapSet::Bounding)? {
+            if !KEEP.contains(&cap) {
+                caps::drop(None, CapSet::Bounding, cap)?;
+            }
+        }
+    }
+    // SAFETY: prctl(PR_SET_NO_NEW_PRIVS) takes plain integer arguments and affects only
+    // this thread (and threads it creates later).
+    if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
+        return Err(DropError::NoNewPrivs(std::io::Error::last_os_error()));
+    }
     // Ambient first: it must stay a subset of permitted and inheritable.
     caps::clear(None, CapSet::Ambient)?;
     caps::clear(None, CapSet::Inheritable)?;
