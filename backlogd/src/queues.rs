@@ -96,11 +96,20 @@ impl QueueWindows {
         epoch_map: &mut Array<MapData, u32>,
         now: Instant,
     ) {
-        let entries: Vec<(u64, PerCpuValues<QueueState>)> =
-            map.iter().filter_map(Result::ok).collect();
+        let epoch = self.epoch;
+        let entries: Vec<(u64, QueueState)> =
+            crate::exporter::batch::fold_per_cpu(map, |_, per_cpu| merge(per_cpu, epoch))
+                .unwrap_or_else(|| {
+                    map.iter()
+                        .filter_map(Result::ok)
+                        .map(|(k, per_cpu): (u64, PerCpuValues<QueueState>)| {
+                            (k, merge(&per_cpu, epoch))
+                        })
+                        .collect()
+                });
         let live: std::collections::HashSet<u64> = entries.iter().map(|(k, _)| *k).collect();
-        for (ino, per_cpu) in entries {
-            self.record(ino, merge(&per_cpu, self.epoch), now);
+        for (ino, state) in entries {
+            self.record(ino, state, now);
         }
         self.samples.retain(|ino, _| live.contains(ino));
         let next = self.epoch.wrapping_add(1).max(1);

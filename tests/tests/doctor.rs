@@ -240,7 +240,7 @@ fn doctor_without_a_daemon_names_the_fix() {
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("cannot reach the backlogd daemon") && err.contains("--api"),
+        err.contains("no backlogd daemon answers at") && err.contains("--api"),
         "{err}"
     );
 }

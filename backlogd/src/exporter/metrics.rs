@@ -75,9 +75,9 @@ pub struct Metrics {
     last_size: AtomicUsize,
 }
 
-/// Group label values (netns, address, port) and process label values (pid, comm).
-type GroupKey = [String; 3];
-type ProcessKey = [String; 2];
+/// Group (netns, address, port) and process (pid, comm).
+type GroupKey = (u32, std::net::IpAddr, u16);
+type ProcessKey = (u32, String);
 
 /// What closed members contributed to the group and process counters, so those
 /// `_total`s never go down when a member closes (a decrease reads as a counter reset to
@@ -134,6 +134,13 @@ fn sum(map: &PerCpuArray<MapData, u64>, name: &str) -> u64 {
 
 /// Per-listener counters summed over CPUs.
 fn listener_stats(map: &PerCpuHashMap<MapData, u64, ListenerStats>) -> HashMap<u64, ListenerStats> {
+    if let Some(all) = super::batch::fold_per_cpu(map, |_, per_cpu| {
+        let mut total = ListenerStats::default();
+        per_cpu.iter().for_each(|s| total.add(s));
+        total
+    }) {
+        return all.into_iter().collect();
+    }
     map.iter()
         .filter_map(Result::ok)
         .map(|(inode, per_cpu)| {
@@ -295,16 +302,32 @@ impl Metrics {
 
     /// Reads the kernel maps and the high-water-mark windows once.
     fn gather(&self) -> Gathered {
+        let epoch = self
+            .windows
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .epoch();
         let (events_lost, stats_full, stats, queue_states) = {
             let maps = self.maps.lock().unwrap_or_else(|e| e.into_inner());
+            let queue_states: HashMap<u64, QueueState> =
+                match super::batch::fold_per_cpu(&maps.listener_queues, |_, per_cpu| {
+                    merge(per_cpu, epoch)
+                }) {
+                    Some(all) => all.into_iter().collect(),
+                    None => maps
+                        .listener_queues
+                        .iter()
+                        .filter_map(Result::ok)
+                        .map(|(k, per_cpu): (u64, PerCpuValues<QueueState>)| {
+                            (k, merge(&per_cpu, epoch))
+                        })
+                        .collect(),
+                };
             (
                 sum(&maps.events_lost, "LISTENER_EVENTS_LOST"),
                 sum(&maps.listener_stats_full, "LISTENER_STATS_FULL"),
                 listener_stats(&maps.listener_stats),
-                maps.listener_queues
-                    .iter()
-                    .filter_map(Result::ok)
-                    .collect::<HashMap<u64, PerCpuValues<QueueState>>>(),
+                queue_states,
             )
         };
         let queues = {
@@ -313,9 +336,7 @@ impl Metrics {
                 .listeners()
                 .iter()
                 .map(|l| {
-                    let current = queue_states
-                        .get(&l.inode)
-                        .map(|per_cpu| merge(per_cpu, windows.epoch()));
+                    let current = queue_states.get(&l.inode).copied();
                     (l.inode, windows.figures(l.inode, current))
                 })
                 .collect()
@@ -461,12 +482,14 @@ impl Metrics {
              with syncookies off: TCPReqQFullDrop), final_ack_overflow (handshake's final ACK \
              found the accept queue full: ListenOverflows), other (rest of ListenDrops).",
         );
+        let reasons =
+            DROP_REASONS.map(|(reason, count)| (format!(",reason=\"{reason}\"}} "), count));
         for (_, set, l) in &rows {
-            for (reason, count) in DROP_REASONS {
-                e.sample_with(
+            for (suffix, count) in &reasons {
+                e.sample_suffix(
                     "backlogd_listen_drops_total",
                     set,
-                    &[("reason", reason)],
+                    suffix,
                     count(counters(l)),
                 );
             }
@@ -642,9 +665,9 @@ fn aggregates(
 ) {
     retired.update(
         rows.iter()
-            .map(|(v, _, l)| {
-                let group = [v[0].clone(), v[1].clone(), v[2].clone()];
-                let process = [v[4].clone(), v[5].clone()];
+            .map(|(_, _, l)| {
+                let group = (l.netns, l.addr, l.port);
+                let process = (l.pid, l.comm.clone());
                 let figures = stats.get(&l.inode).copied();
                 (l.inode, (group, process, figures))
             })
@@ -656,39 +679,56 @@ fn aggregates(
         stats: ListenerStats,
         accept_depth: u64,
     }
-    // Label values by aggregate: group (netns, address, port) and process (pid, comm).
-    let mut groups: BTreeMap<Vec<(&str, &str)>, Sum> = BTreeMap::new();
-    let mut processes: BTreeMap<Vec<(&str, &str)>, Sum> = BTreeMap::new();
+    // Keyed by typed values (no per-listener allocation); each aggregate's label set is
+    // rendered once, when it is first seen.
+    let mut groups: BTreeMap<GroupKey, (LabelSet, Sum)> = BTreeMap::new();
+    let mut processes: BTreeMap<(u32, &str), (LabelSet, Sum)> = BTreeMap::new();
     for (v, _, l) in rows {
-        let group = vec![
-            ("netns", v[0].as_str()),
-            ("address", &v[1]),
-            ("port", &v[2]),
-        ];
-        let process = vec![("pid", v[4].as_str()), ("comm", &v[5])];
-        for sum in [
-            groups.entry(group).or_default(),
-            processes.entry(process).or_default(),
-        ] {
-            sum.sockets += 1;
-            if let Some((_, _, s)) = retired.last.get(&l.inode) {
-                sum.stats.add(s);
+        let group = groups.entry((l.netns, l.addr, l.port)).or_insert_with(|| {
+            (
+                LabelSet::new(&[("netns", &v[0]), ("address", &v[1]), ("port", &v[2])]),
+                Sum::default(),
+            )
+        });
+        let mine = retired.last.get(&l.inode).map(|(_, _, s)| s);
+        let depth = u64::from(queues.get(&l.inode).map_or(0, |q| q.accept_depth));
+        let sum = &mut group.1;
+        sum.sockets += 1;
+        if let Some(s) = mine {
+            sum.stats.add(s);
+        }
+        sum.accept_depth += depth;
+        let process = processes
+            .entry((l.pid, l.comm.as_str()))
+            .or_insert_with(|| {
+                (
+                    LabelSet::new(&[("pid", &v[4]), ("comm", &v[5])]),
+                    Sum::default(),
+                )
+            });
+        process.1.sockets += 1;
+        if let Some(s) = mine {
+            process.1.stats.add(s);
+        }
+        process.1.accept_depth += depth;
+    }
+    if !retired.groups.is_empty() {
+        for (key, (_, sum)) in &mut groups {
+            if let Some(gone) = retired.groups.get(key) {
+                sum.stats.add(gone);
             }
-            sum.accept_depth += u64::from(queues.get(&l.inode).map_or(0, |q| q.accept_depth));
         }
     }
-    for (labels, sum) in &mut groups {
-        let key = [labels[0].1, labels[1].1, labels[2].1].map(str::to_owned);
-        if let Some(gone) = retired.groups.get(&key) {
-            sum.stats.add(gone);
+    if !retired.processes.is_empty() {
+        for ((pid, comm), (_, sum)) in &mut processes {
+            if let Some(gone) = retired.processes.get(&(*pid, (*comm).to_owned())) {
+                sum.stats.add(gone);
+            }
         }
     }
-    for (labels, sum) in &mut processes {
-        let key = [labels[0].1, labels[1].1].map(str::to_owned);
-        if let Some(gone) = retired.processes.get(&key) {
-            sum.stats.add(gone);
-        }
-    }
+    let reasons = DROP_REASONS.map(|(reason, field)| (format!(",reason=\"{reason}\"}} "), field));
+    let groups: Vec<&(LabelSet, Sum)> = groups.values().collect();
+    let processes: Vec<&(LabelSet, Sum)> = processes.values().collect();
     for (prefix, what, sums) in [
         (
             "backlogd_listen_group",
@@ -727,8 +767,8 @@ fn aggregates(
         for (suffix, kind, help, value) in families {
             let name = format!("{prefix}_{suffix}");
             e.family(&name, kind, &help);
-            for (labels, sum) in sums {
-                e.sample(&name, labels, value(sum));
+            for (set, sum) in sums.iter().copied() {
+                e.sample_with(&name, set, &[], value(sum));
             }
         }
         let name = format!("{prefix}_drops_total");
@@ -740,11 +780,9 @@ fn aggregates(
                  backlogd_listen_drops_total)."
             ),
         );
-        for (labels, sum) in sums {
-            for (reason, field) in DROP_REASONS {
-                let mut with_reason = labels.clone();
-                with_reason.push(("reason", reason));
-                e.sample(&name, &with_reason, field(&sum.stats));
+        for (set, sum) in sums.iter().copied() {
+            for (suffix, field) in &reasons {
+                e.sample_suffix(&name, set, suffix, field(&sum.stats));
             }
         }
     }
@@ -777,8 +815,8 @@ mod tests {
             ..ListenerStats::default()
         };
         (
-            ["1".into(), "127.0.0.1".into(), group.into()],
-            ["9".into(), "nginx".into()],
+            (1, "127.0.0.1".parse().unwrap(), group.parse().unwrap()),
+            (9, "nginx".into()),
             Some(stats),
         )
     }
@@ -794,9 +832,9 @@ mod tests {
         assert_eq!(r.last[&1].2.drop_accept_queue_full, 90);
         // Then it leaves the table: the group keeps its 90.
         r.update(HashMap::from([(2, member("80", 6))]));
-        let group = ["1".into(), "127.0.0.1".into(), "80".into()];
+        let group = (1, "127.0.0.1".parse().unwrap(), 80);
         assert_eq!(r.groups[&group].drop_accept_queue_full, 90);
-        let process = ["9".into(), "nginx".into()];
+        let process = (9, "nginx".to_owned());
         assert_eq!(r.processes[&process].drop_accept_queue_full, 90);
         // The last member goes too: the aggregates end.
         r.update(HashMap::new());

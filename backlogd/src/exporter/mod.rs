@@ -1,5 +1,6 @@
 //! What backlogd serves: Prometheus metrics, health, and the JSON API.
 
+pub mod batch;
 pub mod http;
 pub mod metrics;
 pub mod server;

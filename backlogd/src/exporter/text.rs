@@ -5,7 +5,36 @@
 //! parser read as a family with no samples plus an untyped one. The 0.0.4 format is what
 //! every scraper accepts without negotiation, and it is a few lines to write.
 
-use std::fmt::{Display, Write as _};
+use std::fmt::Write as _;
+
+/// A sample value, written without `core::fmt` for integers (most of a big page).
+pub trait SampleValue {
+    fn push_to(&self, out: &mut String);
+}
+
+macro_rules! int_value {
+    ($($t:ty),*) => {$(
+        impl SampleValue for $t {
+            #[inline]
+            fn push_to(&self, out: &mut String) {
+                out.push_str(itoa::Buffer::new().format(*self));
+            }
+        }
+    )*};
+}
+int_value!(u8, u16, u32, u64, usize, i32, i64);
+
+impl SampleValue for f64 {
+    fn push_to(&self, out: &mut String) {
+        let _ = write!(out, "{self}");
+    }
+}
+
+impl<T: SampleValue> SampleValue for &T {
+    fn push_to(&self, out: &mut String) {
+        (*self).push_to(out);
+    }
+}
 
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
@@ -40,7 +69,7 @@ impl Exposition {
         let _ = writeln!(self.out, "# TYPE {name} {kind}");
     }
 
-    pub fn sample(&mut self, name: &str, labels: &[(&str, &str)], value: impl Display) {
+    pub fn sample(&mut self, name: &str, labels: &[(&str, &str)], value: impl SampleValue) {
         self.sample_with(name, &LabelSet::default(), labels, value);
     }
 
@@ -51,7 +80,7 @@ impl Exposition {
         name: &str,
         set: &LabelSet,
         extra: &[(&str, &str)],
-        value: impl Display,
+        value: impl SampleValue,
     ) {
         self.out.push_str(name);
         if !set.0.is_empty() || !extra.is_empty() {
@@ -65,19 +94,43 @@ impl Exposition {
             }
             self.out.push('}');
         }
-        let _ = writeln!(self.out, " {value}");
+        self.out.push(' ');
+        value.push_to(&mut self.out);
+        self.out.push('\n');
+    }
+
+    /// `name{set<suffix> value`: `suffix` is pre-rendered extra labels with the closing
+    /// brace and space (`,le="0.5"} `), made once per family.
+    #[inline]
+    pub fn sample_suffix(
+        &mut self,
+        name: &str,
+        set: &LabelSet,
+        suffix: &str,
+        value: impl SampleValue,
+    ) {
+        self.out.push_str(name);
+        self.out.push('{');
+        if set.0.is_empty() {
+            self.out.push_str(&suffix[1..]);
+        } else {
+            self.out.push_str(&set.0);
+            self.out.push_str(suffix);
+        }
+        value.push_to(&mut self.out);
+        self.out.push('\n');
     }
 
     /// One histogram series: cumulative `_bucket{le}` samples from per-bucket counts
     /// (`counts[i]` below `bounds[i]`, the last count above every bound), `_sum`, `_count`.
     pub fn histogram(&mut self, names: &HistogramNames, set: &LabelSet, counts: &[u64], sum: f64) {
-        let mut cumulative = 0;
+        let mut cumulative = 0u64;
         for (i, le) in names.les.iter().enumerate() {
             cumulative += counts.get(i).copied().unwrap_or(0);
-            self.sample_with(&names.bucket, set, &[("le", le)], cumulative);
+            self.sample_suffix(&names.bucket, set, le, cumulative);
         }
         let total: u64 = counts.iter().sum();
-        self.sample_with(&names.bucket, set, &[("le", "+Inf")], total);
+        self.sample_suffix(&names.bucket, set, ",le=\"+Inf\"} ", total);
         self.sample_with(&names.sum, set, &[], sum);
         self.sample_with(&names.count, set, &[], total);
     }
@@ -124,7 +177,7 @@ impl HistogramNames {
             bucket: format!("{name}_bucket"),
             sum: format!("{name}_sum"),
             count: format!("{name}_count"),
-            les: bounds.iter().map(ToString::to_string).collect(),
+            les: bounds.iter().map(|b| format!(",le=\"{b}\"}} ")).collect(),
         }
     }
 }

@@ -248,22 +248,30 @@ pub fn load(opts: &LoadOptions) -> Result<Probes, LoadError> {
         }
     }
     let mode = modes::choose(opts.hook_mode, kernel)?;
-    let btf = KernelBtf::open(&opts.btf)?;
-    let mut offsets = btf.kernel_offsets()?;
+    // Each parse of the kernel's BTF takes tens of MiB: never hold two at once. The
+    // btf-rs parse is only needed for the offsets.
+    let mut offsets = KernelBtf::open(&opts.btf)?.kernel_offsets()?;
     tracepoint_offsets(&mut offsets)?;
     tracing::debug!(?offsets, "kernel layout resolved");
+    // EbpfLoader::new() parses /sys/kernel/btf/vmlinux itself: drop that parse at once and
+    // let the loader use ours (which honours --btf) instead.
+    let mut loader = EbpfLoader::new();
+    loader.btf(None);
     let kernel_btf = aya::Btf::parse_file(&opts.btf, aya::Endianness::default()).map_err(|e| {
         BtfError::Unreadable {
             path: opts.btf.clone(),
             reason: e.to_string(),
         }
     })?;
+    loader
+        .btf(Some(&kernel_btf))
+        .override_global("OFFSETS", &offsets, true);
 
     let attempts = modes::attempts(opts.hook_mode, mode, kernel);
     let mut attempts = attempts.iter().peekable();
     loop {
         let mode = *attempts.next().expect("at least the chosen mode");
-        match load_mode(mode, &offsets, &kernel_btf, pins.as_ref()) {
+        match load_mode(mode, &mut loader, &kernel_btf, pins.as_ref()) {
             Ok(mut probes) => {
                 probes.kernel = kernel;
                 return Ok(probes);
@@ -371,13 +379,11 @@ fn start_epochs(mut epoch: Array<MapData, u32>) -> Result<Array<MapData, u32>, L
 /// links, dropping the unfinished `Pinning` removes its pins).
 fn load_mode(
     mode: HookMode,
-    offsets: &KernelOffsets,
+    loader: &mut EbpfLoader<'_>,
     kernel_btf: &aya::Btf,
     pins: Option<&PinDir>,
 ) -> Result<Probes, LoadError> {
-    let mut ebpf = EbpfLoader::new()
-        .override_global("OFFSETS", offsets, true)
-        .load(EBPF_OBJECT)?;
+    let mut ebpf = loader.load(EBPF_OBJECT)?;
     let mut pinning = pins.map(|p| p.begin(mode)).transpose()?;
     let pinning = &mut pinning;
     let queue_epoch = start_epochs(typed_map(&mut ebpf, "QUEUE_EPOCH", pinning)?)?;

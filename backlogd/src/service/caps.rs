@@ -42,7 +42,9 @@ pub enum DropError {
          so the others would keep theirs (a bug: drop them before starting the runtime)"
     )]
     Threads { threads: usize },
-    #[error("cannot set no_new_privs: {0}. Fix: report this (prctl(PR_SET_NO_NEW_PRIVS) never fails on Linux 3.5+)")]
+    #[error(
+        "cannot set no_new_privs: {0}. Fix: report this (prctl(PR_SET_NO_NEW_PRIVS) never fails on Linux 3.5+)"
+    )]
     NoNewPrivs(std::io::Error),
 }
 
