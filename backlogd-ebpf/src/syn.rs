@@ -102,7 +102,9 @@ fn try_listener_ingress(ctx: &SkBuffContext) -> Result<()> {
     };
     let sk = KPtr(launder(sk.cast::<u8>())?);
     let ino = socket_inode(sk)?;
-    let _ = crate::accept::observe_queues(sk, ino);
+    // No queue observation here: the queues only grow while a segment is processed, and
+    // every segment's settle observes them after that (the peak), so the state before it
+    // adds nothing.
     let stash = open_window(sk, launder(skb.cast::<u8>())?, ino, kind)?;
     // SAFETY: as above.
     unsafe { *slot = stash };
@@ -239,9 +241,7 @@ fn open_window(sk: KPtr, skb: u64, ino: u64, kind: u32) -> Result<SynStash> {
         mib: [0; mib::COUNT],
     };
     read_mib(net, &mut stash.mib)?;
-    if kind == segment_kind::SYN {
-        update(sk, ino, |s| s.syns += 1);
-    }
+    // The SYN is counted when its window is settled, with its outcome: one map update.
     Ok(stash)
 }
 
@@ -274,9 +274,15 @@ fn load_u8(ctx: &SkBuffContext, offset: u32) -> Result<u8> {
 fn read_mib(net: KPtr, out: &mut [u64; mib::COUNT]) -> Result<()> {
     let percpu: u64 = net.read(offset(|o| &o.net_mib_stats))?;
     let here = KPtr(percpu.wrapping_add(cpu_area_offset()?));
-    for (i, v) in out.iter_mut().enumerate() {
-        *v = here.read(offset_at(|o| &o.mib_index, i))?;
-    }
+    // Two adjacent pairs of enum linux_mib_field (ListenOverflows, ListenDrops) and
+    // (TCPReqQFullDoCookies, TCPReqQFullDrop): two reads instead of four. (The loader
+    // checks the adjacency in the kernel's BTF and refuses a kernel without it.)
+    let listen: [u64; 2] = here.read(offset_at(|o| &o.mib_index, mib::LISTEN_OVERFLOWS))?;
+    let reqq: [u64; 2] = here.read(offset_at(|o| &o.mib_index, mib::REQQ_FULL_DO_COOKIES))?;
+    out[mib::LISTEN_OVERFLOWS] = listen[0];
+    out[mib::LISTEN_DROPS] = listen[1];
+    out[mib::REQQ_FULL_DO_COOKIES] = reqq[0];
+    out[mib::REQQ_FULL_DROP] = reqq[1];
     Ok(())
 }
 
@@ -342,9 +348,6 @@ fn released(skb: u64) -> Result<()> {
 /// Attributes the counter deltas since `stash` to its listener.
 #[inline(always)]
 fn settle(stash: &SynStash) -> Result<()> {
-    // Queue lengths after the segment was processed: a SYN added a request (SYN-queue
-    // peak), a final ACK moved a child to the accept queue (accept-queue peak).
-    let _ = crate::accept::observe_queues(KPtr(stash.sk), stash.ino);
     let mut now = [0u64; mib::COUNT];
     read_mib(KPtr(stash.net), &mut now)?;
     let d = |i: usize| now[i].wrapping_sub(stash.mib[i]);
@@ -354,11 +357,21 @@ fn settle(stash: &SynStash) -> Result<()> {
         d(mib::REQQ_FULL_DROP),
         d(mib::REQQ_FULL_DO_COOKIES),
     );
-    if overflows | drops | qfull | cookies == 0 {
-        return Ok(());
+    // Queue lengths after the segment was processed: a SYN added a request (SYN-queue
+    // peak), a final ACK moved a child to the accept queue (accept-queue peak). A dropped
+    // segment changed neither queue (whatever filled them was observed when it was
+    // processed, and accept() observes them too), so a flood of drops skips this.
+    if drops | overflows | qfull == 0 {
+        let _ = crate::accept::observe_queues(KPtr(stash.sk), stash.ino);
     }
     let kind = stash.kind;
+    if kind != segment_kind::SYN && overflows | drops | qfull | cookies == 0 {
+        return Ok(());
+    }
     update(KPtr(stash.sk), stash.ino, |s| {
+        if kind == segment_kind::SYN {
+            s.syns += 1;
+        }
         // Every listen drop goes through tcp_listendrop (ListenDrops); the specific
         // counters say why. What they do not explain is "other".
         let explained = overflows + qfull;

@@ -6,7 +6,7 @@
 
 use std::path::{Path, PathBuf};
 
-use backlogd_common::KernelOffsets;
+use backlogd_common::{KernelOffsets, mib};
 use btf_rs::{Btf, Type};
 use fallible_iterator::FallibleIterator as _;
 
@@ -33,6 +33,15 @@ pub enum BtfError {
          not know yet. Please report it with the output of `uname -r`"
     )]
     NoField { ty: String, field: String },
+    #[error(
+        "the kernel's enum linux_mib_field does not have {first} and {second} next to each \
+         other, which backlogd's SYN-path programs read as one pair: this kernel's layout is \
+         one backlogd does not know yet. Please report it with the output of `uname -r`"
+    )]
+    MibNotPaired {
+        first: &'static str,
+        second: &'static str,
+    },
     #[error("BTF field `{ty}.{field}` is {found} bytes, expected {expected}")]
     FieldSize {
         ty: String,
@@ -40,6 +49,35 @@ pub enum BtfError {
         found: usize,
         expected: usize,
     },
+}
+
+/// The SYN-path programs read the MIB counters as two 16-byte pairs (syn.rs `read_mib`):
+/// ListenOverflows with ListenDrops, TCPReqQFullDoCookies with TCPReqQFullDrop. Adjacent
+/// in enum linux_mib_field since Linux 4.4; checked, not assumed.
+fn check_mib_pairs(index: &[u32; mib::COUNT]) -> Result<(), BtfError> {
+    for (first, second, names) in [
+        (
+            mib::LISTEN_OVERFLOWS,
+            mib::LISTEN_DROPS,
+            ("LINUX_MIB_LISTENOVERFLOWS", "LINUX_MIB_LISTENDROPS"),
+        ),
+        (
+            mib::REQQ_FULL_DO_COOKIES,
+            mib::REQQ_FULL_DROP,
+            (
+                "LINUX_MIB_TCPREQQFULLDOCOOKIES",
+                "LINUX_MIB_TCPREQQFULLDROP",
+            ),
+        ),
+    ] {
+        if index[second] != index[first] + 8 {
+            return Err(BtfError::MibNotPaired {
+                first: names.0,
+                second: names.1,
+            });
+        }
+    }
+    Ok(())
 }
 
 /// `struct pt_regs` members holding, at syscall exit, the syscall number (and its size)
@@ -69,6 +107,12 @@ impl KernelBtf {
 
     /// Everything the eBPF programs need about struct layouts.
     pub fn kernel_offsets(&self) -> Result<KernelOffsets, BtfError> {
+        let offsets = self.layout()?;
+        check_mib_pairs(&offsets.mib_index)?;
+        Ok(offsets)
+    }
+
+    fn layout(&self) -> Result<KernelOffsets, BtfError> {
         let f = |ty: &str, path: &str, size: usize| self.offset_of(ty, path, Some(size));
         Ok(KernelOffsets {
             task_files: f("task_struct", "files", 8)?,
@@ -249,6 +293,18 @@ mod tests {
         // x86-64 pt_regs is ABI: di and orig_ax are its 15th and 16th words.
         #[cfg(target_arch = "x86_64")]
         assert_eq!((o.regs_arg0, o.regs_syscall_nr), (14 * 8, 15 * 8));
+    }
+
+    #[test]
+    fn mib_counters_read_as_pairs_must_be_adjacent() {
+        let mut index = kernel().layout().unwrap().mib_index;
+        assert!(check_mib_pairs(&index).is_ok(), "this kernel: {index:?}");
+        index[mib::REQQ_FULL_DROP] += 8;
+        let err = check_mib_pairs(&index).unwrap_err().to_string();
+        assert!(
+            err.contains("LINUX_MIB_TCPREQQFULLDOCOOKIES and LINUX_MIB_TCPREQQFULLDROP"),
+            "{err}"
+        );
     }
 
     #[test]
