@@ -186,7 +186,7 @@ pub async fn serve(
             accepted = listener.accept() => match accepted {
                 Ok((stream, peer)) => {
                     let current = settings.borrow().clone();
-                    if !make_room(&conns, current.limits.max_connections) {
+                    if !wait_for_room(&conns, current.limits.max_connections).await {
                         tracing::debug!(%peer, "connection refused: every slot has a request in flight");
                         continue;
                     }
@@ -241,6 +241,28 @@ pub async fn serve(
             "cutting HTTP connections still open {grace:?} after shutdown began"
         );
         tasks.shutdown().await;
+    }
+}
+
+/// How long a new connection may wait for a slot while every open one is busy, and how
+/// often it looks. Most busy connections are a moment from done (a 401 from the refusal
+/// cache takes microseconds, and makes its connection the first to go); refusing at once
+/// would reset a scraper whose connection arrived in that moment. New connections wait in
+/// the kernel's accept queue meanwhile.
+const ROOM_WAIT: Duration = Duration::from_millis(100);
+const ROOM_WAIT_STEP: Duration = Duration::from_millis(2);
+
+/// [`make_room`], retried for up to [`ROOM_WAIT`] while every connection is busy.
+async fn wait_for_room(conns: &Mutex<Conns>, max: u64) -> bool {
+    let deadline = tokio::time::Instant::now() + ROOM_WAIT;
+    loop {
+        if make_room(conns, max) {
+            return true;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(ROOM_WAIT_STEP).await;
     }
 }
 
