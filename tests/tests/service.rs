@@ -333,22 +333,60 @@ impl Reply {
         })
     }
 
-    /// The body, after checking it is exactly as long as the response said.
+    /// The body, after checking it is whole: exactly Content-Length bytes, or a chunked
+    /// body up to and including its final zero-size chunk (/metrics is streamed).
+    fn complete_body(&self) -> Result<Vec<u8>, String> {
+        let chunked = self
+            .header("transfer-encoding")
+            .is_some_and(|t| t.eq_ignore_ascii_case("chunked"));
+        if !chunked {
+            let length: usize = self
+                .header("content-length")
+                .ok_or_else(|| format!("neither content-length nor chunked: {}", self.head))?
+                .parse()
+                .map_err(|e| format!("content-length: {e}"))?;
+            if self.body.len() != length {
+                return Err(format!(
+                    "truncated: body of {} bytes, content-length {length}",
+                    self.body.len()
+                ));
+            }
+            return Ok(self.body.clone());
+        }
+        let mut rest = &self.body[..];
+        let mut out = Vec::new();
+        loop {
+            let truncated = |out: &Vec<u8>| {
+                format!(
+                    "truncated: chunked body stopped after {} bytes without its final chunk",
+                    out.len()
+                )
+            };
+            let line_end = rest
+                .windows(2)
+                .position(|w| w == b"\r\n")
+                .ok_or_else(|| truncated(&out))?;
+            let size_text = String::from_utf8_lossy(&rest[..line_end]).into_owned();
+            let size = usize::from_str_radix(size_text.split(';').next().unwrap_or("").trim(), 16)
+                .map_err(|e| format!("chunk size {size_text:?}: {e}"))?;
+            rest = &rest[line_end + 2..];
+            if size == 0 {
+                return Ok(out);
+            }
+            if rest.len() < size + 2 {
+                return Err(truncated(&out));
+            }
+            out.extend_from_slice(&rest[..size]);
+            rest = &rest[size + 2..];
+        }
+    }
+
     #[track_caller]
     fn complete_text(&self) -> String {
-        let length: usize = self
-            .header("content-length")
-            .unwrap_or_else(|| panic!("no content-length: {}", self.head))
-            .parse()
-            .expect("content-length");
-        assert_eq!(
-            self.body.len(),
-            length,
-            "body of {} bytes, content-length {length}: {}",
-            self.body.len(),
-            self.head
-        );
-        String::from_utf8(self.body.clone()).expect("utf-8 body")
+        let body = self
+            .complete_body()
+            .unwrap_or_else(|e| panic!("{e}: {}", self.head));
+        String::from_utf8(body).expect("utf-8 body")
     }
 }
 
@@ -1238,14 +1276,11 @@ fn wrong_password_client(
 fn scrape_attempt(addr: SocketAddr, auth: &str) -> String {
     match exchange(addr, &get_request("/metrics", Some(auth), "")) {
         Ok(r) if r.status == 200 => {
-            let length = r.header("content-length").and_then(|l| l.parse().ok());
-            if length != Some(r.body.len()) {
-                return format!(
-                    "200 truncated: {} bytes of content-length {length:?}",
-                    r.body.len()
-                );
-            }
-            let text = String::from_utf8_lossy(&r.body);
+            let body = match r.complete_body() {
+                Ok(body) => body,
+                Err(e) => return format!("200 {e}"),
+            };
+            let text = String::from_utf8_lossy(&body);
             assert!(text.contains("backlogd_build_info"), "{text}");
             "200".into()
         }

@@ -1,9 +1,19 @@
 //! The HTTP endpoint: `/metrics`, `/healthz`, `/api/v1/listeners`.
 
-use std::{net::SocketAddr, sync::Arc};
+use std::{
+    net::SocketAddr,
+    pin::Pin,
+    sync::Arc,
+    task::{Context, Poll},
+};
 
 use axum::{
-    Json, Router, extract::State, http::header::CONTENT_TYPE, response::IntoResponse, routing::get,
+    Json, Router,
+    body::{Body, Bytes},
+    extract::State,
+    http::header::CONTENT_TYPE,
+    response::IntoResponse,
+    routing::get,
 };
 
 use super::{
@@ -65,8 +75,53 @@ async fn index() -> &'static str {
     "backlogd: per-listener TCP listen-queue metrics\n\n/metrics           Prometheus metrics\n/healthz           liveness\n/api/v1/listeners  listening sockets as JSON\n/api/v1/snapshot   listeners with counters and queues, as JSON\n/api/v1/findings   what `backlogd doctor` reports, as JSON\n"
 }
 
+/// Rendered on the blocking pool and streamed (chunked encoding) while it is written: the
+/// runtime's workers stay free, the client reads in parallel with the rendering, and the
+/// page is never whole in memory.
 async fn serve_metrics(State(state): State<Arc<AppState>>) -> impl IntoResponse {
-    ([(CONTENT_TYPE, text::CONTENT_TYPE)], state.metrics.render())
+    let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(4);
+    tokio::task::spawn_blocking(move || {
+        state
+            .metrics
+            .render_streamed(Box::new(move |chunk| tx.blocking_send(chunk).is_ok()));
+    });
+    (
+        [(CONTENT_TYPE, text::CONTENT_TYPE)],
+        Body::new(ChunkBody { rx, done: false }),
+    )
+}
+
+/// The page's chunks as the renderer sends them, up to its empty end-of-page chunk. A
+/// renderer that stopped without sending that (a panic) ends the body with an error, so
+/// hyper cuts the connection without the final chunk and the client sees a truncated
+/// response, not a short page.
+struct ChunkBody {
+    rx: tokio::sync::mpsc::Receiver<Bytes>,
+    done: bool,
+}
+
+impl http_body::Body for ChunkBody {
+    type Data = Bytes;
+    type Error = std::io::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+        if self.done {
+            return Poll::Ready(None);
+        }
+        self.rx.poll_recv(cx).map(|chunk| match chunk {
+            Some(bytes) if bytes.is_empty() => {
+                self.done = true;
+                None
+            }
+            Some(bytes) => Some(Ok(http_body::Frame::data(bytes))),
+            None => Some(Err(std::io::Error::other(
+                "rendering /metrics stopped before the end of the page",
+            ))),
+        })
+    }
 }
 
 /// Every listener with its counters and queue figures, plus the daemon's hook mode:

@@ -5,10 +5,7 @@
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
     os::fd::{AsFd as _, AsRawFd as _},
-    sync::{
-        Arc, Mutex,
-        atomic::{AtomicUsize, Ordering},
-    },
+    sync::{Arc, Mutex},
 };
 
 use aya::{
@@ -71,8 +68,6 @@ pub struct Metrics {
     /// Queued counts and accept waits are only exported when enqueue events are seen.
     enqueue_events: bool,
     retired: Mutex<Retired>,
-    /// Size of the last exposition, to size the next one's buffer.
-    last_size: AtomicUsize,
 }
 
 /// Group (netns, address, port) and process (pid, comm).
@@ -296,7 +291,6 @@ impl Metrics {
             kernel,
             enqueue_events,
             retired: Mutex::default(),
-            last_size: AtomicUsize::new(0),
         }
     }
 
@@ -411,7 +405,14 @@ impl Metrics {
         }
     }
 
-    pub fn render(&self) -> String {
+    /// Renders the page into `sink` in chunks (see [`Exposition::streamed`]).
+    pub fn render_streamed(&self, sink: super::text::Sink<'_>) {
+        let mut e = Exposition::streamed(sink);
+        self.render_into(&mut e);
+        e.finish();
+    }
+
+    fn render_into(&self, e: &mut Exposition<'_>) {
         let Gathered {
             events_lost,
             stats_full,
@@ -424,13 +425,6 @@ impl Metrics {
         let namespaces = self.shared.netns_counters();
         // A copy, so the event loop is not held off the table while the text is written.
         let listeners: Vec<Listener> = self.shared.listeners().iter().cloned().collect();
-        // Sized from the previous scrape: growing a multi-megabyte buffer by doubling
-        // would copy it several times and double the peak memory.
-        let mut e = Exposition::with_capacity(
-            self.last_size
-                .load(Ordering::Relaxed)
-                .max(1024 + listeners.len() * 8000),
-        );
         let rows: Vec<([String; 6], LabelSet, &Listener)> = listeners
             .iter()
             .map(|l| {
@@ -439,6 +433,15 @@ impl Metrics {
                 (values, set, l)
             })
             .collect();
+        // The group and process sums need the retired-counters lock: rendered first, into
+        // memory (a few lines per group and process), so that no lock is held while a
+        // slow client takes the streamed page.
+        let aggregated = {
+            let mut retired = self.retired.lock().unwrap_or_else(|e| e.into_inner());
+            let mut a = Exposition::with_capacity(4096);
+            aggregates(&mut a, &rows, &stats, &queues, &mut retired);
+            a.finish()
+        };
 
         e.family(
             "backlogd_listen_backlog_requested",
@@ -543,11 +546,9 @@ impl Metrics {
             }
         }
 
-        let mut retired = self.retired.lock().unwrap_or_else(|e| e.into_inner());
-        aggregates(&mut e, &rows, &stats, &queues, &mut retired);
-        drop(retired);
+        e.rendered(&aggregated);
 
-        netns_counters(&mut e, &namespaces);
+        netns_counters(e, &namespaces);
 
         e.family(
             "backlogd_listeners",
@@ -623,8 +624,6 @@ impl Metrics {
             &[("version", env!("CARGO_PKG_VERSION"))],
             1,
         );
-        self.last_size.store(e.bytes(), Ordering::Relaxed);
-        e.finish()
     }
 }
 

@@ -45,15 +45,50 @@ pub enum Kind {
     Histogram,
 }
 
-#[derive(Debug, Default)]
-pub struct Exposition {
+/// Receives the page in chunks, then one empty chunk when the page is complete; returns
+/// false when nobody wants the rest (client gone).
+pub type Sink<'a> = Box<dyn FnMut(axum::body::Bytes) -> bool + Send + 'a>;
+
+/// Size of the chunks a streamed page is sent in.
+const CHUNK: usize = 256 * 1024;
+
+#[derive(Default)]
+pub struct Exposition<'a> {
     out: String,
+    sink: Option<Sink<'a>>,
 }
 
-impl Exposition {
+impl<'a> Exposition<'a> {
     pub fn with_capacity(bytes: usize) -> Self {
         Self {
             out: String::with_capacity(bytes),
+            sink: None,
+        }
+    }
+
+    /// A page handed to `sink` in chunks of about [`CHUNK`] bytes as it is written, so
+    /// it is never whole in memory and the client reads while the rest is rendered.
+    pub fn streamed(sink: Sink<'a>) -> Self {
+        Self {
+            out: String::with_capacity(CHUNK + 8192),
+            sink: Some(sink),
+        }
+    }
+
+    #[inline]
+    fn maybe_flush(&mut self) {
+        if self.out.len() >= CHUNK && self.sink.is_some() {
+            self.flush();
+        }
+    }
+
+    fn flush(&mut self) {
+        if let Some(sink) = &mut self.sink {
+            let chunk = std::mem::replace(&mut self.out, String::with_capacity(CHUNK + 8192));
+            if !chunk.is_empty() && !sink(axum::body::Bytes::from(chunk.into_bytes())) {
+                // The client left: keep rendering into nothing.
+                self.sink = Some(Box::new(|_| false));
+            }
         }
     }
 
@@ -97,6 +132,7 @@ impl Exposition {
         self.out.push(' ');
         value.push_to(&mut self.out);
         self.out.push('\n');
+        self.maybe_flush();
     }
 
     /// `name{set<suffix> value`: `suffix` is pre-rendered extra labels with the closing
@@ -119,6 +155,13 @@ impl Exposition {
         }
         value.push_to(&mut self.out);
         self.out.push('\n');
+        self.maybe_flush();
+    }
+
+    /// Text another `Exposition` produced, in place.
+    pub fn rendered(&mut self, text: &str) {
+        self.out.push_str(text);
+        self.maybe_flush();
     }
 
     /// One histogram series: cumulative `_bucket{le}` samples from per-bucket counts
@@ -135,13 +178,16 @@ impl Exposition {
         self.sample_with(&names.count, set, &[], total);
     }
 
-    /// Bytes written so far.
-    pub fn bytes(&self) -> usize {
-        self.out.len()
-    }
-
-    pub fn finish(self) -> String {
-        self.out
+    /// The page (empty when streamed: the rest goes to the sink).
+    pub fn finish(mut self) -> String {
+        if self.sink.is_some() {
+            self.flush();
+            if let Some(sink) = &mut self.sink {
+                // The end: only here is an empty chunk sent (see [`Sink`]).
+                sink(axum::body::Bytes::new());
+            }
+        }
+        std::mem::take(&mut self.out)
     }
 }
 
