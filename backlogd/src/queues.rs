@@ -17,7 +17,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use aya::maps::{Array, MapData, PerCpuHashMap, PerCpuValues};
+use aya::maps::{Array, MapData, PerCpuHashMap};
 use backlogd_common::QueueState;
 
 /// The epoch the loader publishes before attaching anything (0 marks a CPU slot that
@@ -97,16 +97,7 @@ impl QueueWindows {
         now: Instant,
     ) {
         let epoch = self.epoch;
-        let entries: Vec<(u64, QueueState)> =
-            crate::exporter::batch::fold_per_cpu(map, |_, per_cpu| merge(per_cpu, epoch))
-                .unwrap_or_else(|| {
-                    map.iter()
-                        .filter_map(Result::ok)
-                        .map(|(k, per_cpu): (u64, PerCpuValues<QueueState>)| {
-                            (k, merge(&per_cpu, epoch))
-                        })
-                        .collect()
-                });
+        let entries = crate::exporter::batch::fold_per_cpu(map, |per_cpu| merge(per_cpu, epoch));
         let live: std::collections::HashSet<u64> = entries.iter().map(|(k, _)| *k).collect();
         for (ino, state) in entries {
             self.record(ino, state, now);

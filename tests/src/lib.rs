@@ -10,6 +10,7 @@ pub mod netns;
 pub mod prom;
 pub mod scenario;
 pub mod sockets;
+pub mod tempdir;
 pub mod tools;
 
 pub use daemon::Daemon;

@@ -118,55 +118,34 @@ impl Netns {
 }
 
 impl Netns {
+    /// Adds nft `rules` to chain `chain` (hooked at `hook` with `priority`) of inet table
+    /// `table`, creating both if needed.
+    fn nft_rules(&self, table: &str, chain: &str, hook: &str, priority: i32, rules: &[&str]) {
+        self.command("nft", &["add", "table", "inet", table]);
+        let spec = format!("{{ type filter hook {hook} priority {priority}; }}");
+        self.command("nft", &["add", "chain", "inet", table, chain, &spec]);
+        for rule in rules {
+            let args: Vec<&str> = ["add", "rule", "inet", table, chain]
+                .into_iter()
+                .chain(rule.split(' '))
+                .collect();
+            self.command("nft", &args);
+        }
+    }
+
     /// Drops segments with exactly the given TCP flags (e.g. `"syn|ack"`) as they arrive
     /// at this namespace's sockets: handshakes then stay pending on the listener side.
     pub fn drop_incoming(&self, flags: &str) {
-        self.command("nft", &["add", "table", "inet", "backlogd_test"]);
-        self.command(
-            "nft",
-            &[
-                "add",
-                "chain",
-                "inet",
-                "backlogd_test",
-                "input",
-                "{ type filter hook input priority 0; }",
-            ],
-        );
         let rule = format!("tcp flags & (syn|ack|rst|fin) == {flags} drop");
-        self.command(
-            "nft",
-            &["add", "rule", "inet", "backlogd_test", "input"]
-                .into_iter()
-                .chain(rule.split(' '))
-                .collect::<Vec<_>>(),
-        );
+        self.nft_rules("backlogd_test", "input", "input", 0, &[&rule]);
     }
 
     /// Starts counting the SYNs that arrive for TCP port `port` (an nft counter on the
     /// input hook, which every segment passes before TCP sees it): the kernel's own count
     /// of SYNs reaching the listener, unaffected by when clients read their statistics.
     pub fn count_incoming_syns(&self, port: u16) {
-        self.command("nft", &["add", "table", "inet", "backlogd_count"]);
-        self.command(
-            "nft",
-            &[
-                "add",
-                "chain",
-                "inet",
-                "backlogd_count",
-                "input",
-                "{ type filter hook input priority -10; }",
-            ],
-        );
         let rule = format!("tcp dport {port} tcp flags & (syn|ack|rst) == syn counter");
-        self.command(
-            "nft",
-            &["add", "rule", "inet", "backlogd_count", "input"]
-                .into_iter()
-                .chain(rule.split(' '))
-                .collect::<Vec<_>>(),
-        );
+        self.nft_rules("backlogd_count", "input", "input", -10, &[&rule]);
     }
 
     /// SYNs counted since [`Netns::count_incoming_syns`].
@@ -188,30 +167,16 @@ impl Netns {
     /// spoofed sources: the kernel then removes the pending request and counts a listen
     /// drop (`tcp_req_err`).
     pub fn reject_outgoing_synacks(&self) {
-        self.command("nft", &["add", "table", "inet", "backlogd_test"]);
-        self.command(
-            "nft",
+        self.nft_rules(
+            "backlogd_test",
+            "output",
+            "output",
+            0,
             &[
-                "add",
-                "chain",
-                "inet",
-                "backlogd_test",
-                "output",
-                "{ type filter hook output priority 0; }",
+                "meta nfproto ipv4 tcp flags & (syn|ack) == syn|ack reject with icmp type host-unreachable",
+                "meta nfproto ipv6 tcp flags & (syn|ack) == syn|ack reject with icmpv6 type admin-prohibited",
             ],
         );
-        for rule in [
-            "meta nfproto ipv4 tcp flags & (syn|ack) == syn|ack reject with icmp type host-unreachable",
-            "meta nfproto ipv6 tcp flags & (syn|ack) == syn|ack reject with icmpv6 type admin-prohibited",
-        ] {
-            self.command(
-                "nft",
-                &["add", "rule", "inet", "backlogd_test", "output"]
-                    .into_iter()
-                    .chain(rule.split(' '))
-                    .collect::<Vec<_>>(),
-            );
-        }
     }
 
     /// Removes every rule [`Netns::drop_incoming`] and

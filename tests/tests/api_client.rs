@@ -2,33 +2,11 @@
 //! auth: with the right CA and credentials they work; without, they fail naming the fix.
 
 use std::{
-    path::{Path, PathBuf},
+    path::Path,
     process::{Command, Output},
 };
 
-use backlogd_tests::{Daemon, Netns, daemon::binary, sockets::Listener, tools};
-
-struct Dir(PathBuf);
-
-impl Dir {
-    fn new() -> Self {
-        let dir = std::env::temp_dir().join(format!("backlogd-api-client-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        Self(dir)
-    }
-
-    fn write(&self, name: &str, text: &str) -> PathBuf {
-        let path = self.0.join(name);
-        std::fs::write(&path, text).unwrap();
-        path
-    }
-}
-
-impl Drop for Dir {
-    fn drop(&mut self) {
-        std::fs::remove_dir_all(&self.0).ok();
-    }
-}
+use backlogd_tests::{Daemon, Netns, daemon::binary, sockets::Listener, tempdir::TempDir, tools};
 
 fn run(args: &[&str]) -> Output {
     Command::new(binary())
@@ -139,8 +117,8 @@ fn top_and_doctor_read_a_daemon_with_tls_and_basic_auth() {
     {
         return;
     }
-    let dir = Dir::new();
-    private_ca(&dir.0);
+    let dir = TempDir::new("api-client");
+    private_ca(dir.path());
     let web = dir.write(
         "web.yml",
         &format!(
@@ -151,7 +129,7 @@ fn top_and_doctor_read_a_daemon_with_tls_and_basic_auth() {
     );
     let right = dir.write("right", "s3cret\n");
     let wrong = dir.write("wrong", "guess\n");
-    let ca = dir.0.join("ca.pem");
+    let ca = dir.path().join("ca.pem");
     let daemon = Daemon::start_with(&["--web-config-file", web.to_str().unwrap()]);
     let ns = Netns::new();
     let listener = Listener::open(&ns, "127.0.0.1:0", 7);

@@ -27,32 +27,10 @@ use backlogd_tests::{
     daemon::{binary, http_get, run_to_end, try_http_get},
     kernel::tcp_ext,
     sockets::Listener,
+    tempdir::TempDir,
     tools,
 };
 use socket2::{Domain, Socket, Type};
-
-/// A scratch directory removed when dropped.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(name: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!("backlogd-{name}-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        Self(dir)
-    }
-
-    fn write(&self, name: &str, text: &str) -> PathBuf {
-        let path = self.0.join(name);
-        std::fs::write(&path, text).unwrap();
-        path
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        std::fs::remove_dir_all(&self.0).ok();
-    }
-}
 
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
@@ -1410,9 +1388,9 @@ fn tls_from_a_web_config_file() {
             "/CN=localhost",
             "-keyout",
         ])
-        .arg(dir.0.join("key.pem"))
+        .arg(dir.path().join("key.pem"))
         .arg("-out")
-        .arg(dir.0.join("cert.pem"))
+        .arg(dir.path().join("cert.pem"))
         .output()
         .unwrap();
     assert!(
@@ -1432,7 +1410,7 @@ fn tls_from_a_web_config_file() {
     );
     let out = Command::new("curl")
         .args(["-sS", "--max-time", "5", "--cacert"])
-        .arg(dir.0.join("cert.pem"))
+        .arg(dir.path().join("cert.pem"))
         .arg(format!("https://localhost:{}/metrics", daemon.addr.port()))
         .output()
         .unwrap();

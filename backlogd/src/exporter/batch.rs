@@ -3,13 +3,18 @@
 
 use std::os::fd::{AsFd as _, AsRawFd as _};
 
-use aya::Pod;
-use aya::maps::{IterableMap, MapData, PerCpuHashMap};
+use aya::{
+    Pod,
+    maps::{IterableMap, MapData, PerCpuHashMap},
+};
+
+use crate::loader::syscall;
 
 const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
 /// Entries per syscall.
 const BATCH: u32 = 4096;
 
+/// The BPF_MAP_LOOKUP_BATCH part of `union bpf_attr` (uapi, stable).
 #[repr(C)]
 #[derive(Default)]
 struct BatchAttr {
@@ -28,20 +33,32 @@ fn possible_cpus() -> usize {
     *N.get_or_init(|| aya::util::nr_cpus().unwrap_or(1))
 }
 
-/// Every entry of `map` with its per-CPU values folded by `fold` (one call per entry,
-/// with the entry's values, one per possible CPU). `None` when the kernel refuses batch
-/// lookups (the caller falls back to iterating).
+/// Every entry of `map` with its per-CPU values (one per possible CPU) folded by `fold`:
+/// by batch lookups, or entry by entry where the kernel refuses those.
 pub fn fold_per_cpu<V: Pod, T>(
     map: &PerCpuHashMap<MapData, u64, V>,
-    mut fold: impl FnMut(u64, &[V]) -> T,
+    mut fold: impl FnMut(&[V]) -> T,
+) -> Vec<(u64, T)> {
+    if let Some(all) = batched(map, &mut fold) {
+        return all;
+    }
+    map.iter()
+        .filter_map(Result::ok)
+        .map(|(key, per_cpu)| (key, fold(&per_cpu)))
+        .collect()
+}
+
+fn batched<V: Pod, T>(
+    map: &PerCpuHashMap<MapData, u64, V>,
+    fold: &mut impl FnMut(&[V]) -> T,
 ) -> Option<Vec<(u64, T)>> {
-    let fd = map.map().fd().as_fd().as_raw_fd();
-    let cpus = possible_cpus();
     // The kernel copies each CPU's value rounded up to 8 bytes: a type of another size
     // would be misread, so it takes the slow path.
-    if !std::mem::size_of::<V>().is_multiple_of(8) {
+    if !size_of::<V>().is_multiple_of(8) {
         return None;
     }
+    let fd = map.map().fd().as_fd().as_raw_fd();
+    let cpus = possible_cpus();
     let mut keys = vec![0u64; BATCH as usize];
     let mut values: Vec<V> = Vec::with_capacity(BATCH as usize * cpus);
     let mut out = Vec::new();
@@ -57,29 +74,21 @@ pub fn fold_per_cpu<V: Pod, T>(
             map_fd: fd as u32,
             ..BatchAttr::default()
         };
-        // SAFETY: attr points at buffers of BATCH keys and BATCH * cpus values.
-        let rc = unsafe {
-            libc::syscall(
-                libc::SYS_bpf,
-                BPF_MAP_LOOKUP_BATCH,
-                &raw mut attr,
-                std::mem::size_of::<BatchAttr>(),
-            )
-        };
-        let err = (rc < 0).then(std::io::Error::last_os_error);
-        let done = match &err {
-            None => false,
-            Some(e) if e.raw_os_error() == Some(libc::ENOENT) => true,
-            Some(_) => return None,
+        // SAFETY: BatchAttr is the command's part of bpf_attr; its pointers are to the
+        // token and to buffers of BATCH keys and BATCH * cpus values, all live here.
+        let done = match unsafe { syscall::bpf(BPF_MAP_LOOKUP_BATCH, &mut attr) } {
+            Ok(_) => false,
+            // ENOENT: this batch holds the last entries.
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => true,
+            Err(_) => return None,
         };
         let n = attr.count as usize;
-        // SAFETY: the kernel wrote `n` entries of `cpus` values each.
+        // SAFETY: the kernel wrote `n` entries of `cpus` values each; V is Pod.
         unsafe { values.set_len(n * cpus) };
-        for (i, key) in keys[..n].iter().enumerate() {
-            out.push((*key, fold(*key, &values[i * cpus..(i + 1) * cpus])));
+        for (key, per_cpu) in keys[..n].iter().zip(values.chunks_exact(cpus)) {
+            out.push((*key, fold(per_cpu)));
         }
-        // SAFETY: V is Pod; forget the copies before the next batch overwrites them.
-        unsafe { values.set_len(0) };
+        values.clear();
         if done {
             return Some(out);
         }

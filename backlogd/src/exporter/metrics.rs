@@ -9,7 +9,7 @@ use std::{
 };
 
 use aya::{
-    maps::{Array, MapData, PerCpuArray, PerCpuHashMap, PerCpuValues},
+    maps::{Array, MapData, PerCpuArray, PerCpuHashMap},
     programs::ProgramFd,
 };
 use backlogd_common::{ACCEPT_WAIT_BUCKETS, ListenerStats, QueueState};
@@ -129,21 +129,13 @@ fn sum(map: &PerCpuArray<MapData, u64>, name: &str) -> u64 {
 
 /// Per-listener counters summed over CPUs.
 fn listener_stats(map: &PerCpuHashMap<MapData, u64, ListenerStats>) -> HashMap<u64, ListenerStats> {
-    if let Some(all) = super::batch::fold_per_cpu(map, |_, per_cpu| {
+    super::batch::fold_per_cpu(map, |per_cpu| {
         let mut total = ListenerStats::default();
         per_cpu.iter().for_each(|s| total.add(s));
         total
-    }) {
-        return all.into_iter().collect();
-    }
-    map.iter()
-        .filter_map(Result::ok)
-        .map(|(inode, per_cpu)| {
-            let mut total = ListenerStats::default();
-            per_cpu.iter().for_each(|s| total.add(s));
-            (inode, total)
-        })
-        .collect()
+    })
+    .into_iter()
+    .collect()
 }
 
 struct Gathered {
@@ -304,19 +296,9 @@ impl Metrics {
         let (events_lost, stats_full, stats, queue_states) = {
             let maps = self.maps.lock().unwrap_or_else(|e| e.into_inner());
             let queue_states: HashMap<u64, QueueState> =
-                match super::batch::fold_per_cpu(&maps.listener_queues, |_, per_cpu| {
-                    merge(per_cpu, epoch)
-                }) {
-                    Some(all) => all.into_iter().collect(),
-                    None => maps
-                        .listener_queues
-                        .iter()
-                        .filter_map(Result::ok)
-                        .map(|(k, per_cpu): (u64, PerCpuValues<QueueState>)| {
-                            (k, merge(&per_cpu, epoch))
-                        })
-                        .collect(),
-                };
+                super::batch::fold_per_cpu(&maps.listener_queues, |per_cpu| merge(per_cpu, epoch))
+                    .into_iter()
+                    .collect();
             (
                 sum(&maps.events_lost, "LISTENER_EVENTS_LOST"),
                 sum(&maps.listener_stats_full, "LISTENER_STATS_FULL"),

@@ -56,6 +56,8 @@ const CHUNK: usize = 256 * 1024;
 pub struct Exposition<'a> {
     out: String,
     sink: Option<Sink<'a>>,
+    /// The sink refused a chunk: nobody reads the rest.
+    gone: bool,
 }
 
 impl<'a> Exposition<'a> {
@@ -63,6 +65,7 @@ impl<'a> Exposition<'a> {
         Self {
             out: String::with_capacity(bytes),
             sink: None,
+            gone: false,
         }
     }
 
@@ -72,6 +75,7 @@ impl<'a> Exposition<'a> {
         Self {
             out: String::with_capacity(CHUNK + 8192),
             sink: Some(sink),
+            gone: false,
         }
     }
 
@@ -83,13 +87,18 @@ impl<'a> Exposition<'a> {
     }
 
     fn flush(&mut self) {
-        if let Some(sink) = &mut self.sink {
-            let chunk = std::mem::replace(&mut self.out, String::with_capacity(CHUNK + 8192));
-            if !chunk.is_empty() && !sink(axum::body::Bytes::from(chunk.into_bytes())) {
-                // The client left: keep rendering into nothing.
-                self.sink = Some(Box::new(|_| false));
-            }
+        let Some(sink) = &mut self.sink else { return };
+        if self.out.is_empty() {
+            return;
         }
+        if self.gone {
+            // The client left: the rest is rendered into this one buffer and dropped (the
+            // map reads are done; stopping early would need a check on every sample).
+            self.out.clear();
+            return;
+        }
+        let chunk = std::mem::replace(&mut self.out, String::with_capacity(CHUNK + 8192));
+        self.gone = !sink(axum::body::Bytes::from(chunk.into_bytes()));
     }
 
     /// Starts a metric family. Counter names must end in `_total`.
@@ -182,7 +191,9 @@ impl<'a> Exposition<'a> {
     pub fn finish(mut self) -> String {
         if self.sink.is_some() {
             self.flush();
-            if let Some(sink) = &mut self.sink {
+            if let Some(sink) = &mut self.sink
+                && !self.gone
+            {
                 // The end: only here is an empty chunk sent (see [`Sink`]).
                 sink(axum::body::Bytes::new());
             }

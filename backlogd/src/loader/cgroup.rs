@@ -32,25 +32,15 @@ pub struct CgroupAttachment {
 
 impl CgroupAttachment {
     pub fn attach(cgroup: File, prog: OwnedFd) -> std::io::Result<Self> {
-        let attr = LinkCreateAttr {
+        let mut attr = LinkCreateAttr {
             prog_fd: prog.as_raw_fd() as u32,
             target_fd: cgroup.as_raw_fd() as u32,
             attach_type: BPF_CGROUP_INET_INGRESS,
             ..Default::default()
         };
-        // SAFETY: bpf(2) reads `size_of::<LinkCreateAttr>()` bytes of an initialised
-        // struct and returns a new fd or -1.
-        let fd = unsafe {
-            libc::syscall(
-                libc::SYS_bpf,
-                BPF_LINK_CREATE,
-                &raw const attr,
-                size_of::<LinkCreateAttr>() as libc::c_uint,
-            )
-        };
-        if fd < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
+        // SAFETY: LinkCreateAttr is the BPF_LINK_CREATE prefix of bpf_attr; it holds no
+        // pointers.
+        let fd = unsafe { super::syscall::bpf(BPF_LINK_CREATE, &mut attr) }?;
         // SAFETY: the kernel just returned this fd and nothing else owns it.
         let link = unsafe { OwnedFd::from_raw_fd(fd as i32) };
         Ok(Self { link })

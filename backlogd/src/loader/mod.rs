@@ -23,6 +23,7 @@ mod cgroup;
 pub mod modes;
 pub mod pins;
 pub mod privileges;
+pub mod syscall;
 pub mod tracefs;
 
 use std::{os::fd::AsFd as _, path::PathBuf};
