@@ -43,8 +43,13 @@ pub struct ListenCounters {
 }
 
 impl ListenCounters {
+    /// The counters' values in one [`tcp_ext`] snapshot.
+    pub fn of(snapshot: &HashMap<String, u64>) -> Self {
+        Self::delta(&HashMap::new(), snapshot)
+    }
+
     pub fn delta(before: &HashMap<String, u64>, after: &HashMap<String, u64>) -> Self {
-        let d = |k: &str| after[k] - before[k];
+        let d = |k: &str| after[k] - before.get(k).copied().unwrap_or(0);
         Self {
             listen_overflows: d("ListenOverflows"),
             listen_drops: d("ListenDrops"),

@@ -5,6 +5,7 @@
 //! Tests panic with context rather than return errors (as aya's own suite does).
 
 pub mod daemon;
+pub mod exact;
 pub mod kernel;
 pub mod netns;
 pub mod prom;
@@ -14,6 +15,7 @@ pub mod tempdir;
 pub mod tools;
 
 pub use daemon::Daemon;
+pub use exact::Exact;
 pub use netns::Netns;
 pub use prom::Scrape;
 

@@ -125,6 +125,71 @@ pub fn connect_burst(ns: &Netns, to: SocketAddr, count: usize) -> Vec<Socket> {
     })
 }
 
+/// Connects `count` clients to `to` one at a time, each waiting until the listener's accept
+/// queue holds it (`ss` Recv-Q), so no SYN of theirs meets a queue that earlier, still
+/// unfinished handshakes are about to fill. (In a burst against an empty queue, SYNs that
+/// arrive before the first final ACKs get requests, and those final ACKs then overflow:
+/// the kernel's split between accept-queue-full and final-ACK overflows depends on how
+/// the softirq batched the burst.) The listener must not accept meanwhile.
+pub fn fill_accept_queue(
+    ns: &Netns,
+    listener: &Listener,
+    to: SocketAddr,
+    count: usize,
+) -> Vec<Socket> {
+    let start = kernel_queue(ns, listener).recv_q;
+    let mut clients = Vec::with_capacity(count);
+    for n in 1..=count as u64 {
+        clients.extend(connect_burst(ns, to, 1));
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        loop {
+            let queue = kernel_queue(ns, listener);
+            if queue.recv_q >= start + n {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "client {n} of {count} never reached the accept queue: {queue:?}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+    }
+    clients
+}
+
+/// What a set of clients saw, from their own sockets (`TCP_INFO`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClientView {
+    pub clients: usize,
+    /// Handshake complete on the client's side (ESTABLISHED or later).
+    pub connected: usize,
+    /// Still in SYN_SENT: every SYN of theirs was dropped so far.
+    pub waiting: usize,
+    /// SYNs sent, first ones and retransmissions (valid while no data was sent).
+    pub syns_sent: u64,
+}
+
+pub fn client_view<'a>(clients: impl IntoIterator<Item = &'a Socket>) -> ClientView {
+    const TCP_SYN_SENT: u8 = 2;
+    let mut view = ClientView {
+        clients: 0,
+        connected: 0,
+        waiting: 0,
+        syns_sent: 0,
+    };
+    for c in clients {
+        view.clients += 1;
+        let (state, retrans) = tcp_state(c);
+        if state == TCP_SYN_SENT {
+            view.waiting += 1;
+        } else {
+            view.connected += 1;
+        }
+        view.syns_sent += 1 + u64::from(retrans);
+    }
+    view
+}
+
 /// SYNs a client socket has sent: the first plus its retransmissions
 /// (`tcpi_total_retrans` while the handshake is pending).
 pub fn syns_sent(socket: &Socket) -> u64 {

@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use backlogd_tests::{
-    Daemon, Netns, Scrape,
+    Daemon, Exact, Netns, Scrape,
     sockets::{Listener, kernel_queue},
 };
 
@@ -57,18 +57,27 @@ fn slow_acceptor_depth_peak_counts_and_wait_match_kernel_and_application() {
     let scrape = daemon.scrape();
     drop(clients);
 
-    // One comparison, so a failure shows every figure at once.
+    assert_eq!(queue.recv_q, 7, "7 connections left after 5 accepts");
     let v = |name| value(&scrape, name, &listener) as u64;
-    assert_eq!(
-        (
+    let mut exact = Exact::listener(&daemon, &ns, &listener);
+    exact
+        .evidence("socket (ss) after 5 accepts", &queue)
+        .evidence("application accept waits (min, max) s", &app_waits)
+        .eq(
+            "accept queue length vs Recv-Q",
             v("backlogd_listen_accept_queue_length"),
+            queue.recv_q,
+        )
+        .eq(
+            "accept queue peak vs Recv-Q before accepting",
             v("backlogd_listen_accept_queue_max_length"),
+            peak,
+        )
+        .eq(
+            "accepted vs the application's accept() calls",
             v("backlogd_listen_accepted_total"),
-        ),
-        (queue.recv_q, peak, 5),
-        "(length, peak, accepted): backlogd vs the kernel and the application"
-    );
-    assert_eq!(queue.recv_q, 7);
+            5,
+        );
     let socket = listener.inode.to_string();
     let enqueue_events = scrape
         .value("backlogd_listen_queued_total", &[("socket", &socket)])
@@ -86,6 +95,7 @@ fn slow_acceptor_depth_peak_counts_and_wait_match_kernel_and_application() {
                 .is_empty(),
             "accept waits reported without enqueue events"
         );
+        exact.verify();
         assert!(
             daemon.log().contains("no sock:sk_data_ready"),
             "{}",
@@ -98,15 +108,22 @@ fn slow_acceptor_depth_peak_counts_and_wait_match_kernel_and_application() {
         );
         return;
     }
-    assert_eq!(
-        (
+    exact
+        .eq(
+            "queued vs the clients' completed handshakes",
             v("backlogd_listen_queued_total"),
+            12,
+        )
+        .eq(
+            "queued - accepted vs Recv-Q",
             v("backlogd_listen_queued_total") - v("backlogd_listen_accepted_total"),
+            queue.recv_q,
+        )
+        .eq(
+            "accept waits vs the application's accept() calls",
             v("backlogd_listen_accept_wait_seconds_count"),
-        ),
-        (12, queue.recv_q, 5),
-        "(queued, queued - accepted, accept waits): backlogd vs the kernel and the application"
-    );
+            5,
+        );
     // Timing, not counting: the sum lies within the sum of the brackets.
     let measured = value(
         &scrape,
@@ -140,15 +157,16 @@ fn slow_acceptor_depth_peak_counts_and_wait_match_kernel_and_application() {
             eprintln!("NOT CHECKED: bucket le={bound} lies inside an application bracket");
             continue;
         }
-        let expected = app_waits.iter().filter(|(_, wh)| *wh <= b).count() as f64;
-        assert_eq!(
-            le(bound),
+        let expected = app_waits.iter().filter(|(_, wh)| *wh <= b).count() as u64;
+        exact.eq(
+            &format!("accept waits at or below {bound} s vs the application's"),
+            le(bound) as u64,
             expected,
-            "accept waits at or below {bound} s; the application measured {app_waits:?}"
         );
         checked += 1;
     }
     assert!(checked >= 4, "too few buckets decidable: {app_waits:?}");
+    exact.verify();
 
     // The JSON API (what `backlogd top` reads) carries the same figures.
     let (status, body) = daemon.get("/api/v1/snapshot");

@@ -10,8 +10,7 @@ use std::{
 };
 
 use backlogd_tests::{
-    Daemon, Netns,
-    daemon::assert_exact_unless_missed,
+    Daemon, Exact, Netns,
     kernel::{ListenCounters, tcp_ext},
     prom::DROP_REASONS,
     sockets::{Listener, connect_burst, kernel_queue},
@@ -115,29 +114,47 @@ fn stalled_member_of_a_four_socket_group_stands_out_and_matches_the_kernel() {
     );
     let stalled = drops(&inodes[0], "accept_queue_full");
     assert!(stalled > 0, "{kernel:?}");
-    for (i, inode) in inodes.iter().enumerate() {
-        let total: u64 = DROP_REASONS.iter().map(|r| drops(inode, r)).sum();
-        let final_ack = drops(inode, "final_ack_overflow");
-        // Per socket: sk_drops counts final-ACK overflows twice (see syn_drops.rs).
-        assert_exact_unless_missed(
-            total + final_ack,
-            queues[i].drops,
-            missed,
-            &format!("member {i} sk_drops"),
-        );
-        if i > 0 {
-            assert_eq!(total, 0, "member {i} is draining its queue");
-        }
-    }
-    // The group aggregate is the namespace's whole story.
     let group = [
         ("netns", ns.inode().to_string()),
         ("port", members[0].addr.port().to_string()),
     ];
     let group: Vec<(&str, &str)> = group.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    assert_eq!(
-        scrape.value("backlogd_listen_group_listeners", &group),
-        Some(4.0)
+    let mut exact = Exact::new(
+        &daemon,
+        format!(
+            "SO_REUSEPORT group {} of 4 members (sockets {inodes:?}) in netns {}",
+            members[0].addr,
+            ns.inode()
+        ),
+    );
+    exact
+        .evidence("kernel TcpExt deltas", kernel)
+        .evidence("sockets (ss)", &queues)
+        .evidence("accepted by the application", accepted_by_app);
+    for (i, inode) in inodes.iter().enumerate() {
+        let by_reason: Vec<(&str, u64)> =
+            DROP_REASONS.iter().map(|r| (*r, drops(inode, r))).collect();
+        let total: u64 = by_reason.iter().map(|(_, n)| n).sum();
+        let final_ack = drops(inode, "final_ack_overflow");
+        exact.evidence(&format!("backlogd member {i} drops"), &by_reason);
+        // Per socket: sk_drops counts final-ACK overflows twice (see syn_drops.rs).
+        exact.eq_unless_missed(
+            &format!("member {i}: drops + final_ack_overflow vs sk_drops"),
+            total + final_ack,
+            queues[i].drops,
+            missed,
+        );
+        if i > 0 {
+            exact.eq(&format!("member {i} (draining) drops"), total, 0);
+        }
+    }
+    // The group aggregate is the namespace's whole story.
+    exact.eq(
+        "group members",
+        scrape
+            .value("backlogd_listen_group_listeners", &group)
+            .unwrap_or(-1.0) as u64,
+        4,
     );
     let group_drops: u64 = DROP_REASONS
         .iter()
@@ -149,16 +166,22 @@ fn stalled_member_of_a_four_socket_group_stands_out_and_matches_the_kernel() {
                 .unwrap() as u64
         })
         .sum();
-    assert_exact_unless_missed(group_drops, kernel.listen_drops, missed, "group drops");
+    exact.eq_unless_missed(
+        "group drops vs ListenDrops",
+        group_drops,
+        kernel.listen_drops,
+        missed,
+    );
     let group_accepted = scrape
         .value("backlogd_listen_group_accepted_total", &group)
         .expect("group accepted") as u64;
-    assert_exact_unless_missed(
+    exact.eq_unless_missed(
+        "group accepted vs accept() calls that returned a connection",
         group_accepted,
         accepted_by_app as u64,
         missed,
-        "group accepted",
     );
+    exact.verify();
 
     // The stalled member closes (its connections are reset): the group's and the
     // process's counters keep what it counted, so they never go down.
