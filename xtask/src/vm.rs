@@ -96,6 +96,8 @@ struct Row {
     failed: u64,
     /// Suites that did not report a result (crashed, timed out, or failed to start).
     broken: Vec<String>,
+    /// Per `suite::test`: (runs that finished, runs that passed).
+    tests: std::collections::BTreeMap<String, (u32, u32)>,
 }
 
 impl Row {
@@ -686,9 +688,14 @@ fn parse_console(kernel: &str, console: &str, modes: &[&str]) -> Vec<Row> {
             passed: 0,
             failed: 0,
             broken: Vec::new(),
+            tests: Default::default(),
         })
         .collect();
     let mut current: Option<(usize, String, bool)> = None; // (row, suite, saw a result)
+    // The run's tests (`test NAME ... `) and the names listed under its last `failures:`.
+    let mut started: Vec<String> = Vec::new();
+    let mut failed: Vec<String> = Vec::new();
+    let mut in_failures = false;
     for line in console.lines() {
         let line = line.trim_end_matches('\r');
         if let Some(rest) = line.split(&format!("{MARK} begin ")).nth(1) {
@@ -697,6 +704,7 @@ fn parse_console(kernel: &str, console: &str, modes: &[&str]) -> Vec<Row> {
                 .iter()
                 .position(|r| r.mode == mode)
                 .map(|i| (i, suite, false));
+            (started, failed, in_failures) = (Vec::new(), Vec::new(), false);
         } else if let Some(rest) = line.split(&format!("{MARK} end ")).nth(1) {
             if let Some((i, suite, saw)) = current.take() {
                 let rc_ok = rest.trim_end().ends_with("rc=0");
@@ -705,12 +713,35 @@ fn parse_console(kernel: &str, console: &str, modes: &[&str]) -> Vec<Row> {
                 }
             }
         } else if let Some(rest) = line.strip_prefix("test result: ")
-            && let Some((i, _, saw)) = current.as_mut()
+            && let Some((i, suite, saw)) = current.as_mut()
         {
             *saw = true;
             let counts = crate::TestCounts::parse(rest);
             rows[*i].passed += counts.passed;
             rows[*i].failed += counts.failed;
+            // Only a run that reached its result line counts, per test.
+            for test in started.drain(..) {
+                let tally = rows[*i]
+                    .tests
+                    .entry(format!("{suite}::{test}"))
+                    .or_default();
+                tally.0 += 1;
+                if !failed.contains(&test) {
+                    tally.1 += 1;
+                }
+            }
+        } else if line == "failures:" {
+            // libtest prints the header twice: before the failures' output and before the
+            // list of their names; the last one wins.
+            (in_failures, failed) = (true, Vec::new());
+        } else if in_failures && let Some(name) = line.strip_prefix("    ") {
+            failed.push(name.trim().to_owned());
+        } else if let Some(rest) = line.strip_prefix("test ")
+            && let Some((name, _)) = rest.split_once(" ... ")
+            && current.is_some()
+        {
+            in_failures = false;
+            started.push(name.to_owned());
         }
     }
     if let Some((i, suite, _)) = current {
@@ -772,6 +803,45 @@ fn render_table(rows: &[Row], suites: &[(&str, Option<&str>)], repeat: u32) -> S
             "{:<14} {:<11} {:>6} {:>6}  {verdict}",
             r.kernel, r.mode, r.passed, r.failed
         );
+    }
+    t.push_str(&per_test_table(rows, repeat));
+    t
+}
+
+/// Passed/finished runs of every test in every kernel x mode cell: all of them when suites
+/// were repeated (flaky-test hunting), else only the tests that failed somewhere.
+fn per_test_table(rows: &[Row], repeat: u32) -> String {
+    let mut tests: Vec<&String> = rows.iter().flat_map(|r| r.tests.keys()).collect();
+    tests.sort();
+    tests.dedup();
+    let flaky = |test: &String| {
+        rows.iter()
+            .any(|r| r.tests.get(test).is_some_and(|(n, ok)| n != ok))
+    };
+    if repeat <= 1 {
+        tests.retain(|t| flaky(t));
+    }
+    if tests.is_empty() {
+        return String::new();
+    }
+    let mut t =
+        String::from("\nper test, passed/finished runs (a failure is a mismatch or an error):\n");
+    let width = tests.iter().map(|n| n.len()).max().unwrap_or(0);
+    let _ = write!(t, "{:<width$}", "test");
+    for r in rows {
+        let _ = write!(t, "  {:>22}", format!("{} {}", r.kernel, r.mode));
+    }
+    t.push('\n');
+    for test in tests {
+        let _ = write!(t, "{test:<width$}");
+        for r in rows {
+            let cell = r
+                .tests
+                .get(test)
+                .map_or("-".to_owned(), |(n, ok)| format!("{ok}/{n}"));
+            let _ = write!(t, "  {cell:>22}");
+        }
+        t.push('\n');
     }
     t
 }
@@ -903,6 +973,53 @@ mod tests {
         assert!(!rows[1].ok() && rows[1].broken.is_empty());
         assert!(!rows[2].ok());
         assert_eq!(rows[2].broken.len(), 1, "{:?}", rows[2].broken);
+    }
+
+    #[test]
+    fn repeated_runs_are_tallied_per_test() {
+        let run = |failing: bool| {
+            format!(
+                "{MARK} begin mode=fentry suite=syn_drops\n\
+                 running 2 tests\n\
+                 test a ... REPORT written by the test\n\
+                 ok\n\
+                 test b ... {}\n\
+                 {}\
+                 test result: {}\n\
+                 {MARK} end mode=fentry suite=syn_drops rc={}\n",
+                if failing { "FAILED" } else { "ok" },
+                if failing {
+                    "\nfailures:\n\n---- b stdout ----\nleft 1\n\nfailures:\n    b\n\n"
+                } else {
+                    ""
+                },
+                if failing {
+                    "FAILED. 1 passed; 1 failed; 0 ignored"
+                } else {
+                    "ok. 2 passed; 0 failed; 0 ignored"
+                },
+                if failing { 101 } else { 0 },
+            )
+        };
+        let console = format!("{}{}{}", run(false), run(true), run(false));
+        let rows = parse_console("k", &console, &["fentry"]);
+        assert_eq!(rows[0].tests["syn_drops::a"], (3, 3));
+        assert_eq!(rows[0].tests["syn_drops::b"], (3, 2));
+        let table = per_test_table(&rows, 3);
+        assert!(
+            table.contains("syn_drops::a") && table.contains("3/3"),
+            "{table}"
+        );
+        assert!(
+            table.contains("syn_drops::b") && table.contains("2/3"),
+            "{table}"
+        );
+        // A single pass lists only what failed.
+        let once = per_test_table(&rows, 1);
+        assert!(
+            !once.contains("syn_drops::a") && once.contains("2/3"),
+            "{once}"
+        );
     }
 
     #[test]
