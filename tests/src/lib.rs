@@ -6,6 +6,7 @@
 
 pub mod daemon;
 pub mod exact;
+pub mod figures;
 pub mod kernel;
 pub mod netns;
 pub mod prom;

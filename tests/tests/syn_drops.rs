@@ -6,96 +6,11 @@
 use std::{net::SocketAddr, time::Duration};
 
 use backlogd_tests::{
-    Daemon, Exact, Netns, Scrape,
+    Daemon, Exact, Netns,
+    figures::{Figures, accept_queue_full_burst},
     kernel::{ListenCounters, tcp_ext},
-    prom::DROP_REASONS,
-    sockets::{KernelQueue, Listener, client_view, connect_burst, fill_accept_queue, kernel_queue},
+    sockets::{Listener, client_view, connect_burst, kernel_queue},
 };
-
-/// backlogd's figures for one listener.
-#[derive(Debug)]
-struct Figures {
-    accept_queue_full: u64,
-    syn_queue_full: u64,
-    final_ack_overflow: u64,
-    other: u64,
-    syncookies: u64,
-    syns: u64,
-    synack_retransmits: u64,
-}
-
-impl Figures {
-    fn of(scrape: &Scrape, l: &Listener) -> Self {
-        let inode = l.inode.to_string();
-        let get = |name: &str, extra: Option<(&str, &str)>| {
-            let mut labels = vec![("socket", inode.as_str())];
-            labels.extend(extra);
-            scrape
-                .value(name, &labels)
-                .unwrap_or_else(|| panic!("no {name} {labels:?} in:\n{}", scrape.text))
-                as u64
-        };
-        let drops = |reason| get("backlogd_listen_drops_total", Some(("reason", reason)));
-        Self {
-            accept_queue_full: drops(DROP_REASONS[0]),
-            syn_queue_full: drops(DROP_REASONS[1]),
-            final_ack_overflow: drops(DROP_REASONS[2]),
-            other: drops(DROP_REASONS[3]),
-            syncookies: get("backlogd_listen_syncookies_sent_total", None),
-            syns: get("backlogd_listen_syns_received_total", None),
-            synack_retransmits: get("backlogd_listen_synack_retransmits_total", None),
-        }
-    }
-
-    fn all_drops(&self) -> u64 {
-        self.accept_queue_full + self.syn_queue_full + self.final_ack_overflow + self.other
-    }
-
-    /// The identities that must hold between backlogd and the namespace's counters for a
-    /// listener alone in its namespace, whatever the scenario. `missed`: runs of
-    /// backlogd's programs the kernel skipped meanwhile (`Daemon::kprobe_skips_since`).
-    fn check(&self, exact: &mut Exact, kernel: &ListenCounters, missed: u64) {
-        exact
-            .evidence("backlogd", self)
-            .evidence("kernel TcpExt deltas", kernel)
-            .eq_unless_missed(
-                "accept_queue_full + final_ack_overflow vs ListenOverflows",
-                self.accept_queue_full + self.final_ack_overflow,
-                kernel.listen_overflows,
-                missed,
-            )
-            .eq_unless_missed(
-                "syn_queue_full vs TCPReqQFullDrop",
-                self.syn_queue_full,
-                kernel.reqq_full_drop,
-                missed,
-            )
-            .eq_unless_missed(
-                "all drops vs ListenDrops",
-                self.all_drops(),
-                kernel.listen_drops,
-                missed,
-            )
-            .eq_unless_missed(
-                "syncookies vs TCPReqQFullDoCookies",
-                self.syncookies,
-                kernel.reqq_full_do_cookies,
-                missed,
-            );
-    }
-
-    /// The socket's own sk_drops, in scenarios where no segment reaches a pending request
-    /// without completing it: it counts a final-ACK overflow twice (tcp_listendrop() in
-    /// syn_recv_sock, then tcp_v4_rcv's discard path; docs/metrics.md).
-    fn check_sk_drops(&self, exact: &mut Exact, queue: &KernelQueue, missed: u64) {
-        exact.evidence("socket (ss)", queue).eq_unless_missed(
-            "all drops + final_ack_overflow vs sk_drops",
-            self.all_drops() + self.final_ack_overflow,
-            queue.drops,
-            missed,
-        );
-    }
-}
 
 /// A daemon, a namespace with the given sysctls, and a listener in it that the daemon
 /// already reports.
@@ -133,56 +48,9 @@ fn target(listener: &Listener, connect_ip: Option<&str>) -> SocketAddr {
 }
 
 fn accept_queue_full(bind: &str, connect_ip: Option<&str>) {
-    // Backlog 4, never accept(): the queue is filled first, one handshake at a time, then a
-    // burst meets a full queue, so every SYN of it is dropped at the SYN and none at the
-    // final ACK. (A burst against an empty queue makes the kernel's split race: once on
-    // Debian 6.1 under qemu, 3 SYNs of the burst got requests before the first final ACKs
-    // filled the queue, and their final ACKs overflowed; backlogd counted 24 + 3, the
-    // kernel's sk_drops agreed, and the old assertion that every overflow was at the SYN
-    // failed.)
     let (daemon, ns, listener) = setup(&[("net.ipv4.tcp_syncookies", "0")], bind, 4);
-    let to = target(&listener, connect_ip);
-    let before = tcp_ext(&ns);
-    let skips = daemon.missed_runs();
-    let mut clients = fill_accept_queue(&ns, &listener, to, 5);
-    clients.extend(connect_burst(&ns, to, 25));
-    // Long enough for the first SYN retransmission (1 s) to be dropped too.
-    std::thread::sleep(Duration::from_millis(1500));
-    let view = client_view(&clients);
-    drop(clients); // no more SYNs: the interval is closed
-    std::thread::sleep(Duration::from_millis(100));
-    let after = tcp_ext(&ns);
-    let kernel = ListenCounters::delta(&before, &after);
-    let queue = kernel_queue(&ns, &listener);
-    let scrape = daemon.scrape();
-    let ours = Figures::of(&scrape, &listener);
-    let missed = daemon.kprobe_skips_since(skips);
-
-    // The scenario did what it is for.
-    assert_eq!(queue.recv_q, 5, "accept queue holds backlog + 1: {queue:?}");
-    assert_eq!((view.connected, view.waiting), (5, 25), "{view:?}");
-    assert!(kernel.listen_overflows >= 25, "{kernel:?}");
-
-    let mut exact = Exact::listener(&daemon, &ns, &listener);
-    exact
-        .evidence("kernel TcpExt before", ListenCounters::of(&before))
-        .evidence("kernel TcpExt after", ListenCounters::of(&after))
-        .evidence("clients", view);
-    ours.check(&mut exact, &kernel, missed);
-    ours.check_sk_drops(&mut exact, &queue, missed);
-    exact
-        .eq_unless_missed(
-            "accept_queue_full vs ListenOverflows",
-            ours.accept_queue_full,
-            kernel.listen_overflows,
-            missed,
-        )
-        .eq_unless_missed(
-            "SYNs received vs SYNs the clients sent",
-            ours.syns,
-            view.syns_sent,
-            missed,
-        );
+    let burst = accept_queue_full_burst(&daemon, &ns, &listener, target(&listener, connect_ip));
+    let mut exact = burst.exact;
     // The namespace's own counters are exported alongside, read at scrape time.
     let now = tcp_ext(&ns);
     let netns = ns.inode().to_string();
@@ -196,9 +64,10 @@ fn accept_queue_full(bind: &str, connect_ip: Option<&str>) {
         ),
         ("backlogd_netns_syn_retransmits_total", "TCPSynRetrans"),
     ] {
-        let exported = scrape
+        let exported = burst
+            .scrape
             .value(metric, &[("netns", &netns)])
-            .unwrap_or_else(|| panic!("no {metric} for netns {netns}:\n{}", scrape.text));
+            .unwrap_or_else(|| panic!("no {metric} for netns {netns}:\n{}", burst.scrape.text));
         exact.eq(&format!("{metric} vs {name}"), exported as u64, now[name]);
     }
     exact.verify();

@@ -12,8 +12,9 @@ use anyhow::{Context as _, Result, bail};
 /// test), `systemd-analyze` (systemd: the unit's verify and security score), `openssl` and
 /// `curl` (the TLS test); for the kernel matrix: qemu, a static busybox, cpio for the initramfs, and kmod
 /// (depmod/modprobe resolve the guest's module dependencies) and xz-utils (Debian's modules
-/// are .ko.xz); `bpftrace` (the benchmark's comparison with a hand-written script); procps
-/// (`pgrep` finds nginx's workers).
+/// are .ko.xz); `bpftrace` (the benchmark's comparison with a hand-written script, and the
+/// stress suite's other tracer); procps (`pgrep` finds nginx's workers); `iperf3` (the
+/// stress suite's background traffic).
 const DEBIAN_PACKAGES: &[&str] = &[
     "iproute2",
     "util-linux",
@@ -34,6 +35,7 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "bpftrace",
     "procps",
     "apache2-utils",
+    "iperf3",
 ];
 
 const BPF_LINKER_VERSION: &str = "0.13.0";

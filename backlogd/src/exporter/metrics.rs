@@ -40,6 +40,26 @@ pub struct KernelMaps {
     pub programs: Vec<ProgramFd>,
 }
 
+impl KernelMaps {
+    /// Keys of the per-listener maps (socket inodes).
+    pub fn keys(&self) -> HashSet<u64> {
+        let stats = self.listener_stats.keys().filter_map(Result::ok);
+        stats
+            .chain(self.listener_queues.keys().filter_map(Result::ok))
+            .collect()
+    }
+
+    /// Removes `inodes` from the per-listener maps; returns how many entries went.
+    pub fn remove(&mut self, inodes: &HashSet<u64>) -> u64 {
+        let mut removed = 0;
+        for ino in inodes {
+            removed += u64::from(self.listener_stats.remove(ino).is_ok());
+            removed += u64::from(self.listener_queues.remove(ino).is_ok());
+        }
+        removed
+    }
+}
+
 /// Runs of `programs` the kernel skipped (`recursion_misses` in their fdinfo); `None` when
 /// this kernel does not report it.
 fn missed_runs(programs: &[ProgramFd]) -> Option<u64> {
@@ -553,6 +573,18 @@ impl Metrics {
             "Per-listener counter updates lost because the kernel map of listeners was full.",
         );
         e.sample("backlogd_listener_stats_full_total", &[], stats_full);
+        e.family(
+            "backlogd_listener_map_orphans_removed_total",
+            Kind::Counter,
+            "Kernel map entries of listeners that were gone, removed by the rescans.",
+        );
+        e.sample(
+            "backlogd_listener_map_orphans_removed_total",
+            &[],
+            self.shared
+                .orphans_removed
+                .load(std::sync::atomic::Ordering::Relaxed),
+        );
         let missed = {
             let maps = self.maps.lock().unwrap_or_else(|e| e.into_inner());
             missed_runs(&maps.programs)

@@ -1,0 +1,368 @@
+//! Exactness on a busy host: the same burst as syn_drops (a full accept queue meeting 25
+//! clients, `figures::accept_queue_full_burst`), while other things happen on the machine
+//! that production hosts also have. Every figure must still equal the kernel's.
+
+use std::{
+    collections::HashSet,
+    io::{BufRead as _, BufReader},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use backlogd_tests::{
+    Daemon, Netns,
+    figures::accept_queue_full_burst,
+    sockets::{Listener, connect_burst, fill_accept_queue},
+    tools,
+};
+
+/// A daemon and a listener (backlog 4, syncookies off, never accepting) it already reports.
+fn burst_target(daemon: &Daemon) -> (Netns, Listener) {
+    let ns = Netns::new();
+    ns.sysctl("net.ipv4.tcp_syncookies", "0");
+    let listener = Listener::open(&ns, "127.0.0.1:0", 4);
+    daemon.wait_for_listener(listener.inode);
+    (ns, listener)
+}
+
+/// Another tracer on the events backlogd uses. A classic-tracepoint program takes the
+/// kernel's global per-CPU recursion guard while it runs: backlogd's tracepoint-mode programs
+/// (raw tracepoints, tp_btf, cgroup_skb) have per-program guards and must not lose a run to
+/// it. (The kprobe and fentry flavours of this test need a kernel with kprobes and
+/// trampolines, which the CI machine lacks, and bpftrace in the qemu guest; they are not
+/// run: see the note of issue 17.)
+#[test]
+fn bursts_stay_exact_while_bpftrace_traces_the_same_events() {
+    const TEST: &str = "bursts_stay_exact_while_bpftrace_traces_the_same_events";
+    if !tools::available(TEST, "bpftrace", &["--version"], "bpftrace") {
+        return;
+    }
+    let daemon = Daemon::start();
+    let (ns, listener) = burst_target(&daemon);
+    let script = "tracepoint:skb:consume_skb, tracepoint:skb:kfree_skb, \
+                  tracepoint:sock:inet_sock_set_state, tracepoint:tcp:tcp_retransmit_synack, \
+                  tracepoint:syscalls:sys_enter_accept4, tracepoint:syscalls:sys_enter_listen \
+                  { @events = count(); }";
+    let tracer = Tracer::start(script);
+    let burst = accept_queue_full_burst(&daemon, &ns, &listener, listener.addr);
+    let events = tracer.stop();
+    // The scenario did what it is for: the other tracer ran through the burst.
+    assert!(
+        events >= 55,
+        "bpftrace counted {events} events during the burst"
+    );
+    let mut exact = burst.exact;
+    exact.evidence("bpftrace events during the burst", events);
+    exact.verify();
+}
+
+/// bpftrace running `script`, attached.
+struct Tracer(Child);
+
+impl Tracer {
+    fn start(script: &str) -> Self {
+        let mut child = Command::new("bpftrace")
+            .args(["-e", script])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("starting bpftrace");
+        // bpftrace prints "Attaching N probes..." once every probe is attached.
+        let mut out = BufReader::new(child.stdout.take().expect("piped"));
+        let mut line = String::new();
+        while out.read_line(&mut line).expect("bpftrace output") > 0 {
+            if line.contains("Attaching") {
+                let mut tracer = Self(child);
+                tracer.0.stdout = Some(out.into_inner());
+                return tracer;
+            }
+            line.clear();
+        }
+        let err = child.wait_with_output().expect("bpftrace exit");
+        panic!(
+            "bpftrace never attached: {}",
+            String::from_utf8_lossy(&err.stderr)
+        );
+    }
+
+    /// SIGINT: bpftrace prints its maps and exits. Returns `@events`.
+    fn stop(self) -> u64 {
+        // SAFETY: kill(2) on our own child.
+        unsafe { libc::kill(self.0.id() as i32, libc::SIGINT) };
+        let out = self.0.wait_with_output().expect("bpftrace exit");
+        let text = String::from_utf8_lossy(&out.stdout);
+        text.lines()
+            .find_map(|l| l.strip_prefix("@events: "))
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no @events in bpftrace's output: {text}"))
+    }
+}
+
+/// Bulk TCP over loopback on both CPUs (iperf3, two streams, in its own namespace) while
+/// the burst runs: segments of other sockets keep every CPU's softirq busy between and
+/// around the burst's.
+#[test]
+fn bursts_stay_exact_under_bulk_background_traffic() {
+    const TEST: &str = "bursts_stay_exact_under_bulk_background_traffic";
+    if !tools::available(TEST, "iperf3", &["--version"], "iperf3") {
+        return;
+    }
+    let daemon = Daemon::start();
+    let (ns, listener) = burst_target(&daemon);
+    let bulk = Netns::new();
+    let spawn = |args: &'static [&'static str]| {
+        bulk.run(move || {
+            Command::new("iperf3")
+                .args(args)
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("starting iperf3")
+        })
+    };
+    let server = spawn(&["-s", "-1", "-B", "127.0.0.1", "-p", "5201"]);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while bulk
+        .command("ss", &["-ltnH", "sport = :5201"])
+        .trim()
+        .is_empty()
+    {
+        assert!(Instant::now() < deadline, "iperf3 server never listened");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let client = spawn(&["-c", "127.0.0.1", "-p", "5201", "-t", "5", "-P", "2", "-J"]);
+    std::thread::sleep(Duration::from_millis(500));
+    let burst = accept_queue_full_burst(&daemon, &ns, &listener, listener.addr);
+    let out = client.wait_with_output().expect("iperf3 client");
+    let _ = server.wait_with_output();
+    assert!(out.status.success(), "iperf3: {out:?}");
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("iperf3 JSON");
+    let bytes = report["end"]["sum_received"]["bytes"]
+        .as_u64()
+        .expect("iperf3 received bytes");
+    // The scenario did what it is for: bulk traffic flowed through the burst (5 s of it,
+    // the burst takes 2).
+    assert!(bytes > 100 << 20, "iperf3 moved only {bytes} bytes");
+    let mut exact = burst.exact;
+    exact.evidence("iperf3 bytes received in 5 s", bytes);
+    exact.verify();
+}
+
+/// While one listener's burst runs: a namespace is deleted while its own listener is
+/// dropping SYNs, and 10,000 listeners are opened, each sent one handshake, and closed
+/// again, 1,000 at a time. Nothing of the gone listeners may remain: no series, no entry in
+/// backlogd's per-listener kernel maps (read with bpftool); and the burst stays exact.
+#[test]
+fn deleted_namespace_and_10k_churned_listeners_leave_nothing_behind() {
+    // 1,000 listeners and their clients at once: more fds than the usual soft limit.
+    raise_fd_limit(4096);
+    let daemon = Daemon::start();
+    let (ns, listener) = burst_target(&daemon);
+
+    let doomed = Netns::new();
+    doomed.sysctl("net.ipv4.tcp_syncookies", "0");
+    let doomed_listener = Listener::open(&doomed, "127.0.0.1:0", 1);
+    daemon.wait_for_listener(doomed_listener.inode);
+    let mut doomed_clients = fill_accept_queue(&doomed, &doomed_listener, doomed_listener.addr, 2);
+    doomed_clients.extend(connect_burst(&doomed, doomed_listener.addr, 20));
+
+    let churn = Netns::new();
+    let mut gone: HashSet<u64> = HashSet::from([doomed_listener.inode]);
+    let burst = std::thread::scope(|s| {
+        let burst = s.spawn(|| accept_queue_full_burst(&daemon, &ns, &listener, listener.addr));
+        let mut doomed = Some((doomed, doomed_listener, doomed_clients));
+        for round in 0..10 {
+            let batch: Vec<Listener> = (0..1000)
+                .map(|_| Listener::open(&churn, "127.0.0.1:0", 8))
+                .collect();
+            let clients: Vec<_> = batch
+                .iter()
+                .flat_map(|l| connect_burst(&churn, l.addr, 1))
+                .collect();
+            gone.extend(batch.iter().map(|l| l.inode));
+            drop(clients);
+            drop(batch);
+            if round == 3 {
+                // The namespace goes while its listener drops: its sockets close with it.
+                drop(doomed.take());
+            }
+        }
+        burst.join().expect("burst thread")
+    });
+    // The namespace's last socket is gone; give the kernel a moment to free it.
+    std::thread::sleep(Duration::from_millis(200));
+
+    // Series of gone listeners disappear (close events; at worst the next rescan).
+    daemon.wait_for("no series of gone listeners", |scrape| {
+        let stale = scrape
+            .text
+            .lines()
+            .filter_map(|l| l.split("socket=\"").nth(1)?.split('"').next())
+            .any(|ino| ino.parse().is_ok_and(|i: u64| gone.contains(&i)));
+        (!stale).then_some(())
+    });
+    let left = inodes_in_maps(daemon.pid(), &["LISTENER_STATS", "LISTENER_QUEUES"]);
+    let stale: Vec<u64> = left.intersection(&gone).copied().collect();
+    assert!(
+        stale.is_empty(),
+        "{} gone listeners still have entries in backlogd's maps (of {} keys): {:?}",
+        stale.len(),
+        left.len(),
+        &stale[..stale.len().min(10)]
+    );
+    let lost = daemon
+        .scrape()
+        .value("backlogd_listener_events_lost_total", &[])
+        .expect("events lost metric");
+    let mut exact = burst.exact;
+    exact
+        .evidence("listeners churned", gone.len())
+        .evidence("lifecycle events lost", lost)
+        .evidence("keys left in the per-listener maps", left.len());
+    exact.verify();
+}
+
+/// `bpftool --json ARGS`.
+fn bpftool(args: &[&str]) -> serde_json::Value {
+    let out = Command::new("bpftool")
+        .arg("--json")
+        .args(args)
+        .output()
+        .expect("running bpftool");
+    assert!(out.status.success(), "bpftool {args:?}: {out:?}");
+    serde_json::from_slice(&out.stdout).expect("bpftool JSON")
+}
+
+/// ID of process `pid`'s map named `name` (the kernel keeps 15 characters of a name).
+fn map_of(pid: u32, name: &str) -> String {
+    let ids: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/fdinfo"))
+        .expect("fdinfo")
+        .flatten()
+        .filter_map(|fd| std::fs::read_to_string(fd.path()).ok())
+        .filter_map(|info| {
+            info.lines()
+                .find_map(|l| l.strip_prefix("map_id:"))
+                .map(|id| id.trim().to_owned())
+        })
+        .collect();
+    ids.into_iter()
+        .find(|id| bpftool(&["map", "show", "id", id])["name"] == name)
+        .unwrap_or_else(|| panic!("process {pid} holds no map {name}"))
+}
+
+/// Socket inodes that are keys of process `pid`'s maps named `names`.
+fn inodes_in_maps(pid: u32, names: &[&str]) -> HashSet<u64> {
+    let mut keys = HashSet::new();
+    for name in names {
+        let id = map_of(pid, name);
+        for entry in bpftool(&["map", "dump", "id", &id])
+            .as_array()
+            .expect("map dump")
+        {
+            keys.insert(key_u64(&entry["key"]));
+        }
+    }
+    keys
+}
+
+/// A u64 key as bpftool prints it: hex bytes (little endian) or a number (with BTF).
+fn key_u64(key: &serde_json::Value) -> u64 {
+    if let Some(n) = key.as_u64() {
+        return n;
+    }
+    let bytes: Vec<u8> = key
+        .as_array()
+        .unwrap_or_else(|| panic!("unexpected key {key}"))
+        .iter()
+        .map(|b| {
+            u8::from_str_radix(b.as_str().expect("hex byte").trim_start_matches("0x"), 16)
+                .expect("hex byte")
+        })
+        .collect();
+    u64::from_le_bytes(bytes.try_into().expect("8-byte key"))
+}
+
+/// Raises this process's soft RLIMIT_NOFILE to at least `want` (within the hard limit).
+fn raise_fd_limit(want: u64) {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit with a valid struct.
+    unsafe {
+        assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim), 0);
+        if lim.rlim_cur < want {
+            assert!(
+                lim.rlim_max >= want,
+                "hard RLIMIT_NOFILE {} < {want}",
+                lim.rlim_max
+            );
+            lim.rlim_cur = want;
+            assert_eq!(libc::setrlimit(libc::RLIMIT_NOFILE, &lim), 0);
+        }
+    }
+}
+
+/// The backstop for the one race the kernel programs cannot close (a listener closing on
+/// one CPU while another settles its first segment): an entry of the per-listener map that
+/// no live listener claims for a whole rescan interval is removed, and counted; entries of
+/// live listeners stay.
+#[test]
+fn map_entries_no_listener_claims_are_removed_after_a_rescan_interval() {
+    let daemon = Daemon::start_with(&["--rescan-interval", "1"]);
+    let ns = Netns::new();
+    let listener = Listener::open(&ns, "127.0.0.1:0", 8);
+    daemon.wait_for_listener(listener.inode);
+    drop(connect_burst(&ns, listener.addr, 1));
+
+    // An entry for an inode no socket has, as a lost race would leave it (bpftool writes
+    // the one value given to every CPU).
+    let id = map_of(daemon.pid(), "LISTENER_STATS");
+    let value_size = bpftool(&["map", "show", "id", &id])["bytes_value"]
+        .as_u64()
+        .expect("bytes_value");
+    let orphan: u64 = 0x00de_ad00_0000_0001;
+    let mut args: Vec<String> = ["map", "update", "id", &id, "key"]
+        .map(String::from)
+        .to_vec();
+    args.extend(orphan.to_le_bytes().iter().map(|b| b.to_string()));
+    args.push("value".into());
+    args.extend(std::iter::repeat_n("0".to_owned(), value_size as usize));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    bpftool(&args);
+    let keys = || inodes_in_maps(daemon.pid(), &["LISTENER_STATS"]);
+    assert!(keys().contains(&orphan), "the injected entry is there");
+
+    let removed = |s: &backlogd_tests::Scrape| {
+        s.value("backlogd_listener_map_orphans_removed_total", &[])
+            .expect("orphans metric") as u64
+    };
+    let start = Instant::now();
+    daemon.wait_for("the orphan entry to be removed", |s| {
+        (!keys().contains(&orphan)).then(|| removed(s))
+    });
+    // Judged at one rescan, removed at the next: at least one interval after injection.
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "took {:?}",
+        start.elapsed()
+    );
+    let scrape = daemon.scrape();
+    assert_eq!(
+        removed(&scrape),
+        1,
+        "exactly the injected entry was removed"
+    );
+    // The live listener's entry stayed through the rescans, with its count.
+    assert!(
+        keys().contains(&listener.inode),
+        "live listener's entry removed"
+    );
+    assert_eq!(
+        scrape.value(
+            "backlogd_listen_syns_received_total",
+            &[("socket", &listener.inode.to_string())]
+        ),
+        Some(1.0)
+    );
+}
