@@ -91,7 +91,9 @@ pub(crate) fn observe_queues(sk: KPtr, ino: u64) -> Result<()> {
                 epoch,
                 observed_ns: now,
             };
-            LISTENER_QUEUES.insert(ino, state, 0)?;
+            if LISTENER_QUEUES.insert(ino, state, 0).is_err() {
+                crate::syn::count_map_full();
+            }
         }
     }
     Ok(())

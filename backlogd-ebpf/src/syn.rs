@@ -301,10 +301,7 @@ pub(crate) fn update(sk: KPtr, ino: u64, f: impl FnOnce(&mut ListenerStats)) {
                 .insert(ino, ListenerStats::default(), 0)
                 .is_err()
             {
-                if let Some(full) = LISTENER_STATS_FULL.get_ptr_mut(0) {
-                    // SAFETY: this CPU's counter.
-                    unsafe { *full += 1 };
-                }
+                count_map_full();
                 return;
             }
             match LISTENER_STATS.get_ptr_mut(ino) {
@@ -315,6 +312,16 @@ pub(crate) fn update(sk: KPtr, ino: u64, f: impl FnOnce(&mut ListenerStats)) {
     };
     // SAFETY: this CPU's copy of the listener's counters; no other CPU writes it.
     f(unsafe { &mut *ptr });
+}
+
+/// An update of a per-listener map that could not create the listener's entry (the map
+/// holds `max_listeners` entries): the daemon exports and logs it.
+#[inline(always)]
+pub(crate) fn count_map_full() {
+    if let Some(full) = LISTENER_STATS_FULL.get_ptr_mut(0) {
+        // SAFETY: this CPU's counter.
+        unsafe { *full += 1 };
+    }
 }
 
 #[btf_tracepoint(function = "consume_skb")]

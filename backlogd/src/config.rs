@@ -52,6 +52,12 @@ pub struct Layer {
     /// [default: none: everything is detached at exit].
     #[arg(long, value_name = "DIR")]
     pub pin_dir: Option<PathBuf>,
+    /// Listeners whose counters the kernel maps can hold at once. A listener beyond it is
+    /// still listed, but its counter updates are lost and counted in
+    /// backlogd_listener_stats_full_total (logged once). Each slot costs about
+    /// 300 bytes per CPU in each of two maps [default: 16384].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=MAX_LISTENERS_LIMIT))]
+    pub max_listeners: Option<u64>,
     /// Log filter. On the command line this is the global `--log` flag (or BACKLOGD_LOG).
     #[arg(skip)]
     pub log: Option<String>,
@@ -103,9 +109,13 @@ pub struct Config {
     pub hook_mode: HookModeArg,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pin_dir: Option<PathBuf>,
+    pub max_listeners: u64,
     pub log: String,
     pub http: HttpConfig,
 }
+
+/// Largest `max_listeners`: 2^20 slots are about 600 MiB of kernel memory per CPU.
+pub const MAX_LISTENERS_LIMIT: u64 = 1 << 20;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct HttpConfig {
@@ -128,6 +138,7 @@ impl Default for Config {
             hwm_window: 60,
             hook_mode: HookModeArg::Auto,
             pin_dir: None,
+            max_listeners: u64::from(backlogd_common::LISTENER_STATS_ENTRIES),
             log: "info".into(),
             http: HttpConfig {
                 web_config_file: None,
@@ -242,6 +253,7 @@ impl Layer {
             "hwm_window" => self.hwm_window.is_some(),
             "hook_mode" => self.hook_mode.is_some(),
             "pin_dir" => self.pin_dir.is_some(),
+            "max_listeners" => self.max_listeners.is_some(),
             "log" => self.log.is_some(),
             "http.web_config_file" => self.http.web_config_file.is_some(),
             "http.max_connections" => self.http.max_connections.is_some(),
@@ -272,6 +284,7 @@ pub fn merge(file: Option<&Layer>, cli: &Layer) -> Config {
         hwm_window: pick!(hwm_window, d.hwm_window),
         hook_mode: pick!(hook_mode, d.hook_mode),
         pin_dir: cli.pin_dir.clone().or_else(|| f.pin_dir.clone()),
+        max_listeners: pick!(max_listeners, d.max_listeners),
         log: pick!(log, d.log),
         http: HttpConfig {
             web_config_file: cli
@@ -301,6 +314,7 @@ fn validate(c: &Config, origin: impl Fn(&str) -> String) -> Result<(), ConfigErr
     let at_least_one = [
         ("rescan_interval", c.rescan_interval),
         ("hwm_window", c.hwm_window),
+        ("max_listeners", c.max_listeners),
         ("http.max_connections", c.http.max_connections),
         ("http.read_header_timeout", c.http.read_header_timeout),
         ("http.idle_timeout", c.http.idle_timeout),
@@ -314,6 +328,13 @@ fn validate(c: &Config, origin: impl Fn(&str) -> String) -> Result<(), ConfigErr
                 "must be at least 1. Fix: set 1 or more",
             ));
         }
+    }
+    if c.max_listeners > MAX_LISTENERS_LIMIT {
+        return Err(invalid(
+            "max_listeners",
+            c.max_listeners.to_string(),
+            &format!("must be at most {MAX_LISTENERS_LIMIT}. Fix: set a smaller value"),
+        ));
     }
     if c.http.max_header_bytes < 8192 {
         return Err(invalid(
@@ -355,6 +376,13 @@ impl Config {
                 new.btf.display().to_string(),
             ));
         }
+        if self.max_listeners != new.max_listeners {
+            out.push((
+                "max_listeners",
+                self.max_listeners.to_string(),
+                new.max_listeners.to_string(),
+            ));
+        }
         if self.pin_dir != new.pin_dir {
             let show = |d: &Option<PathBuf>| {
                 d.as_ref()
@@ -379,6 +407,7 @@ impl Config {
         self.btf = running.btf.clone();
         self.pin_dir = running.pin_dir.clone();
         self.hook_mode = running.hook_mode;
+        self.max_listeners = running.max_listeners;
     }
 }
 

@@ -140,6 +140,8 @@ pub fn run(config: RunConfig) -> anyhow::Result<()> {
         btf: config.config.btf.clone(),
         hook_mode: config.config.hook_mode,
         pin_dir: config.config.pin_dir.clone(),
+        // validate() bounds it by MAX_LISTENERS_LIMIT, far below u32::MAX.
+        max_listeners: u32::try_from(config.config.max_listeners).unwrap_or(u32::MAX),
     })
     .context("cannot start")?;
     release_freed_memory();
@@ -226,6 +228,7 @@ async fn serve(
         maps.clone(),
         windows.clone(),
         heartbeats.clone(),
+        current.max_listeners,
     ));
     let metrics = Metrics::new(
         shared.clone(),
@@ -565,9 +568,11 @@ async fn sample_queues(
     maps: SharedMaps,
     windows: Arc<Mutex<QueueWindows>>,
     heartbeats: Arc<Heartbeats>,
+    max_listeners: u64,
 ) {
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut full_reported = false;
     loop {
         tick.tick().await;
         {
@@ -579,6 +584,16 @@ async fn sample_queues(
                 &mut maps.queue_epoch,
                 std::time::Instant::now(),
             );
+            // Once per run: a full map loses updates continuously while it stays full.
+            if !full_reported && maps.stats_full() > 0 {
+                full_reported = true;
+                tracing::warn!(
+                    max_listeners,
+                    "the kernel maps of listeners are full: counter updates of listeners                      beyond {max_listeners} are lost (counted in \
+                     backlogd_listener_stats_full_total; said once). Fix: raise \
+                     max_listeners (`--max-listeners`) and restart"
+                );
+            }
         }
         heartbeats.sampled();
     }

@@ -49,6 +49,11 @@ impl KernelMaps {
             .collect()
     }
 
+    /// Per-listener updates lost to full maps, summed over CPUs.
+    pub fn stats_full(&self) -> u64 {
+        sum(&self.listener_stats_full, "LISTENER_STATS_FULL")
+    }
+
     /// Removes `inodes` from the per-listener maps; returns how many entries went.
     pub fn remove(&mut self, inodes: &HashSet<u64>) -> u64 {
         let mut removed = 0;
@@ -321,7 +326,7 @@ impl Metrics {
                     .collect();
             (
                 sum(&maps.events_lost, "LISTENER_EVENTS_LOST"),
-                sum(&maps.listener_stats_full, "LISTENER_STATS_FULL"),
+                maps.stats_full(),
                 listener_stats(&maps.listener_stats),
                 queue_states,
             )

@@ -106,6 +106,8 @@ pub struct LoadOptions {
     /// Pin links and maps here and adopt what a previous daemon of this build pinned
     /// (see `pins.rs`); `None` detaches everything when the daemon exits.
     pub pin_dir: Option<PathBuf>,
+    /// Capacity of the per-listener maps (LISTENER_STATS, LISTENER_QUEUES).
+    pub max_listeners: u32,
 }
 
 /// Loaded and attached programs plus the maps userspace reads.
@@ -227,7 +229,12 @@ pub fn load(opts: &LoadOptions) -> Result<Probes, LoadError> {
     warn_if_realtime();
     let kernel = KernelSupport::probe();
     let pins = match &opts.pin_dir {
-        Some(dir) => Some(PinDir::open(dir, pins::build_id(EBPF_OBJECT))?),
+        // The maps' capacity is part of what a pinned state is: a daemon configured for
+        // another one does not adopt it.
+        Some(dir) => Some(PinDir::open(
+            dir,
+            pins::build_id(&[EBPF_OBJECT, &opts.max_listeners.to_le_bytes()].concat()),
+        )?),
         None => None,
     };
     if let Some(pins) = &pins
@@ -266,7 +273,9 @@ pub fn load(opts: &LoadOptions) -> Result<Probes, LoadError> {
     })?;
     loader
         .btf(Some(&kernel_btf))
-        .override_global("OFFSETS", &offsets, true);
+        .override_global("OFFSETS", &offsets, true)
+        .map_max_entries("LISTENER_STATS", opts.max_listeners)
+        .map_max_entries("LISTENER_QUEUES", opts.max_listeners);
 
     let attempts = modes::attempts(opts.hook_mode, mode, kernel);
     let mut attempts = attempts.iter().peekable();
