@@ -54,10 +54,15 @@ const GUEST_SUITES: &[(&str, Option<&str>)] = &[
     ("reuseport", None),
     ("lifecycle", None),
     ("pinning", None),
+    ("capacity", None),
+    ("stress", None),
 ];
 
 /// Host tools the suites run, copied into the guest with their shared libraries.
-const GUEST_TOOLS: &[&str] = &["ip", "ss", "nft", "bpftool", "setpriv"];
+/// (bpftrace and iperf3: the stress suite's other tracer and background traffic.)
+const GUEST_TOOLS: &[&str] = &[
+    "ip", "ss", "nft", "bpftool", "setpriv", "bpftrace", "iperf3",
+];
 
 /// Kernel modules the suites need: nf_tables for `Netns::drop_incoming`, nft_reject_inet
 /// for `Netns::reject_outgoing_synacks`; tcp_diag (and inet_diag) for sock_diag, which
