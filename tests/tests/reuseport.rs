@@ -69,10 +69,11 @@ fn stalled_member_of_a_four_socket_group_stands_out_and_matches_the_kernel() {
     let accepted_by_app: usize = workers.into_iter().map(|w| w.join().unwrap()).sum();
     // The kernel's figures (per socket and per namespace) are read before and after the
     // scrape and only a pair that did not move is compared: the clients closed above can
-    // still send (a FIN answering an overflowed final ACK is retransmitted and overflows
-    // again, +2 sk_drops), so a figure read once may be older than the scrape. A
-    // difference that remains is backlogd's, not the test's timing. (Seen once on 6.1
-    // fentry: backlogd 74 vs sk_drops 72 with the kernel read before the scrape only.)
+    // still send (the FIN of a client whose final ACK overflowed overflows again and is
+    // retransmitted, +2 sk_drops each time: syn_drops.rs proves it), so a figure read once
+    // may be older than the scrape. A difference that remains is backlogd's, not the
+    // test's timing. (Seen once on 6.1 fentry: backlogd 74 vs sk_drops 72 with the kernel
+    // read before the scrape only: one such FIN.)
     let read_kernel = || {
         let queues: Vec<_> = members.iter().map(|m| kernel_queue(&ns, m)).collect();
         (queues, tcp_ext(&ns))

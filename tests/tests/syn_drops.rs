@@ -200,6 +200,76 @@ fn final_ack_overflow_on_dual_stack_listener_from_ipv4_is_counted_the_same() {
     final_ack_overflow("0", "[::]:0", Some("127.0.0.1"));
 }
 
+/// A client whose final ACK overflowed believes it is connected; when it closes, its FIN
+/// reaches the listener's pending request, overflows the still-full accept queue again
+/// (ListenOverflows + 1, and sk_drops + 2 like every final-ACK overflow), and is
+/// retransmitted. So a listener's kernel figures keep moving after its clients are gone:
+/// what made one reuseport run read sk_drops 72 before a scrape that counted 74 (see
+/// reuseport.rs). backlogd counts each such FIN as a final-ACK overflow, exactly.
+#[test]
+fn fins_of_clients_whose_final_ack_overflowed_overflow_again_and_are_counted() {
+    let (daemon, ns, listener) = setup(
+        &[
+            ("net.ipv4.tcp_syncookies", "0"),
+            ("net.ipv4.tcp_abort_on_overflow", "0"),
+        ],
+        "127.0.0.1:0",
+        8,
+    );
+    let before = tcp_ext(&ns);
+    let skips = daemon.missed_runs();
+    // As in final_ack_overflow: 5 queued, then 8 held at the final ACK and released
+    // together by the SYN-ACK retransmission: 4 fit, 4 overflow.
+    let queued = connect_burst(&ns, listener.addr, 5);
+    std::thread::sleep(Duration::from_millis(200));
+    ns.drop_incoming("ack");
+    let held = connect_burst(&ns, listener.addr, 8);
+    std::thread::sleep(Duration::from_millis(200));
+    ns.stop_dropping();
+    std::thread::sleep(Duration::from_millis(1800));
+    let first = (tcp_ext(&ns), kernel_queue(&ns, &listener));
+    let ours_first = Figures::of(&daemon.scrape(), &listener);
+    assert_eq!(first.1.recv_q, 9, "accept queue full");
+
+    // The held clients close: the 4 that overflowed send their FINs to the listener.
+    drop(held);
+    std::thread::sleep(Duration::from_millis(300));
+    // Close the interval: nothing more reaches the listener (FINs, and ACKs answering its
+    // SYN-ACK retransmissions).
+    ns.drop_incoming("fin|ack");
+    ns.drop_incoming("ack");
+    std::thread::sleep(Duration::from_millis(100));
+    let second = (tcp_ext(&ns), kernel_queue(&ns, &listener));
+    let ours = Figures::of(&daemon.scrape(), &listener);
+    drop(queued);
+    let missed = daemon.kprobe_skips_since(skips);
+    let late = ListenCounters::delta(&first.0, &second.0);
+    let late_sk_drops = second.1.drops - first.1.drops;
+
+    // The mechanism: every overflowed client's FIN overflowed again, 2 sk_drops each.
+    assert!(late.listen_overflows >= 4, "late overflows: {late:?}");
+    let mut exact = Exact::listener(&daemon, &ns, &listener);
+    exact
+        .evidence("backlogd when the clients closed", &ours_first)
+        .evidence("socket (ss) when the clients closed", &first.1)
+        .evidence("kernel TcpExt deltas after the clients closed", late)
+        .eq(
+            "sk_drops after the clients closed vs 2 x their ListenOverflows",
+            late_sk_drops,
+            2 * late.listen_overflows,
+        )
+        .eq_unless_missed(
+            "final_ack_overflow after the clients closed vs ListenOverflows",
+            ours.final_ack_overflow - ours_first.final_ack_overflow,
+            late.listen_overflows,
+            missed,
+        );
+    let kernel = ListenCounters::delta(&before, &second.0);
+    ours.check(&mut exact, &kernel, missed);
+    ours.check_sk_drops(&mut exact, &second.1, missed);
+    exact.verify();
+}
+
 /// An ICMP error for a SYN-ACK (a router's host unreachable for a spoofed SYN source)
 /// makes the kernel remove the pending request and count a listen drop outside any
 /// segment (`tcp_req_err`). fentry and kprobe modes hook that function and count the drop
