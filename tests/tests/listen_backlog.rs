@@ -1,7 +1,7 @@
 //! Requested vs granted backlog per listener, checked against the kernel's own view.
 
 use backlogd_tests::{
-    Daemon, Netns, Scrape,
+    Daemon, Exact, Netns, Scrape,
     netns::THREAD_NAME,
     sockets::{Listener, kernel_queue},
 };
@@ -12,6 +12,34 @@ const GRANTED: &str = "backlogd_listen_backlog_granted";
 /// The single series of `metric` for this listener, found by socket inode.
 fn series(scrape: &Scrape, metric: &str, l: &Listener) -> Option<f64> {
     scrape.value(metric, &[("socket", &l.inode.to_string())])
+}
+
+/// backlogd's requested backlog against what the application passed to listen() (`None`:
+/// backlogd cannot know it and must not report one), and its granted backlog against the
+/// kernel's (sock_diag's Send-Q of a listener is `sk_max_ack_backlog`).
+fn check_backlog(daemon: &Daemon, ns: &Netns, l: &Listener, scrape: &Scrape, asked: Option<u64>) {
+    let queue = kernel_queue(ns, l);
+    let mut exact = Exact::listener(daemon, ns, l);
+    exact.evidence("socket (ss)", &queue).eq(
+        "granted backlog vs Send-Q",
+        series(scrape, GRANTED, l).map_or(u64::MAX, |v| v as u64),
+        queue.send_q,
+    );
+    match asked {
+        Some(asked) => exact.eq(
+            "requested backlog vs the application's listen()",
+            series(scrape, REQUESTED, l).map_or(u64::MAX, |v| v as u64),
+            asked,
+        ),
+        None => exact.eq(
+            "requested backlog series (none: listen() predates the daemon)",
+            scrape
+                .find(REQUESTED, &[("socket", &l.inode.to_string())])
+                .len() as u64,
+            0,
+        ),
+    };
+    exact.verify();
 }
 
 #[test]
@@ -48,8 +76,9 @@ fn clamped_backlog_shows_asked_511_granted_128_then_vanishes_on_close() {
     // Exactly that socket: nothing else in this namespace is reported.
     let in_ns = scrape.find(GRANTED, &[("netns", &ns.inode().to_string())]);
     assert_eq!(in_ns.len(), 1, "{in_ns:#?}");
-    // The kernel agrees: sock_diag's Send-Q of a listener is sk_max_ack_backlog.
+    // The kernel agrees.
     assert_eq!(kernel_queue(&ns, &listener).send_q, 128);
+    check_backlog(&daemon, &ns, &listener, &scrape, Some(511));
 
     let inode = listener.inode.to_string();
     drop(listener);
@@ -69,13 +98,12 @@ fn raised_somaxconn_grants_the_full_backlog_on_ipv6() {
     let scrape = daemon.wait_for("the listener's series", |s| {
         series(s, GRANTED, &listener).map(|_| s.clone())
     });
-    assert_eq!(series(&scrape, REQUESTED, &listener), Some(511.0));
     assert_eq!(series(&scrape, GRANTED, &listener), Some(511.0));
     assert_eq!(
         scrape.find(GRANTED, &[("socket", &listener.inode.to_string())])[0].labels["address"],
         "::1"
     );
-    assert_eq!(kernel_queue(&ns, &listener).send_q, 511);
+    check_backlog(&daemon, &ns, &listener, &scrape, Some(511));
 }
 
 #[test]
@@ -93,7 +121,7 @@ fn repeated_listen_updates_requested_and_granted() {
             .and_then(|_| series(s, GRANTED, &listener))
     });
     assert_eq!(granted, 64.0);
-    assert_eq!(kernel_queue(&ns, &listener).send_q, 64);
+    check_backlog(&daemon, &ns, &listener, &daemon.scrape(), Some(64));
 }
 
 #[test]
@@ -118,8 +146,8 @@ fn same_port_in_two_namespaces_is_two_series_with_their_own_clamp() {
         scrape.value(GRANTED, &[port[0], ("netns", large_ns.as_str())]),
         Some(511.0)
     );
-    assert_eq!(kernel_queue(&small, &a).send_q, 100);
-    assert_eq!(kernel_queue(&large, &b).send_q, 511);
+    check_backlog(&daemon, &small, &a, &scrape, Some(511));
+    check_backlog(&daemon, &large, &b, &scrape, Some(511));
 }
 
 #[test]
@@ -140,8 +168,7 @@ fn listener_that_predates_the_daemon_is_found_by_the_startup_scan() {
     assert_eq!(s.labels["port"], listener.addr.port().to_string());
     assert_eq!(s.labels["pid"], std::process::id().to_string());
     // What the application asked for was said before backlogd was there to see it.
-    assert!(scrape.find(REQUESTED, &[("socket", &inode)]).is_empty());
-    assert_eq!(kernel_queue(&ns, &listener).send_q, 128);
+    check_backlog(&daemon, &ns, &listener, &scrape, None);
 
     drop(listener);
     daemon.wait_for("the closed listener's series to disappear", |s| {

@@ -11,7 +11,7 @@ use std::{
 };
 
 use backlogd_tests::{
-    Daemon, Netns, Scrape,
+    Daemon, Exact, Netns, Scrape,
     kernel::{ListenCounters, tcp_ext},
     prom::DROP_REASONS,
     report,
@@ -248,13 +248,18 @@ fn nginx_backlog_511_clamped_by_somaxconn_128_then_fixed() {
     }
     report(&table);
     assert_eq!((before.granted, after.granted), (128.0, 511.0));
+    let mut exact = Exact::new(&daemon, "nginx's listener on port 8080, in two namespaces");
     for r in [&before, &after] {
-        assert_eq!(
-            r.backlogd_drops, r.kernel.listen_drops,
-            "somaxconn {}",
-            r.somaxconn
-        );
+        exact
+            .evidence(&format!("somaxconn {}: kernel", r.somaxconn), r.kernel)
+            .evidence(&format!("somaxconn {}: client", r.somaxconn), &r.client)
+            .eq(
+                &format!("somaxconn {}: drops vs ListenDrops", r.somaxconn),
+                r.backlogd_drops,
+                r.kernel.listen_drops,
+            );
     }
+    exact.verify();
     assert!(
         before.kernel.listen_drops > 0,
         "the clamped run dropped nothing"
@@ -299,9 +304,22 @@ fn nginx_reuseport_four_workers_show_per_socket_and_group_figures() {
         .unwrap() as u64;
     // nginx's count covers both its listeners; port 8081 accepted only the status request.
     let accepted_by_nginx = nginx_accepts(&ns) - 1;
-    assert_eq!(
-        group_accepted, accepted_by_nginx,
-        "group accepted vs nginx's accepts"
+    let mut exact = Exact::new(
+        &daemon,
+        format!("nginx's SO_REUSEPORT group on port 8080 in netns {netns}"),
     );
-    assert_eq!(drops_in(&scrape, &ns), kernel.listen_drops, "{kernel:?}");
+    exact
+        .evidence("kernel TcpExt deltas", kernel)
+        .evidence("client (wrk)", &client)
+        .eq(
+            "group accepted vs nginx's accepts (stub_status)",
+            group_accepted,
+            accepted_by_nginx,
+        )
+        .eq(
+            "drops vs ListenDrops",
+            drops_in(&scrape, &ns),
+            kernel.listen_drops,
+        );
+    exact.verify();
 }
