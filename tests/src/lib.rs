@@ -4,6 +4,7 @@
 //!
 //! Tests panic with context rather than return errors (as aya's own suite does).
 
+pub mod bpf;
 pub mod daemon;
 pub mod exact;
 pub mod figures;

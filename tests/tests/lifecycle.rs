@@ -91,15 +91,7 @@ fn sigkill_leaves_no_program_attached_or_loaded() {
 #[test]
 fn missed_runs_metric_is_the_kernels_recursion_misses() {
     let daemon = Daemon::start();
-    let json = |args: &[&str]| -> serde_json::Value {
-        let out = Command::new("bpftool")
-            .arg("--json")
-            .args(args)
-            .output()
-            .expect("running bpftool");
-        assert!(out.status.success(), "bpftool {args:?}: {out:?}");
-        serde_json::from_slice(&out.stdout).expect("bpftool JSON")
-    };
+    let json = backlogd_tests::bpf::bpftool;
     let ours = programs_of(daemon.pid());
     let mut kernel: Option<u64> = None;
     for prog in json(&["prog", "show"]).as_array().expect("program list") {
