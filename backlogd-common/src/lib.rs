@@ -114,6 +114,15 @@ pub struct SynStash {
 }
 
 /// Segment kinds in a [`SynStash`].
+/// Slots of the LISTENER_STATS_FULL per-CPU array: what a full per-listener map lost.
+pub mod map_full {
+    /// Counter updates (LISTENER_STATS had no room for the listener).
+    pub const STATS: u32 = 0;
+    /// Queue observations (LISTENER_QUEUES had no room for the listener).
+    pub const QUEUES: u32 = 1;
+    pub const COUNT: u32 = 2;
+}
+
 pub mod segment_kind {
     pub const SYN: u32 = 1;
     /// An ACK handled at the listener: the final ACK of a handshake (or a syncookie ACK).

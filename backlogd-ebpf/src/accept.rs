@@ -92,7 +92,7 @@ pub(crate) fn observe_queues(sk: KPtr, ino: u64) -> Result<()> {
                 observed_ns: now,
             };
             if LISTENER_QUEUES.insert(ino, state, 0).is_err() {
-                crate::syn::count_map_full();
+                crate::syn::count_map_full(backlogd_common::map_full::QUEUES);
             }
         }
     }

@@ -33,7 +33,7 @@ use aya_ebpf::{
     programs::{BtfTracePointContext, RawTracePointContext, SkBuffContext},
 };
 use backlogd_common::{
-    LISTENER_STATS_ENTRIES, ListenerStats, SynStash, TCP_LISTEN, mib, segment_kind,
+    LISTENER_STATS_ENTRIES, ListenerStats, SynStash, TCP_LISTEN, map_full, mib, segment_kind,
 };
 
 use crate::kernel::{
@@ -44,9 +44,10 @@ use crate::kernel::{
 pub(crate) static LISTENER_STATS: PerCpuHashMap<u64, ListenerStats> =
     PerCpuHashMap::with_max_entries(LISTENER_STATS_ENTRIES, 0);
 
-/// Updates that found LISTENER_STATS full; the daemon exports and logs it.
+/// Updates that found a per-listener map full, by `map_full` slot; the daemon exports and
+/// logs them.
 #[map]
-static LISTENER_STATS_FULL: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+static LISTENER_STATS_FULL: PerCpuArray<u64> = PerCpuArray::with_max_entries(map_full::COUNT, 0);
 
 #[map]
 static STASH: PerCpuArray<SynStash> = PerCpuArray::with_max_entries(1, 0);
@@ -301,7 +302,7 @@ pub(crate) fn update(sk: KPtr, ino: u64, f: impl FnOnce(&mut ListenerStats)) {
                 .insert(ino, ListenerStats::default(), 0)
                 .is_err()
             {
-                count_map_full();
+                count_map_full(map_full::STATS);
                 return;
             }
             match LISTENER_STATS.get_ptr_mut(ino) {
@@ -315,10 +316,10 @@ pub(crate) fn update(sk: KPtr, ino: u64, f: impl FnOnce(&mut ListenerStats)) {
 }
 
 /// An update of a per-listener map that could not create the listener's entry (the map
-/// holds `max_listeners` entries): the daemon exports and logs it.
+/// holds `max_listeners` entries); `slot`: which map (`map_full`).
 #[inline(always)]
-pub(crate) fn count_map_full() {
-    if let Some(full) = LISTENER_STATS_FULL.get_ptr_mut(0) {
+pub(crate) fn count_map_full(slot: u32) {
+    if let Some(full) = LISTENER_STATS_FULL.get_ptr_mut(slot) {
         // SAFETY: this CPU's counter.
         unsafe { *full += 1 };
     }

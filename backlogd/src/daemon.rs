@@ -585,12 +585,14 @@ async fn sample_queues(
                 std::time::Instant::now(),
             );
             // Once per run: a full map loses updates continuously while it stays full.
-            if !full_reported && maps.stats_full() > 0 {
+            if !full_reported && maps.stats_full() + maps.queues_full() > 0 {
                 full_reported = true;
                 tracing::warn!(
                     max_listeners,
-                    "the kernel maps of listeners are full: counter updates of listeners                      beyond {max_listeners} are lost (counted in \
-                     backlogd_listener_stats_full_total; said once). Fix: raise \
+                    "the kernel maps of listeners are full: counter updates and queue \
+                     observations of listeners beyond {max_listeners} are lost (counted in \
+                     backlogd_listener_stats_full_total and \
+                     backlogd_listener_queue_observations_lost_total; said once). Fix: raise \
                      max_listeners (`--max-listeners`) and restart"
                 );
             }

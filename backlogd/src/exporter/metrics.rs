@@ -12,7 +12,7 @@ use aya::{
     maps::{Array, MapData, PerCpuArray, PerCpuHashMap},
     programs::ProgramFd,
 };
-use backlogd_common::{ACCEPT_WAIT_BUCKETS, ListenerStats, QueueState};
+use backlogd_common::{ACCEPT_WAIT_BUCKETS, ListenerStats, QueueState, map_full};
 use serde::{Deserialize, Serialize};
 
 use super::text::{Exposition, HistogramNames, Kind, LabelSet};
@@ -49,9 +49,22 @@ impl KernelMaps {
             .collect()
     }
 
-    /// Per-listener updates lost to full maps, summed over CPUs.
+    /// Per-listener counter updates lost to a full map, summed over CPUs.
     pub fn stats_full(&self) -> u64 {
-        sum(&self.listener_stats_full, "LISTENER_STATS_FULL")
+        sum_at(
+            &self.listener_stats_full,
+            map_full::STATS,
+            "LISTENER_STATS_FULL",
+        )
+    }
+
+    /// Per-listener queue observations lost to a full map, summed over CPUs.
+    pub fn queues_full(&self) -> u64 {
+        sum_at(
+            &self.listener_stats_full,
+            map_full::QUEUES,
+            "LISTENER_STATS_FULL",
+        )
     }
 
     /// Removes `inodes` from the per-listener maps; returns how many entries went.
@@ -144,7 +157,11 @@ impl Retired {
 }
 
 fn sum(map: &PerCpuArray<MapData, u64>, name: &str) -> u64 {
-    map.get(&0, 0)
+    sum_at(map, 0, name)
+}
+
+fn sum_at(map: &PerCpuArray<MapData, u64>, index: u32, name: &str) -> u64 {
+    map.get(&index, 0)
         .map(|per_cpu| per_cpu.iter().sum())
         .unwrap_or_else(|e| {
             tracing::warn!(error = %e, map = name, "reading map");
@@ -578,6 +595,22 @@ impl Metrics {
             "Per-listener counter updates lost because the kernel map of listeners was full.",
         );
         e.sample("backlogd_listener_stats_full_total", &[], stats_full);
+        let queues_full = self
+            .maps
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .queues_full();
+        e.family(
+            "backlogd_listener_queue_observations_lost_total",
+            Kind::Counter,
+            "Accept/SYN queue observations lost because the kernel map of listeners' queues \
+             was full.",
+        );
+        e.sample(
+            "backlogd_listener_queue_observations_lost_total",
+            &[],
+            queues_full,
+        );
         e.family(
             "backlogd_listener_map_orphans_removed_total",
             Kind::Counter,
