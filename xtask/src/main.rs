@@ -4,6 +4,7 @@
 //! what a fresh machine lacks and is a fast no-op on a prepared one.
 
 mod bench;
+mod debian;
 mod install;
 mod setup;
 mod vm;
@@ -37,7 +38,8 @@ enum Cmd {
     },
     /// Boot Debian kernels under qemu and run the hook-mode suites in each mode.
     Vm {
-        /// Kernels to boot: debian-6.1, debian-6.12 (default: both).
+        /// Kernels to boot: debian-6.1, debian-6.12 (the default), debian-5.10 (bullseye,
+        /// fetched from the same Debian archive; not in the default matrix).
         #[arg(long = "kernel")]
         kernels: Vec<String>,
         /// Hook modes to run: fentry, kprobe, tracepoint (default: all).
