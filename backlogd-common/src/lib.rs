@@ -113,7 +113,6 @@ pub struct SynStash {
     pub mib: [u64; 4],
 }
 
-/// Segment kinds in a [`SynStash`].
 /// Slots of the LISTENER_STATS_FULL per-CPU array: what a full per-listener map lost.
 pub mod map_full {
     /// Counter updates (LISTENER_STATS had no room for the listener).
@@ -123,6 +122,7 @@ pub mod map_full {
     pub const COUNT: u32 = 2;
 }
 
+/// Segment kinds in a [`SynStash`].
 pub mod segment_kind {
     pub const SYN: u32 = 1;
     /// An ACK handled at the listener: the final ACK of a handshake (or a syncookie ACK).
