@@ -53,9 +53,10 @@ pub struct Layer {
     #[arg(long, value_name = "DIR")]
     pub pin_dir: Option<PathBuf>,
     /// Listeners whose counters the kernel maps can hold at once. A listener beyond it is
-    /// still listed, but its counter updates are lost and counted in
-    /// backlogd_listener_stats_full_total (logged once). Each slot costs about
-    /// 300 bytes per CPU in each of two maps [default: 16384].
+    /// still listed, but its counter updates and queue observations are lost and counted
+    /// (backlogd_listener_stats_full_total, backlogd_listener_queue_observations_lost_total;
+    /// logged once). Each slot costs about 300 bytes per CPU, both maps together (a 280-byte
+    /// counter set and a 24-byte queue state) [default: 16384].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=MAX_LISTENERS_LIMIT))]
     pub max_listeners: Option<u64>,
     /// Log filter. On the command line this is the global `--log` flag (or BACKLOGD_LOG).
@@ -114,7 +115,7 @@ pub struct Config {
     pub http: HttpConfig,
 }
 
-/// Largest `max_listeners`: 2^20 slots are about 600 MiB of kernel memory per CPU.
+/// Largest `max_listeners`: 2^20 slots are about 300 MiB of kernel memory per CPU.
 pub const MAX_LISTENERS_LIMIT: u64 = 1 << 20;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

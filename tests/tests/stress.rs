@@ -315,16 +315,10 @@ fn map_entries_no_listener_claims_are_removed_after_a_rescan_interval() {
         s.value("backlogd_listener_map_orphans_removed_total", &[])
             .expect("orphans metric") as u64
     };
-    let start = Instant::now();
+    // Judged at one rescan, removed at the next (wait_for gives up after 10 s: 10 intervals).
     daemon.wait_for("the orphan entry to be removed", |s| {
         (!keys().contains(&orphan)).then(|| removed(s))
     });
-    // Judged at one rescan, removed at the next: at least one interval after injection.
-    assert!(
-        start.elapsed() < Duration::from_secs(5),
-        "took {:?}",
-        start.elapsed()
-    );
     let scrape = daemon.scrape();
     assert_eq!(
         removed(&scrape),

@@ -595,11 +595,11 @@ impl Metrics {
             "Per-listener counter updates lost because the kernel map of listeners was full.",
         );
         e.sample("backlogd_listener_stats_full_total", &[], stats_full);
-        let queues_full = self
-            .maps
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .queues_full();
+        // One look at the maps for both figures read outside `gather`.
+        let (queues_full, missed) = {
+            let maps = self.maps.lock().unwrap_or_else(|e| e.into_inner());
+            (maps.queues_full(), missed_runs(&maps.programs))
+        };
         e.family(
             "backlogd_listener_queue_observations_lost_total",
             Kind::Counter,
@@ -623,10 +623,6 @@ impl Metrics {
                 .orphans_removed
                 .load(std::sync::atomic::Ordering::Relaxed),
         );
-        let missed = {
-            let maps = self.maps.lock().unwrap_or_else(|e| e.into_inner());
-            missed_runs(&maps.programs)
-        };
         if let Some(missed) = missed {
             e.family(
                 "backlogd_probe_missed_runs_total",
