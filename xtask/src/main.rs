@@ -6,6 +6,7 @@
 mod bench;
 mod debian;
 mod install;
+mod modgraph;
 mod setup;
 mod vm;
 
@@ -200,6 +201,7 @@ fn run(cmd: &mut Command) -> Result<()> {
 
 fn lint() -> Result<()> {
     cargo(&["fmt", "--all", "--", "--check"])?;
+    modgraph::check(&workspace_root())?;
     // Host crates and the eBPF crate cannot be linted in one invocation: features would
     // unify across targets.
     cargo(&[
