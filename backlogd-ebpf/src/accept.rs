@@ -24,29 +24,18 @@
 use aya_ebpf::{
     helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns},
     macros::{map, raw_tracepoint, tracepoint},
-    maps::{Array, LruHashMap, PerCpuHashMap},
+    maps::LruHashMap,
     programs::{RawTracePointContext, TracePointContext},
 };
-use backlogd_common::{ACCEPT_WAIT_BUCKETS, LISTENER_STATS_ENTRIES, QueueState};
+use backlogd_common::ACCEPT_WAIT_BUCKETS;
 
 use crate::{
     kernel::{
-        KPtr, Result, is_listener_with_inode, is_tcp_listener, number, offset, socket_inode,
-        socket_of_fd, take_pending, tp_field,
+        KPtr, Result, is_tcp_listener, number, offset, socket_inode, socket_of_fd, take_pending,
+        tp_field,
     },
-    syn::update,
+    listener,
 };
-
-/// Queue depths per listener inode, per CPU.
-#[map]
-pub(crate) static LISTENER_QUEUES: PerCpuHashMap<u64, QueueState> =
-    PerCpuHashMap::with_max_entries(LISTENER_STATS_ENTRIES, 0);
-
-/// Sampling epoch, advanced by the daemon each time it takes the maxima. A CPU's entry
-/// from an older epoch restarts its maxima, so the daemon never writes the entries (a
-/// read-then-reset from userspace would race with the programs and lose a peak).
-#[map]
-static QUEUE_EPOCH: Array<u32> = Array::with_max_entries(1, 0);
 
 /// Enqueue time (ns) of children still on an accept queue, by child `struct sock *`.
 #[map]
@@ -55,49 +44,6 @@ static QUEUED_AT: LruHashMap<u64, u64> = LruHashMap::with_max_entries(65536, 0);
 /// accept() fd parked between syscall entry and exit, by thread (tracepoint mode).
 #[map]
 static PENDING_ACCEPT: LruHashMap<u64, u64> = LruHashMap::with_max_entries(4096, 0);
-
-/// Records the listener's current queue lengths and raises its high-water marks.
-#[inline(always)]
-pub(crate) fn observe_queues(sk: KPtr, ino: u64) -> Result<()> {
-    let accept: u32 = sk.read(offset(|o| &o.sk_ack_backlog))?;
-    let syn: u32 = sk.read(offset(|o| &o.icsk_syn_qlen))?;
-    let epoch = QUEUE_EPOCH.get(0).copied().unwrap_or(0);
-    // SAFETY: the helper takes no arguments.
-    let now = unsafe { bpf_ktime_get_ns() };
-    match LISTENER_QUEUES.get_ptr_mut(ino) {
-        Some(q) => {
-            // SAFETY: this CPU's copy of the entry; no other CPU writes it.
-            let q = unsafe { &mut *q };
-            if q.epoch == epoch {
-                q.accept_hwm = q.accept_hwm.max(accept);
-                q.syn_hwm = q.syn_hwm.max(syn);
-            } else {
-                q.accept_hwm = accept;
-                q.syn_hwm = syn;
-                q.epoch = epoch;
-            }
-            q.accept_depth = accept;
-            q.observed_ns = now;
-        }
-        None => {
-            // As in `syn::update`: no entry for a listener that has closed.
-            if !is_listener_with_inode(sk, ino) {
-                return Ok(());
-            }
-            let state = QueueState {
-                accept_depth: accept,
-                accept_hwm: accept,
-                syn_hwm: syn,
-                epoch,
-                observed_ns: now,
-            };
-            if LISTENER_QUEUES.insert(ino, state, 0).is_err() {
-                crate::syn::count_map_full(backlogd_common::map_full::QUEUES);
-            }
-        }
-    }
-    Ok(())
-}
 
 /// `TP_PROTO(const struct sock *sk)`.
 #[raw_tracepoint(tracepoint = "sk_data_ready")]
@@ -125,8 +71,8 @@ pub(crate) fn enqueued(sk: KPtr, child: Option<KPtr>) -> Result<()> {
         let now = unsafe { bpf_ktime_get_ns() };
         let _ = QUEUED_AT.insert(child.0, now, 0);
     }
-    update(sk, ino, |s| s.queued += 1);
-    observe_queues(sk, ino)
+    listener::update(sk, ino, |s| s.queued += 1);
+    listener::observe_queues(sk, ino)
 }
 
 #[tracepoint]
@@ -192,7 +138,7 @@ pub(crate) fn accepted(listener: KPtr, child: KPtr) -> Result<()> {
     // SAFETY: a plain u64 value.
     let waited = (unsafe { QUEUED_AT.get(child.0) }).map(|&t| now.saturating_sub(t));
     let _ = QUEUED_AT.remove(child.0);
-    update(listener, ino, |s| {
+    listener::update(listener, ino, |s| {
         s.accepted += 1;
         if let Some(ns) = waited {
             s.accept_wait_sum_ns += ns;
@@ -202,7 +148,7 @@ pub(crate) fn accepted(listener: KPtr, child: KPtr) -> Result<()> {
             }
         }
     });
-    observe_queues(listener, ino)
+    listener::observe_queues(listener, ino)
 }
 
 /// Index of the first bucket whose bound (2^i µs) exceeds `us`.

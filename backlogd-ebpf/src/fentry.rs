@@ -23,7 +23,7 @@ use backlogd_common::segment_kind::{ACK, OTHER, SYN};
 
 use crate::{
     accept,
-    kernel::{KPtr, Result, launder},
+    kernel::{KPtr, Result, errno, launder},
     syn,
 };
 
@@ -32,7 +32,11 @@ use crate::{
 #[inline(always)]
 fn arg_ptr(arg: *const u8) -> Result<KPtr> {
     let p = KPtr(launder(arg)?);
-    if p.is_null() { Err(-14) } else { Ok(p) }
+    if p.is_null() {
+        Err(errno::EFAULT)
+    } else {
+        Ok(p)
+    }
 }
 
 /// `int tcp_conn_request(rsk_ops, af_ops, struct sock *sk, struct sk_buff *skb)`

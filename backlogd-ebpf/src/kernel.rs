@@ -51,6 +51,16 @@ static OFFSETS: KernelOffsets = KernelOffsets {
 /// Errors are the helpers' negative errno values; programs only ever drop them.
 pub type Result<T> = core::result::Result<T, i32>;
 
+/// The errno values programs report themselves, as the helpers would (negated).
+pub mod errno {
+    /// A map slot that should always exist was not there.
+    pub const ENOENT: i32 = -2;
+    /// A null or unreadable kernel pointer.
+    pub const EFAULT: i32 = -14;
+    /// Input the program does not handle.
+    pub const EINVAL: i32 = -22;
+}
+
 /// Reads one offset. Volatile so LLVM cannot fold the object file's zeros into the code.
 #[inline(always)]
 pub fn offset(select: fn(&KernelOffsets) -> &u32) -> usize {
@@ -86,7 +96,11 @@ impl KPtr {
     #[inline(always)]
     pub fn deref(self, off: usize) -> Result<KPtr> {
         let p = KPtr(self.read::<u64>(off)?);
-        if p.is_null() { Err(-14) } else { Ok(p) }
+        if p.is_null() {
+            Err(errno::EFAULT)
+        } else {
+            Ok(p)
+        }
     }
 }
 
@@ -174,7 +188,7 @@ static CPU_AREA_OFFSET: aya_ebpf::maps::PerCpuArray<u64> =
 /// this for privileged (CAP_PERFMON) loaders, which backlogd requires anyway.
 #[inline(always)]
 pub fn launder(p: *const u8) -> Result<u64> {
-    let slot = LAUNDER.get_ptr_mut(0).ok_or(-2)?;
+    let slot = LAUNDER.get_ptr_mut(0).ok_or(errno::ENOENT)?;
     // SAFETY: `slot` is this CPU's element of LAUNDER; volatile keeps LLVM from forwarding
     // the pointer register past the store.
     unsafe {
@@ -188,13 +202,13 @@ pub fn launder(p: *const u8) -> Result<u64> {
 /// (such as a netns's MIB counters) for this CPU lives at `percpu_ptr + offset`.
 #[inline(always)]
 pub fn cpu_area_offset() -> Result<u64> {
-    let cached = CPU_AREA_OFFSET.get_ptr_mut(0).ok_or(-2)?;
+    let cached = CPU_AREA_OFFSET.get_ptr_mut(0).ok_or(errno::ENOENT)?;
     // SAFETY: this CPU's element; programs do not migrate mid-run.
     let known = unsafe { *cached };
     if known != 0 {
         return Ok(known);
     }
-    let this_cpu = LAUNDER.get_ptr_mut(1).ok_or(-2)?;
+    let this_cpu = LAUNDER.get_ptr_mut(1).ok_or(errno::ENOENT)?;
     let this_cpu_addr = launder(this_cpu.cast::<u8>())?;
     let map_addr = launder(core::ptr::addr_of!(LAUNDER).cast::<u8>())?;
     // bpf_array.pptrs[1]: the per-CPU pointer of element 1.

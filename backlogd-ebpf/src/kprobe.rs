@@ -26,7 +26,7 @@ use backlogd_common::segment_kind::{ACK, OTHER, SYN};
 
 use crate::{
     accept,
-    kernel::{KPtr, Result},
+    kernel::{KPtr, Result, errno},
     syn,
 };
 
@@ -38,7 +38,7 @@ static QUEUE_ADD: PerCpuArray<[u64; 2]> = PerCpuArray::with_max_entries(1, 0);
 fn arg(ctx: &ProbeContext, n: usize) -> Result<u64> {
     match ctx.arg::<u64>(n) {
         Some(v) if v != 0 => Ok(v),
-        _ => Err(-14),
+        _ => Err(errno::EFAULT),
     }
 }
 
@@ -106,7 +106,7 @@ pub fn reqsk_queue_add_kretprobe(ctx: RetProbeContext) -> u32 {
 }
 
 fn try_reqsk_queue_add_ret(ctx: &RetProbeContext) -> Result<()> {
-    let slot = QUEUE_ADD.get_ptr_mut(0).ok_or(-2)?;
+    let slot = QUEUE_ADD.get_ptr_mut(0).ok_or(errno::ENOENT)?;
     // SAFETY: this CPU's element.
     let [sk, child] = unsafe { core::mem::take(&mut *slot) };
     let ret: u64 = ctx.ret();

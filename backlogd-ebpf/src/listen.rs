@@ -144,9 +144,7 @@ fn listener_closed(sk: KPtr) -> Result<()> {
         .deref(offset(|o| &o.sk_socket))
         .and_then(|socket| socket.read(offset(|o| &o.socket_ino)))
         .unwrap_or(0);
-    // A closed listener's counters go with it: the map stays bounded by live listeners.
-    let _ = crate::syn::LISTENER_STATS.remove(ino);
-    let _ = crate::accept::LISTENER_QUEUES.remove(ino);
+    crate::listener::forget(ino);
     emit(&ListenerEvent {
         kind: event_kind::CLOSE,
         sk: sk.0,

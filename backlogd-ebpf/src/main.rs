@@ -4,6 +4,8 @@
 //! - [`accept`]: the accept queue: queued, accepted, accept wait, queue depths.
 //! - [`fentry`], [`kprobe`]: the SYN-path and accept-queue figures from function hooks,
 //!   for kernels that allow them; [`syn`] and [`accept`] hold the shared accounting.
+//! - [`listener`]: the per-listener maps the daemon reads (counters, queue depths) and
+//!   their updates; [`syn`] and [`accept`] write through it.
 //! - [`listen`]: listener lifecycle: `listen(2)` (requested vs granted backlog, owner,
 //!   netns, address) and listeners leaving the LISTEN state.
 //!
@@ -17,6 +19,7 @@ mod fentry;
 mod kernel;
 mod kprobe;
 mod listen;
+mod listener;
 mod syn;
 
 #[cfg(not(test))]

@@ -29,25 +29,15 @@ use aya_ebpf::{
     bindings::__sk_buff,
     helpers::bpf_skb_load_bytes,
     macros::{btf_tracepoint, cgroup_skb, map, raw_tracepoint},
-    maps::{PerCpuArray, PerCpuHashMap},
+    maps::PerCpuArray,
     programs::{BtfTracePointContext, RawTracePointContext, SkBuffContext},
 };
-use backlogd_common::{
-    LISTENER_STATS_ENTRIES, ListenerStats, SynStash, TCP_LISTEN, map_full, mib, segment_kind,
+use backlogd_common::{SynStash, TCP_LISTEN, mib, segment_kind};
+
+use crate::{
+    kernel::{KPtr, Result, cpu_area_offset, errno, launder, offset, offset_at, socket_inode},
+    listener,
 };
-
-use crate::kernel::{
-    KPtr, Result, cpu_area_offset, is_listener_with_inode, launder, offset, offset_at, socket_inode,
-};
-
-#[map]
-pub(crate) static LISTENER_STATS: PerCpuHashMap<u64, ListenerStats> =
-    PerCpuHashMap::with_max_entries(LISTENER_STATS_ENTRIES, 0);
-
-/// Updates that found a per-listener map full, by `map_full` slot; the daemon exports and
-/// logs them.
-#[map]
-static LISTENER_STATS_FULL: PerCpuArray<u64> = PerCpuArray::with_max_entries(map_full::COUNT, 0);
 
 #[map]
 static STASH: PerCpuArray<SynStash> = PerCpuArray::with_max_entries(1, 0);
@@ -79,7 +69,7 @@ fn try_listener_ingress(ctx: &SkBuffContext) -> Result<()> {
     if state != TCP_LISTEN {
         return Ok(());
     }
-    let slot = STASH.get_ptr_mut(0).ok_or(-2)?;
+    let slot = STASH.get_ptr_mut(0).ok_or(errno::ENOENT)?;
     // The previous segment on this CPU is finished: settle it before anything here can
     // return early, or this segment's counter deltas would land on it. Ingress runs in
     // softirq, so none of our release hooks can interleave with it on this CPU.
@@ -118,12 +108,12 @@ fn try_listener_ingress(ctx: &SkBuffContext) -> Result<()> {
 /// next ingress accept() may already have drained the peak.
 #[inline(always)]
 pub(crate) fn handshake_completed() -> Result<()> {
-    let slot = STASH.get_ptr_mut(0).ok_or(-2)?;
+    let slot = STASH.get_ptr_mut(0).ok_or(errno::ENOENT)?;
     // SAFETY: this CPU's element of STASH; the state change runs inside the window's
     // softirq, which ingress cannot interrupt.
     let stash = unsafe { &*slot };
     if stash.skb != 0 && stash.kind == segment_kind::ACK {
-        crate::accept::observe_queues(KPtr(stash.sk), stash.ino)?;
+        listener::observe_queues(KPtr(stash.sk), stash.ino)?;
     }
     Ok(())
 }
@@ -190,7 +180,7 @@ pub(crate) fn call_exit(kind: u32, ret: u64) -> Result<()> {
 pub(crate) fn request_error_enter(req: KPtr) -> Result<()> {
     let listener = req.deref(offset(|o| &o.request_sock_listener))?;
     if listener.is_null() {
-        return Err(-14);
+        return Err(errno::EFAULT);
     }
     call_enter(listener, req.0, segment_kind::OTHER)
 }
@@ -217,14 +207,16 @@ pub(crate) fn pending_request_segment(sk: KPtr, skb: KPtr) -> Result<()> {
     let transport: u16 = skb.read(offset(|o| &o.skb_transport_header))?;
     let flags: u8 = KPtr(head).read(usize::from(transport) + 13)?;
     if flags & (TCP_FLAG_SYN | TCP_FLAG_ACK | TCP_FLAG_RST) == TCP_FLAG_SYN {
-        update(sk, socket_inode(sk)?, |s| s.syns += 1);
+        listener::update(sk, socket_inode(sk)?, |s| s.syns += 1);
     }
     Ok(())
 }
 
 #[inline(always)]
 fn call_slot(kind: u32) -> Result<*mut SynStash> {
-    CALL_STASH.get_ptr_mut(kind.wrapping_sub(1)).ok_or(-2)
+    CALL_STASH
+        .get_ptr_mut(kind.wrapping_sub(1))
+        .ok_or(errno::ENOENT)
 }
 
 /// A window on listener `sk` (inode `ino`) processing `skb`: this CPU's MIB counters now.
@@ -255,7 +247,7 @@ fn tcp_flags(ctx: &SkBuffContext) -> Result<u8> {
     let tcp = match first >> 4 {
         4 => u32::from(first & 0x0f) * 4,
         6 if load_u8(ctx, 6)? == IPPROTO_TCP => 40,
-        _ => return Err(-22), // IPv6 extension headers: not worth parsing for a listener
+        _ => return Err(errno::EINVAL), // IPv6 extension headers: not worth parsing for a listener
     };
     load_u8(ctx, tcp + 13)
 }
@@ -287,44 +279,6 @@ fn read_mib(net: KPtr, out: &mut [u64; mib::COUNT]) -> Result<()> {
     Ok(())
 }
 
-#[inline(always)]
-pub(crate) fn update(sk: KPtr, ino: u64, f: impl FnOnce(&mut ListenerStats)) {
-    let ptr = match LISTENER_STATS.get_ptr_mut(ino) {
-        Some(p) => p,
-        None => {
-            // A window settled after its listener closed (on another CPU, or at a later
-            // ingress) must not re-create the entry the close removed: nothing would
-            // ever remove it again.
-            if !is_listener_with_inode(sk, ino) {
-                return;
-            }
-            if LISTENER_STATS
-                .insert(ino, ListenerStats::default(), 0)
-                .is_err()
-            {
-                count_map_full(map_full::STATS);
-                return;
-            }
-            match LISTENER_STATS.get_ptr_mut(ino) {
-                Some(p) => p,
-                None => return,
-            }
-        }
-    };
-    // SAFETY: this CPU's copy of the listener's counters; no other CPU writes it.
-    f(unsafe { &mut *ptr });
-}
-
-/// An update of a per-listener map that could not create the listener's entry (the map
-/// holds `max_listeners` entries); `slot`: which map (`map_full`).
-#[inline(always)]
-pub(crate) fn count_map_full(slot: u32) {
-    if let Some(full) = LISTENER_STATS_FULL.get_ptr_mut(slot) {
-        // SAFETY: this CPU's counter.
-        unsafe { *full += 1 };
-    }
-}
-
 #[btf_tracepoint(function = "consume_skb")]
 pub fn syn_consumed(ctx: BtfTracePointContext) -> i32 {
     let _ = released(ctx.arg::<u64>(0));
@@ -340,7 +294,7 @@ pub fn syn_freed(ctx: BtfTracePointContext) -> i32 {
 /// An skb was released: if it is the stashed one, take the stash and settle it.
 #[inline(always)]
 fn released(skb: u64) -> Result<()> {
-    let slot = STASH.get_ptr_mut(0).ok_or(-2)?;
+    let slot = STASH.get_ptr_mut(0).ok_or(errno::ENOENT)?;
     // SAFETY: this CPU's element of STASH.
     let stash = unsafe { &mut *slot };
     if skb == 0 || stash.skb != skb {
@@ -370,13 +324,13 @@ fn settle(stash: &SynStash) -> Result<()> {
     // segment changed neither queue (whatever filled them was observed when it was
     // processed, and accept() observes them too), so a flood of drops skips this.
     if drops | overflows | qfull == 0 {
-        let _ = crate::accept::observe_queues(KPtr(stash.sk), stash.ino);
+        let _ = listener::observe_queues(KPtr(stash.sk), stash.ino);
     }
     let kind = stash.kind;
     if kind != segment_kind::SYN && overflows | drops | qfull | cookies == 0 {
         return Ok(());
     }
-    update(KPtr(stash.sk), stash.ino, |s| {
+    listener::update(KPtr(stash.sk), stash.ino, |s| {
         if kind == segment_kind::SYN {
             s.syns += 1;
         }
@@ -410,9 +364,9 @@ pub fn synack_retransmit(ctx: RawTracePointContext) -> u32 {
 
 fn try_synack_retransmit(sk: KPtr) -> Result<()> {
     if sk.is_null() {
-        return Err(-14);
+        return Err(errno::EFAULT);
     }
     let ino = socket_inode(sk)?;
-    update(sk, ino, |s| s.synack_retransmits += 1);
+    listener::update(sk, ino, |s| s.synack_retransmits += 1);
     Ok(())
 }

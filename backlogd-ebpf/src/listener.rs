@@ -1,0 +1,123 @@
+//! Per-listener state the daemon reads: counters (`LISTENER_STATS`), queue depths and
+//! high-water marks (`LISTENER_QUEUES`), and the updates lost to a full map. The SYN path
+//! ([`crate::syn`]) and the accept queue ([`crate::accept`]) both write here; neither
+//! touches the other's maps.
+
+use aya_ebpf::{
+    helpers::bpf_ktime_get_ns,
+    macros::map,
+    maps::{Array, PerCpuArray, PerCpuHashMap},
+};
+use backlogd_common::{LISTENER_STATS_ENTRIES, ListenerStats, QueueState, map_full};
+
+use crate::kernel::{KPtr, Result, is_listener_with_inode, offset};
+
+#[map]
+static LISTENER_STATS: PerCpuHashMap<u64, ListenerStats> =
+    PerCpuHashMap::with_max_entries(LISTENER_STATS_ENTRIES, 0);
+
+/// Updates that found a per-listener map full, by `map_full` slot; the daemon exports and
+/// logs them.
+#[map]
+static LISTENER_STATS_FULL: PerCpuArray<u64> = PerCpuArray::with_max_entries(map_full::COUNT, 0);
+
+/// Queue depths per listener inode, per CPU.
+#[map]
+static LISTENER_QUEUES: PerCpuHashMap<u64, QueueState> =
+    PerCpuHashMap::with_max_entries(LISTENER_STATS_ENTRIES, 0);
+
+/// Sampling epoch, advanced by the daemon each time it takes the maxima. A CPU's entry
+/// from an older epoch restarts its maxima, so the daemon never writes the entries (a
+/// read-then-reset from userspace would race with the programs and lose a peak).
+#[map]
+static QUEUE_EPOCH: Array<u32> = Array::with_max_entries(1, 0);
+
+/// Applies `f` to this CPU's counters of listener `ino` (socket `sk`), creating the entry
+/// on the listener's first event.
+#[inline(always)]
+pub(crate) fn update(sk: KPtr, ino: u64, f: impl FnOnce(&mut ListenerStats)) {
+    let ptr = match LISTENER_STATS.get_ptr_mut(ino) {
+        Some(p) => p,
+        None => {
+            // A window settled after its listener closed (on another CPU, or at a later
+            // ingress) must not re-create the entry the close removed: nothing would
+            // ever remove it again.
+            if !is_listener_with_inode(sk, ino) {
+                return;
+            }
+            if LISTENER_STATS
+                .insert(ino, ListenerStats::default(), 0)
+                .is_err()
+            {
+                count_map_full(map_full::STATS);
+                return;
+            }
+            match LISTENER_STATS.get_ptr_mut(ino) {
+                Some(p) => p,
+                None => return,
+            }
+        }
+    };
+    // SAFETY: this CPU's copy of the listener's counters; no other CPU writes it.
+    f(unsafe { &mut *ptr });
+}
+
+/// An update of a per-listener map that could not create the listener's entry (the map
+/// holds `max_listeners` entries); `slot`: which map (`map_full`).
+#[inline(always)]
+fn count_map_full(slot: u32) {
+    if let Some(full) = LISTENER_STATS_FULL.get_ptr_mut(slot) {
+        // SAFETY: this CPU's counter.
+        unsafe { *full += 1 };
+    }
+}
+
+/// Records the listener's current queue lengths and raises its high-water marks.
+#[inline(always)]
+pub(crate) fn observe_queues(sk: KPtr, ino: u64) -> Result<()> {
+    let accept: u32 = sk.read(offset(|o| &o.sk_ack_backlog))?;
+    let syn: u32 = sk.read(offset(|o| &o.icsk_syn_qlen))?;
+    let epoch = QUEUE_EPOCH.get(0).copied().unwrap_or(0);
+    // SAFETY: the helper takes no arguments.
+    let now = unsafe { bpf_ktime_get_ns() };
+    match LISTENER_QUEUES.get_ptr_mut(ino) {
+        Some(q) => {
+            // SAFETY: this CPU's copy of the entry; no other CPU writes it.
+            let q = unsafe { &mut *q };
+            if q.epoch == epoch {
+                q.accept_hwm = q.accept_hwm.max(accept);
+                q.syn_hwm = q.syn_hwm.max(syn);
+            } else {
+                q.accept_hwm = accept;
+                q.syn_hwm = syn;
+                q.epoch = epoch;
+            }
+            q.accept_depth = accept;
+            q.observed_ns = now;
+        }
+        None => {
+            // As in `update`: no entry for a listener that has closed.
+            if !is_listener_with_inode(sk, ino) {
+                return Ok(());
+            }
+            let state = QueueState {
+                accept_depth: accept,
+                accept_hwm: accept,
+                syn_hwm: syn,
+                epoch,
+                observed_ns: now,
+            };
+            if LISTENER_QUEUES.insert(ino, state, 0).is_err() {
+                count_map_full(map_full::QUEUES);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A closed listener's entries go with it: the maps stay bounded by live listeners.
+#[inline(always)]
+pub(crate) fn forget(ino: u64) {
+    let _ = LISTENER_STATS.remove(ino);
+    let _ = LISTENER_QUEUES.remove(ino);
+}
