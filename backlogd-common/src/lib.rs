@@ -4,6 +4,8 @@
 //! padding, integers only (no `bool`, `Option` or enums with data).
 #![no_std]
 
+pub mod names;
+
 /// `TCP_LISTEN` from `include/net/tcp_states.h`; part of the tracepoint ABI.
 pub const TCP_LISTEN: u32 = 10;
 pub const IPPROTO_TCP: u16 = 6;
@@ -16,8 +18,9 @@ pub const PENDING_LISTEN_ENTRIES: u32 = 4096;
 /// `listen()`/close), so 256 KiB holds thousands of them between two reads.
 pub const LISTENER_EVENTS_BYTES: u32 = 256 * 1024;
 
-/// Listeners whose SYN-path counters can be kept at once; a full map is counted in
-/// `SYN_STATS_FULL` and logged by the daemon.
+/// Default capacity of the per-listener maps (the daemon's `max_listeners` sets it at
+/// load time); an update that finds a map full is counted in `LISTENER_STATS_FULL` and
+/// logged by the daemon.
 pub const LISTENER_STATS_ENTRIES: u32 = 16384;
 
 /// Per-listener SYN-path counters, keyed by socket inode; one copy per CPU (the daemon

@@ -8,7 +8,7 @@ use base64::Engine as _;
 use clap::Args;
 use ureq::tls::{PemItem, RootCerts, TlsConfig, TlsProvider};
 
-use crate::exporter::metrics::Snapshot;
+use crate::api::Snapshot;
 
 /// CA bundles of the common distributions, tried in order when no `--ca-file` is given.
 const SYSTEM_CA_BUNDLES: &[&str] = &[

@@ -1,9 +1,9 @@
 //! `backlogd run`: load the probes, follow the kernel's events, serve what they say.
 
 use std::{
-    collections::{HashMap, HashSet},
+    collections::HashSet,
     net::SocketAddr,
-    sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard},
+    sync::{Arc, Mutex},
     time::Duration,
 };
 
@@ -18,95 +18,17 @@ use tokio::{
 use crate::{
     config::{self, Config},
     exporter::{
+        figures::Metrics,
         http,
-        metrics::{KernelMaps, Metrics, SharedMaps},
         server::{self, HttpSettings},
     },
-    listeners::ListenerTable,
+    kernel_maps::SharedMaps,
     loader::{self, LoadOptions},
     queues::QueueWindows,
     sampling::{self, tcpext},
     service::{self, health::Heartbeats, notify},
+    state::Shared,
 };
-
-/// State the event loop writes and the exporters read.
-#[derive(Debug, Default)]
-pub struct Shared {
-    listeners: RwLock<ListenerTable>,
-    /// How to read each network namespace's TcpExt counters, by netns inode.
-    netns_sources: Mutex<HashMap<u32, tcpext::Source>>,
-    /// Listen sysctls by netns inode, as of the last scan (or the first API request that
-    /// needed a namespace the scan had not seen).
-    netns_sysctls: Mutex<HashMap<u32, tcpext::ListenSysctls>>,
-    /// Kernel map entries of gone listeners removed by the rescans (see `remove_orphans`).
-    pub orphans_removed: std::sync::atomic::AtomicU64,
-}
-
-impl Shared {
-    /// The table, read-locked. Never hold one guard while taking another on the same
-    /// thread: std's RwLock deadlocks then if a writer is waiting in between.
-    pub fn listeners(&self) -> RwLockReadGuard<'_, ListenerTable> {
-        // A panic while holding the lock cannot leave the table half-updated (apply is a
-        // single insert/remove), so a poisoned lock is still good to read.
-        self.listeners.read().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn write_listeners(&self) -> RwLockWriteGuard<'_, ListenerTable> {
-        self.listeners.write().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// TcpExt counters of every namespace that has listeners. A namespace whose known
-    /// source no longer leads to it is skipped until the next scan finds another.
-    pub fn netns_counters(&self) -> Vec<(u32, HashMap<String, u64>)> {
-        let wanted: HashSet<u32> = self.listeners().iter().map(|l| l.netns).collect();
-        let sources = self.netns_sources.lock().unwrap_or_else(|e| e.into_inner());
-        let mut out: Vec<(u32, HashMap<String, u64>)> = wanted
-            .into_iter()
-            .filter_map(|ns| Some((ns, sources.get(&ns)?.read(ns)?)))
-            .collect();
-        out.sort_by_key(|(ns, _)| *ns);
-        out
-    }
-
-    /// Listen sysctls of every namespace that has listeners, as of the last scan (they
-    /// change rarely; reading them means joining each namespace).
-    pub fn netns_sysctls(&self) -> Vec<(u32, tcpext::ListenSysctls)> {
-        let wanted: HashSet<u32> = self.listeners().iter().map(|l| l.netns).collect();
-        let mut known = self.netns_sysctls.lock().unwrap_or_else(|e| e.into_inner());
-        let missing: Vec<u32> = wanted
-            .iter()
-            .copied()
-            .filter(|ns| !known.contains_key(ns))
-            .collect();
-        if !missing.is_empty() {
-            let sources = self.netns_sources.lock().unwrap_or_else(|e| e.into_inner());
-            for ns in missing {
-                if let Some(s) = sources.get(&ns).and_then(|source| source.sysctls(ns)) {
-                    known.insert(ns, s);
-                }
-            }
-        }
-        let mut out: Vec<(u32, tcpext::ListenSysctls)> = wanted
-            .into_iter()
-            .filter_map(|ns| Some((ns, *known.get(&ns)?)))
-            .collect();
-        out.sort_by_key(|(ns, _)| *ns);
-        out
-    }
-
-    /// A listen() in `netns`, by a task there. Its cached sysctls are dropped: namespace
-    /// inode numbers are reused, so they may be a gone namespace's (read again on demand).
-    fn note_netns(&self, netns: u32, source: tcpext::Source) {
-        self.netns_sources
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(netns, source);
-        self.netns_sysctls
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&netns);
-    }
-}
 
 pub struct RunConfig {
     /// Told the bound address once the probes are attached and the socket is serving.
@@ -206,14 +128,7 @@ async fn serve(
     // first scan the table also holds what was listening before we started.
     rescan(&shared).await;
     let heartbeats = Arc::new(Heartbeats::new());
-    let maps = Arc::new(Mutex::new(KernelMaps {
-        events_lost: probes.listener_events_lost,
-        listener_stats: probes.listener_stats,
-        listener_stats_full: probes.listener_stats_full,
-        listener_queues: probes.listener_queues,
-        queue_epoch: probes.queue_epoch,
-        programs: probes.programs,
-    }));
+    let maps = Arc::new(Mutex::new(probes.maps));
     let rescans = tokio::spawn(rescan_periodically(
         shared.clone(),
         maps.clone(),
@@ -517,25 +432,7 @@ async fn rescan(shared: &Arc<Shared>) {
         tracing::warn!("sock_diag scan panicked");
         return;
     };
-    {
-        // Scan results replace older sources; sources noted from events for namespaces
-        // the scan did not see stay while listeners live there.
-        let in_use: HashSet<u32> = shared.listeners().iter().map(|l| l.netns).collect();
-        let scanned: HashSet<u32> = scan.netns.iter().map(|(ns, _)| *ns).collect();
-        let mut sources = shared
-            .netns_sources
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        sources.retain(|ns, _| scanned.contains(ns) || in_use.contains(ns));
-        sources.extend(scan.netns);
-        drop(sources);
-        let mut sysctls = shared
-            .netns_sysctls
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        sysctls.retain(|ns, _| in_use.contains(ns));
-        sysctls.extend(scan.sysctls);
-    }
+    shared.note_scanned_netns(scan.netns, scan.sysctls);
     let found = scan.listeners;
     let listed = scan.listed;
     let unknown: HashSet<u64> = {
@@ -577,12 +474,7 @@ async fn sample_queues(
         {
             let mut maps = maps.lock().unwrap_or_else(|e| e.into_inner());
             let mut windows = windows.lock().unwrap_or_else(|e| e.into_inner());
-            let maps = &mut *maps;
-            windows.sample(
-                &maps.listener_queues,
-                &mut maps.queue_epoch,
-                std::time::Instant::now(),
-            );
+            maps.sample_queues(&mut windows, std::time::Instant::now());
             // Once per run: a full map loses updates continuously while it stays full.
             if !full_reported && maps.stats_full() + maps.queues_full() > 0 {
                 full_reported = true;

@@ -1,16 +1,19 @@
 //! backlogd: eBPF-based listen-queue observability daemon and CLI.
 
+mod api;
 mod cli;
 mod client;
 mod config;
 mod daemon;
 mod doctor;
 mod exporter;
+mod kernel_maps;
 mod listeners;
 mod loader;
 mod queues;
 mod sampling;
 mod service;
+mod state;
 mod tui;
 
 use clap::Parser as _;

@@ -17,7 +17,6 @@ use std::{
     time::{Duration, Instant},
 };
 
-use aya::maps::{Array, MapData, PerCpuHashMap};
 use backlogd_common::QueueState;
 
 /// The epoch the loader publishes before attaching anything (0 marks a CPU slot that
@@ -78,36 +77,37 @@ impl QueueWindows {
         }
     }
 
-    /// The current epoch, for merging entries outside `sample` (see [`merge`]).
     /// Changes the window (config reload); samples older than the new window age out at
     /// the next sample.
     pub fn set_window(&mut self, window: Duration) {
         self.window = window;
     }
 
+    /// The epoch the kernel side tags observations with now, for merging its entries (see
+    /// [`merge`]).
     pub fn epoch(&self) -> u32 {
         self.epoch
     }
 
-    /// Takes the kernel's maxima of the epoch that ends now, then starts the next one.
-    pub fn sample(
-        &mut self,
-        map: &PerCpuHashMap<MapData, u64, QueueState>,
-        epoch_map: &mut Array<MapData, u32>,
-        now: Instant,
-    ) {
-        let epoch = self.epoch;
-        let entries = crate::exporter::batch::fold_per_cpu(map, |per_cpu| merge(per_cpu, epoch));
+    /// Takes the kernel's maxima of the epoch that ends now: each listener's entry merged
+    /// over CPUs for [`Self::epoch`]. Listeners without an entry leave the windows.
+    pub fn record_all(&mut self, entries: Vec<(u64, QueueState)>, now: Instant) {
         let live: std::collections::HashSet<u64> = entries.iter().map(|(k, _)| *k).collect();
         for (ino, state) in entries {
             self.record(ino, state, now);
         }
         self.samples.retain(|ino, _| live.contains(ino));
-        let next = self.epoch.wrapping_add(1).max(1);
-        match epoch_map.set(0, next, 0) {
-            Ok(()) => self.epoch = next,
-            Err(e) => tracing::warn!(error = %e, "cannot advance the queue sampling epoch"),
-        }
+    }
+
+    /// The epoch to publish next (0 is never used: it marks a CPU slot that never
+    /// observed).
+    pub fn next_epoch(&self) -> u32 {
+        self.epoch.wrapping_add(1).max(1)
+    }
+
+    /// The kernel side was told to tag observations with `epoch` from now on.
+    pub fn advanced_to(&mut self, epoch: u32) {
+        self.epoch = epoch;
     }
 
     fn record(&mut self, ino: u64, state: QueueState, now: Instant) {

@@ -21,6 +21,9 @@ use syn::{spanned::Spanned as _, visit::Visit};
 /// `loader/pins.rs` or `loader/pins/mod.rs`.
 type ModPath = Vec<String>;
 
+/// A strongly connected set of modules and one loop of edges through it.
+type Cycle = (BTreeSet<ModPath>, Vec<(ModPath, Edge)>);
+
 /// One reference from a file to another module, where it was written.
 #[derive(Debug, Clone)]
 struct Edge {
@@ -104,7 +107,7 @@ impl Graph {
     }
 
     /// Every strongly connected set of two or more modules, as a loop of edges through it.
-    fn cycles(&self) -> Vec<(BTreeSet<ModPath>, Vec<(ModPath, Edge)>)> {
+    fn cycles(&self) -> Vec<Cycle> {
         let targets = |m: &ModPath| -> BTreeSet<ModPath> {
             self.edges[m].iter().map(|e| e.to.clone()).collect()
         };

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use crate::exporter::metrics::{ListenerSnapshot, NamespaceSnapshot, Snapshot};
+use crate::api::{ListenerSnapshot, NamespaceSnapshot, Snapshot};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]

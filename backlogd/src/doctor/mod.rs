@@ -3,7 +3,7 @@
 pub mod findings;
 
 use self::findings::{Finding, Severity};
-use crate::{client::Api, exporter::metrics::Snapshot};
+use crate::{api::Snapshot, client::Api};
 
 pub struct DoctorOptions {
     pub api: Api,

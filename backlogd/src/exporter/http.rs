@@ -16,14 +16,12 @@ use axum::{
     routing::get,
 };
 
-use super::{
-    metrics::{Metrics, Snapshot},
-    text,
-};
+use super::{figures::Metrics, page, text};
 use crate::{
-    daemon::Shared,
+    api::Snapshot,
     doctor::findings::{self, Finding},
     listeners::Listener,
+    state::Shared,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -81,9 +79,10 @@ async fn index() -> &'static str {
 async fn serve_metrics(State(state): State<Arc<AppState>>) -> impl IntoResponse {
     let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(4);
     tokio::task::spawn_blocking(move || {
-        state
-            .metrics
-            .render_streamed(Box::new(move |chunk| tx.blocking_send(chunk).is_ok()));
+        page::render_streamed(
+            &state.metrics,
+            Box::new(move |chunk| tx.blocking_send(chunk).is_ok()),
+        );
     });
     (
         [(CONTENT_TYPE, text::CONTENT_TYPE)],

@@ -3,27 +3,13 @@
 //! A link lives exactly as long as its fd: if the daemon dies, even by SIGKILL, the kernel
 //! detaches the program. (BPF_PROG_ATTACH attachments outlive their process and pile up
 //! until the cgroup's 64-program limit is hit.) aya 0.14 creates the same kind of link
-//! but its attach returns EINVAL on the 6.18 CI kernel, so the syscall is made here.
+//! but its attach returns EINVAL on the 6.18 CI kernel, so backlogd makes the syscall
+//! itself (`syscall.rs`).
 
 use std::{
     fs::File,
-    os::fd::{AsFd as _, AsRawFd as _, BorrowedFd, FromRawFd as _, OwnedFd},
+    os::fd::{AsFd as _, BorrowedFd, OwnedFd},
 };
-
-const BPF_LINK_CREATE: libc::c_long = 28;
-const BPF_CGROUP_INET_INGRESS: u32 = 0;
-
-/// The prefix of `union bpf_attr` that BPF_LINK_CREATE reads for cgroup links (uapi,
-/// stable); the kernel treats the omitted tail as zero.
-#[repr(C)]
-#[derive(Default)]
-struct LinkCreateAttr {
-    prog_fd: u32,
-    target_fd: u32,
-    attach_type: u32,
-    flags: u32,
-    _rest: [u32; 12],
-}
 
 /// Holds the link; dropping it (or the process dying) detaches the program.
 pub struct CgroupAttachment {
@@ -32,17 +18,7 @@ pub struct CgroupAttachment {
 
 impl CgroupAttachment {
     pub fn attach(cgroup: File, prog: OwnedFd) -> std::io::Result<Self> {
-        let mut attr = LinkCreateAttr {
-            prog_fd: prog.as_raw_fd() as u32,
-            target_fd: cgroup.as_raw_fd() as u32,
-            attach_type: BPF_CGROUP_INET_INGRESS,
-            ..Default::default()
-        };
-        // SAFETY: LinkCreateAttr is the BPF_LINK_CREATE prefix of bpf_attr; it holds no
-        // pointers.
-        let fd = unsafe { super::syscall::bpf(BPF_LINK_CREATE, &mut attr) }?;
-        // SAFETY: the kernel just returned this fd and nothing else owns it.
-        let link = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+        let link = super::syscall::link_cgroup_ingress(prog.as_fd(), cgroup.as_fd())?;
         Ok(Self { link })
     }
 

@@ -24,16 +24,6 @@ use sha2::{Digest as _, Sha256};
 
 use super::modes::{HookMode, HookModeArg};
 
-/// The maps userspace reads; the programs hold every other map themselves.
-pub const DAEMON_MAPS: [&str; 6] = [
-    "LISTENER_EVENTS",
-    "LISTENER_EVENTS_LOST",
-    "LISTENER_STATS",
-    "LISTENER_STATS_FULL",
-    "LISTENER_QUEUES",
-    "QUEUE_EPOCH",
-];
-
 /// `statfs(2)` f_type of a BPF filesystem.
 const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
 
@@ -266,7 +256,7 @@ impl Pinning {
         fd: std::os::fd::BorrowedFd<'_>,
     ) -> Result<(), PinError> {
         let path = self.next_link_path(program);
-        obj_pin(fd, &path).map_err(io_err(&path))
+        super::syscall::obj_pin(fd, &path).map_err(io_err(&path))
     }
 
     pub fn map(&self, name: &str, map: &aya::maps::Map) -> Result<(), PinError> {
@@ -317,43 +307,6 @@ fn on_bpffs(path: &Path) -> io::Result<bool> {
         reason = "f_type's width differs by libc target"
     )]
     Ok(st.f_type as i64 == BPF_FS_MAGIC)
-}
-
-/// BPF_OBJ_PIN for an fd aya does not wrap (the cgroup link).
-fn obj_pin(fd: std::os::fd::BorrowedFd<'_>, path: &Path) -> io::Result<()> {
-    use std::os::{fd::AsRawFd as _, unix::ffi::OsStrExt as _};
-    const BPF_OBJ_PIN: libc::c_long = 6;
-    /// The BPF_OBJ_* member of `union bpf_attr` (uapi, stable).
-    #[repr(C)]
-    struct ObjAttr {
-        pathname: u64,
-        bpf_fd: u32,
-        file_flags: u32,
-        path_fd: i32,
-        _pad: u32,
-    }
-    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
-        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
-    let attr = ObjAttr {
-        pathname: c.as_ptr() as u64,
-        bpf_fd: fd.as_raw_fd() as u32,
-        file_flags: 0,
-        path_fd: 0,
-        _pad: 0,
-    };
-    // SAFETY: bpf(2) reads an initialised attr whose pathname outlives the call.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            BPF_OBJ_PIN,
-            &raw const attr,
-            size_of::<ObjAttr>() as libc::c_uint,
-        )
-    };
-    if rc < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
 }
 
 #[cfg(test)]

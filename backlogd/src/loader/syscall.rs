@@ -1,12 +1,27 @@
-//! bpf(2) commands backlogd makes itself: those aya 0.14 lacks (batch lookups) or gets
-//! wrong on some kernels (cgroup link creation, see `cgroup.rs`).
+//! Every bpf(2) command backlogd makes itself, behind safe functions: those aya 0.14 lacks
+//! (batch lookups, pinning an fd it does not wrap) or gets wrong on some kernels (cgroup
+//! link creation, see `cgroup.rs`). The command numbers and `union bpf_attr` layouts are
+//! uapi and stable; nothing else in the daemon calls bpf(2) or knows them.
+
+use std::{
+    io,
+    os::fd::{AsRawFd as _, BorrowedFd, FromRawFd as _, OwnedFd},
+    path::Path,
+};
+
+use aya::Pod;
+
+const BPF_OBJ_PIN: libc::c_long = 6;
+const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
+const BPF_LINK_CREATE: libc::c_long = 28;
+const BPF_CGROUP_INET_INGRESS: u32 = 0;
 
 /// `bpf(cmd, attr, sizeof attr)`: the return value, or the errno as an error.
 ///
 /// # Safety
 /// `A` must be the uapi `union bpf_attr` layout `cmd` reads (a prefix of it), and every
 /// pointer in it must be valid for what the kernel reads or writes through it.
-pub unsafe fn bpf<A>(cmd: libc::c_long, attr: &mut A) -> std::io::Result<i64> {
+unsafe fn bpf<A>(cmd: libc::c_long, attr: &mut A) -> io::Result<i64> {
     // SAFETY: the caller's contract above; the kernel reads and may write back `attr`.
     let rc = unsafe {
         libc::syscall(
@@ -17,8 +32,137 @@ pub unsafe fn bpf<A>(cmd: libc::c_long, attr: &mut A) -> std::io::Result<i64> {
         )
     };
     if rc < 0 {
-        Err(std::io::Error::last_os_error())
+        Err(io::Error::last_os_error())
     } else {
         Ok(rc)
     }
+}
+
+/// The prefix of `union bpf_attr` that BPF_LINK_CREATE reads for cgroup links; the
+/// kernel treats the omitted tail as zero.
+#[repr(C)]
+#[derive(Default)]
+struct LinkCreateAttr {
+    prog_fd: u32,
+    target_fd: u32,
+    attach_type: u32,
+    flags: u32,
+    _rest: [u32; 12],
+}
+
+/// BPF_LINK_CREATE of a cgroup_skb ingress link of `prog` on `cgroup`: the link fd.
+pub fn link_cgroup_ingress(prog: BorrowedFd<'_>, cgroup: BorrowedFd<'_>) -> io::Result<OwnedFd> {
+    let mut attr = LinkCreateAttr {
+        prog_fd: prog.as_raw_fd() as u32,
+        target_fd: cgroup.as_raw_fd() as u32,
+        attach_type: BPF_CGROUP_INET_INGRESS,
+        ..Default::default()
+    };
+    // SAFETY: LinkCreateAttr is the BPF_LINK_CREATE prefix of bpf_attr; it holds no
+    // pointers.
+    let fd = unsafe { bpf(BPF_LINK_CREATE, &mut attr) }?;
+    // SAFETY: the kernel just returned this fd and nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// The BPF_OBJ_* member of `union bpf_attr`.
+#[repr(C)]
+struct ObjAttr {
+    pathname: u64,
+    bpf_fd: u32,
+    file_flags: u32,
+    path_fd: i32,
+    _pad: u32,
+}
+
+/// BPF_OBJ_PIN: pins `fd` (a link, map or program) at `path` on bpffs.
+pub fn obj_pin(fd: BorrowedFd<'_>, path: &Path) -> io::Result<()> {
+    use std::os::unix::ffi::OsStrExt as _;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+    let mut attr = ObjAttr {
+        pathname: c.as_ptr() as u64,
+        bpf_fd: fd.as_raw_fd() as u32,
+        file_flags: 0,
+        path_fd: 0,
+        _pad: 0,
+    };
+    // SAFETY: ObjAttr is the BPF_OBJ_* member of bpf_attr; its pathname outlives the call.
+    unsafe { bpf(BPF_OBJ_PIN, &mut attr) }.map(|_| ())
+}
+
+/// The BPF_MAP_LOOKUP_BATCH part of `union bpf_attr`.
+#[repr(C)]
+#[derive(Default)]
+struct BatchAttr {
+    in_batch: u64,
+    out_batch: u64,
+    keys: u64,
+    values: u64,
+    count: u32,
+    map_fd: u32,
+    elem_flags: u64,
+    flags: u64,
+}
+
+/// Where a batched walk of a map stands.
+#[derive(Debug, Default)]
+pub struct BatchCursor {
+    token: u64,
+    started: bool,
+}
+
+/// One BPF_MAP_LOOKUP_BATCH of a per-CPU hash map with `u64` keys: fills `keys` and
+/// `values` (cleared first; `cpus` values per key, as the kernel lays them out) with up
+/// to `max` entries after `cursor`. Returns whether these were the map's last entries.
+///
+/// `V` must be a multiple of 8 bytes: the kernel copies each CPU's value rounded up to 8.
+pub fn lookup_batch_per_cpu<V: Pod>(
+    map: BorrowedFd<'_>,
+    cursor: &mut BatchCursor,
+    max: u32,
+    cpus: usize,
+    keys: &mut Vec<u64>,
+    values: &mut Vec<V>,
+) -> io::Result<bool> {
+    if !size_of::<V>().is_multiple_of(8) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "per-CPU values must be a multiple of 8 bytes for a batch lookup",
+        ));
+    }
+    keys.clear();
+    keys.reserve(max as usize);
+    values.clear();
+    values.reserve(max as usize * cpus);
+    let mut attr = BatchAttr {
+        in_batch: if cursor.started {
+            (&raw const cursor.token) as u64
+        } else {
+            0
+        },
+        out_batch: (&raw mut cursor.token) as u64,
+        keys: keys.as_mut_ptr() as u64,
+        values: values.as_mut_ptr() as u64,
+        count: max,
+        map_fd: map.as_raw_fd() as u32,
+        ..BatchAttr::default()
+    };
+    // SAFETY: BatchAttr is the command's part of bpf_attr; its pointers are to the cursor's
+    // token and to buffers with room for `max` keys and `max * cpus` values, all live here.
+    let done = match unsafe { bpf(BPF_MAP_LOOKUP_BATCH, &mut attr) } {
+        Ok(_) => false,
+        // ENOENT: this batch holds the last entries.
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => true,
+        Err(e) => return Err(e),
+    };
+    cursor.started = true;
+    let n = (attr.count as usize).min(max as usize);
+    // SAFETY: the kernel wrote `n` keys and `n * cpus` values (V is Pod, so any bytes are
+    // a valid V), within the reserved capacity.
+    unsafe {
+        keys.set_len(n);
+        values.set_len(n * cpus);
+    }
+    Ok(done)
 }

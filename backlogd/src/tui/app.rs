@@ -9,7 +9,7 @@ use std::{
 use ratatui::crossterm::event::KeyCode;
 use serde::Serialize;
 
-use crate::exporter::metrics::{ListenerSnapshot, Snapshot};
+use crate::api::{ListenerSnapshot, Snapshot};
 
 /// One listener with its rates over the last refresh.
 #[derive(Debug, Clone, Serialize)]

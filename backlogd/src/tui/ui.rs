@@ -398,7 +398,7 @@ mod tests {
 
     use super::*;
     use crate::{
-        exporter::metrics::{AcceptWait, Bucket, Drops, ListenerSnapshot, Snapshot},
+        api::{AcceptWait, Bucket, Drops, ListenerSnapshot, Snapshot},
         listeners::Listener,
         loader::modes::KernelSupport,
         queues::QueueFigures,

@@ -1,0 +1,127 @@
+//! The JSON API (`/api/v1/*`): the types the daemon serves and its clients (`top`,
+//! `doctor`, `client.rs`) read. Plain data, no map handles: a client links none of the
+//! daemon's kernel side.
+
+use backlogd_common::{ACCEPT_WAIT_BUCKETS, ListenerStats};
+use serde::{Deserialize, Serialize};
+
+use crate::{
+    listeners::Listener, loader::modes::KernelSupport, queues::QueueFigures,
+    sampling::tcpext::ListenSysctls,
+};
+
+/// `GET /api/v1/snapshot`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Snapshot {
+    pub version: String,
+    pub hook_mode: String,
+    pub kernel: KernelSupport,
+    pub events_lost: u64,
+    pub stats_full: u64,
+    pub listeners: Vec<ListenerSnapshot>,
+    /// Listen sysctls of each namespace that has listeners.
+    pub namespaces: Vec<NamespaceSnapshot>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct NamespaceSnapshot {
+    pub netns: u32,
+    #[serde(flatten)]
+    pub sysctls: ListenSysctls,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ListenerSnapshot {
+    #[serde(flatten)]
+    pub listener: Listener,
+    pub syns_received: u64,
+    pub drops: Drops,
+    pub syncookies_sent: u64,
+    pub synack_retransmits: u64,
+    pub queued: u64,
+    pub accepted: u64,
+    pub queues: QueueFigures,
+    pub accept_wait: AcceptWait,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Drops {
+    pub accept_queue_full: u64,
+    pub syn_queue_full: u64,
+    pub final_ack_overflow: u64,
+    pub other: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct AcceptWait {
+    pub count: u64,
+    pub sum_seconds: f64,
+    /// Per-bucket (not cumulative) counts; `le` in seconds, null for the last bucket.
+    pub buckets: Vec<Bucket>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Bucket {
+    pub le: Option<f64>,
+    pub count: u64,
+}
+
+impl AcceptWait {
+    /// Upper bounds of the buckets in seconds, the last (infinite) one left out: 2^i
+    /// microseconds.
+    pub fn bounds() -> [f64; ACCEPT_WAIT_BUCKETS] {
+        std::array::from_fn(|i| (1u64 << i) as f64 / 1e6)
+    }
+
+    /// Upper bound (seconds; infinite for the last bucket) below which fraction `q` of
+    /// the waits fall, for per-bucket `counts` over these buckets (e.g. the increase over
+    /// an interval). None without waits.
+    pub fn quantile(&self, counts: &[u64], q: f64) -> Option<f64> {
+        let total: u64 = counts.iter().sum();
+        if total == 0 {
+            return None;
+        }
+        let mut seen = 0;
+        for (c, b) in counts.iter().zip(&self.buckets) {
+            seen += c;
+            if seen as f64 >= q * total as f64 {
+                return Some(b.le.unwrap_or(f64::INFINITY));
+            }
+        }
+        None
+    }
+}
+
+impl ListenerSnapshot {
+    /// A listener with its counters (zero when the kernel has no entry for it yet) and
+    /// queue figures.
+    pub fn new(listener: Listener, s: ListenerStats, queues: QueueFigures) -> Self {
+        Self {
+            listener,
+            syns_received: s.syns,
+            drops: Drops {
+                accept_queue_full: s.drop_accept_queue_full,
+                syn_queue_full: s.drop_syn_queue_full,
+                final_ack_overflow: s.drop_final_ack_overflow,
+                other: s.drop_other,
+            },
+            syncookies_sent: s.syncookies,
+            synack_retransmits: s.synack_retransmits,
+            queued: s.queued,
+            accepted: s.accepted,
+            queues,
+            accept_wait: AcceptWait {
+                count: s.accept_wait.iter().sum(),
+                sum_seconds: s.accept_wait_sum_ns as f64 / 1e9,
+                buckets: AcceptWait::bounds()
+                    .iter()
+                    .copied()
+                    .map(Some)
+                    .chain([None])
+                    .zip(s.accept_wait)
+                    .map(|(le, count)| Bucket { le, count })
+                    .collect(),
+            },
+        }
+    }
+}

@@ -1,0 +1,367 @@
+//! Every metric family `/metrics` can serve: name, type, help and label names, declared
+//! once as data. The page's collectors (`page/`) open each family through its entry here,
+//! and a test checks docs/metrics.md against this list: every family documented with its
+//! type and labels, nothing documented that is not served.
+
+use super::text::{Exposition, Kind};
+
+/// Labels of every per-listener series.
+pub const LISTENER_LABELS: [&str; 6] = ["netns", "address", "port", "socket", "pid", "comm"];
+/// Labels of a SO_REUSEPORT group's series.
+pub const GROUP_LABELS: [&str; 3] = ["netns", "address", "port"];
+/// Labels of a process's series.
+pub const PROCESS_LABELS: [&str; 2] = ["pid", "comm"];
+/// The label drop counters add, and its values.
+pub const REASON: &str = "reason";
+pub const DROP_REASONS: [&str; 4] = [
+    "accept_queue_full",
+    "syn_queue_full",
+    "final_ack_overflow",
+    "other",
+];
+
+/// Which labels a family's series carry (histograms add `le`). The collectors build
+/// their label sets from the same constants; the docs check reads these.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Labels {
+    None,
+    Listener,
+    ListenerAndReason,
+    Group,
+    GroupAndReason,
+    Process,
+    ProcessAndReason,
+    Netns,
+    Mode,
+    Version,
+}
+
+#[cfg_attr(not(test), expect(dead_code, reason = "read by the docs check"))]
+impl Labels {
+    pub fn names(self) -> Vec<&'static str> {
+        let (base, reason): (&[&str], bool) = match self {
+            Labels::None => (&[], false),
+            Labels::Listener => (&LISTENER_LABELS, false),
+            Labels::ListenerAndReason => (&LISTENER_LABELS, true),
+            Labels::Group => (&GROUP_LABELS, false),
+            Labels::GroupAndReason => (&GROUP_LABELS, true),
+            Labels::Process => (&PROCESS_LABELS, false),
+            Labels::ProcessAndReason => (&PROCESS_LABELS, true),
+            Labels::Netns => (&["netns"], false),
+            Labels::Mode => (&["mode"], false),
+            Labels::Version => (&["version"], false),
+        };
+        let mut names = base.to_vec();
+        if reason {
+            names.push(REASON);
+        }
+        names
+    }
+}
+
+macro_rules! catalogue {
+    ($($variant:ident: $name:literal, $kind:ident, $labels:ident, $help:literal;)*) => {
+        /// A metric family of the page.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        pub enum Metric {
+            $($variant,)*
+        }
+
+        impl Metric {
+            /// Every family, in page order.
+            #[cfg_attr(not(test), expect(dead_code, reason = "read by the docs check"))]
+            pub const ALL: &[Metric] = &[$(Metric::$variant,)*];
+
+            pub const fn name(self) -> &'static str {
+                match self {
+                    $(Metric::$variant => $name,)*
+                }
+            }
+
+            pub const fn kind(self) -> Kind {
+                match self {
+                    $(Metric::$variant => Kind::$kind,)*
+                }
+            }
+
+            #[cfg_attr(not(test), expect(dead_code, reason = "read by the docs check"))]
+            pub const fn labels(self) -> Labels {
+                match self {
+                    $(Metric::$variant => Labels::$labels,)*
+                }
+            }
+
+            pub const fn help(self) -> &'static str {
+                match self {
+                    $(Metric::$variant => $help,)*
+                }
+            }
+        }
+    };
+}
+
+catalogue! {
+    ListenBacklogRequested: "backlogd_listen_backlog_requested", Gauge, Listener,
+        "Backlog the application passed to listen(2) on this socket (absent for listeners \
+         already listening when backlogd started).";
+    ListenBacklogGranted: "backlogd_listen_backlog_granted", Gauge, Listener,
+        "Accept-queue capacity the kernel granted (sk_max_ack_backlog): the requested \
+         backlog clamped to net.core.somaxconn of the socket's network namespace. It is \
+         also the SYN queue's limit.";
+    ListenSynsReceived: "backlogd_listen_syns_received_total", Counter, Listener,
+        "SYNs (without ACK) that reached this listener, retransmitted ones included.";
+    ListenSyncookiesSent: "backlogd_listen_syncookies_sent_total", Counter, Listener,
+        "SYNs answered with a syncookie because the SYN queue was full (the listener's \
+         share of TcpExt TCPReqQFullDoCookies).";
+    ListenSynackRetransmits: "backlogd_listen_synack_retransmits_total", Counter, Listener,
+        "SYN-ACKs retransmitted for this listener's pending connections.";
+    ListenQueued: "backlogd_listen_queued_total", Counter, Listener,
+        "Connections whose handshake completed and that were put on the accept queue.";
+    ListenAccepted: "backlogd_listen_accepted_total", Counter, Listener,
+        "Connections taken off the accept queue by accept()/accept4().";
+    ListenDrops: "backlogd_listen_drops_total", Counter, ListenerAndReason,
+        "Connections this listener dropped, by reason: accept_queue_full (SYN dropped, \
+         accept queue full: ListenOverflows), syn_queue_full (SYN dropped, SYN queue full \
+         with syncookies off: TCPReqQFullDrop), final_ack_overflow (handshake's final ACK \
+         found the accept queue full: ListenOverflows), other (rest of ListenDrops).";
+    ListenAcceptQueueLength: "backlogd_listen_accept_queue_length", Gauge, Listener,
+        "Connections waiting for accept() (sk_ack_backlog), as last observed when a SYN \
+         arrived or a connection was queued or accepted.";
+    ListenAcceptQueueMaxLength: "backlogd_listen_accept_queue_max_length", Gauge, Listener,
+        "Highest accept-queue length over the last --hwm-window seconds. The queue is full \
+         above backlogd_listen_backlog_granted.";
+    ListenSynQueueMaxLength: "backlogd_listen_syn_queue_max_length", Gauge, Listener,
+        "Highest SYN-queue length (pending handshakes) over the last --hwm-window seconds. \
+         The SYN queue is full above backlogd_listen_backlog_granted.";
+    ListenAcceptWaitSeconds: "backlogd_listen_accept_wait_seconds", Histogram, Listener,
+        "Time accepted connections waited on the accept queue, from handshake completion \
+         to accept() returning.";
+    GroupListeners: "backlogd_listen_group_listeners", Gauge, Group,
+        "Listening sockets of the SO_REUSEPORT group (listeners sharing netns, address and \
+         port).";
+    GroupAcceptQueueLength: "backlogd_listen_group_accept_queue_length", Gauge, Group,
+        "Connections waiting for accept() on the listening sockets of the SO_REUSEPORT \
+         group (listeners sharing netns, address and port).";
+    GroupSynsReceived: "backlogd_listen_group_syns_received_total", Counter, Group,
+        "SYNs that reached the listening sockets of the SO_REUSEPORT group (listeners \
+         sharing netns, address and port).";
+    GroupAccepted: "backlogd_listen_group_accepted_total", Counter, Group,
+        "Connections accepted from the listening sockets of the SO_REUSEPORT group \
+         (listeners sharing netns, address and port).";
+    GroupDrops: "backlogd_listen_group_drops_total", Counter, GroupAndReason,
+        "Connections dropped by the listening sockets of the SO_REUSEPORT group (listeners \
+         sharing netns, address and port), by reason (as in backlogd_listen_drops_total).";
+    ProcessListeners: "backlogd_process_listeners", Gauge, Process,
+        "Listening sockets of the process.";
+    ProcessAcceptQueueLength: "backlogd_process_accept_queue_length", Gauge, Process,
+        "Connections waiting for accept() on the listening sockets of the process.";
+    ProcessSynsReceived: "backlogd_process_syns_received_total", Counter, Process,
+        "SYNs that reached the listening sockets of the process.";
+    ProcessAccepted: "backlogd_process_accepted_total", Counter, Process,
+        "Connections accepted from the listening sockets of the process.";
+    ProcessDrops: "backlogd_process_drops_total", Counter, ProcessAndReason,
+        "Connections dropped by the listening sockets of the process, by reason (as in \
+         backlogd_listen_drops_total).";
+    NetnsListenOverflows: "backlogd_netns_listen_overflows_total", Counter, Netns,
+        "The network namespace's own TcpExt ListenOverflows counter (/proc/net/netstat), \
+         for every namespace with listeners.";
+    NetnsListenDrops: "backlogd_netns_listen_drops_total", Counter, Netns,
+        "The network namespace's own TcpExt ListenDrops counter (/proc/net/netstat), for \
+         every namespace with listeners.";
+    NetnsReqqFullDrops: "backlogd_netns_reqq_full_drops_total", Counter, Netns,
+        "The network namespace's own TcpExt TCPReqQFullDrop counter (/proc/net/netstat), \
+         for every namespace with listeners.";
+    NetnsReqqFullDoCookies: "backlogd_netns_reqq_full_do_cookies_total", Counter, Netns,
+        "The network namespace's own TcpExt TCPReqQFullDoCookies counter \
+         (/proc/net/netstat), for every namespace with listeners.";
+    NetnsSynRetransmits: "backlogd_netns_syn_retransmits_total", Counter, Netns,
+        "The network namespace's own TcpExt TCPSynRetrans counter (/proc/net/netstat), for \
+         every namespace with listeners.";
+    Listeners: "backlogd_listeners", Gauge, None,
+        "Listening TCP sockets backlogd is tracking.";
+    ListenerEventsLost: "backlogd_listener_events_lost_total", Counter, None,
+        "Listener lifecycle events dropped because the kernel ring buffer was full.";
+    ListenerStatsFull: "backlogd_listener_stats_full_total", Counter, None,
+        "Per-listener counter updates lost because the kernel map of listeners was full.";
+    ListenerQueueObservationsLost: "backlogd_listener_queue_observations_lost_total", Counter,
+        None,
+        "Accept/SYN queue observations lost because the kernel map of listeners' queues \
+         was full.";
+    ListenerMapOrphansRemoved: "backlogd_listener_map_orphans_removed_total", Counter, None,
+        "Kernel map entries of listeners that were gone, removed by the rescans.";
+    ProbeMissedRuns: "backlogd_probe_missed_runs_total", Counter, None,
+        "Runs of backlogd's eBPF programs the kernel skipped to avoid recursion (another \
+         BPF program or a BPF map syscall was running on the CPU; kprobe and tracepoint \
+         programs are counted since Linux 6.7). Non-zero: counts of that interval may be \
+         short.";
+    HookMode: "backlogd_hook_mode", Gauge, Mode,
+        "1 for the hook mode the SYN path runs in (fentry, kprobe or tracepoint).";
+    KernelHookSupported: "backlogd_kernel_hook_supported", Gauge, Mode,
+        "1 if the running kernel supports the hook mechanism (probed at startup).";
+    BuildInfo: "backlogd_build_info", Gauge, Version,
+        "Always 1; the labels describe the running backlogd build.";
+}
+
+impl Metric {
+    /// Writes the family's `# HELP` and `# TYPE` lines; its samples follow.
+    pub fn open(self, e: &mut Exposition<'_>) {
+        e.family(self.name(), self.kind(), self.help());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+
+    const DOCS: &str = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/metrics.md"));
+
+    /// What docs/metrics.md says of one family: its type and, where its table has a
+    /// labels column, its labels.
+    #[derive(Debug, PartialEq)]
+    struct Documented {
+        kind: String,
+        labels: Vec<String>,
+    }
+
+    fn backticked(cell: &str) -> Vec<String> {
+        cell.split('`')
+            .skip(1)
+            .step_by(2)
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// Every table row whose first cell names a `backlogd_` family. Labels come from the
+    /// row's `labels` column ("same" = the row above's, "same + `x`" adds x) or, for the
+    /// per-listener table that has none, from the "## Labels" table (plus `reason` for a
+    /// row that names it).
+    fn documented() -> BTreeMap<String, Documented> {
+        let mut listener_labels = Vec::new();
+        let mut out = BTreeMap::new();
+        let mut section = "";
+        let mut header: Vec<String> = Vec::new();
+        let mut previous_labels: Vec<String> = Vec::new();
+        for line in DOCS.lines() {
+            if let Some(title) = line.strip_prefix("## ") {
+                section = title;
+                header.clear();
+                continue;
+            }
+            if !line.starts_with('|') {
+                header.clear();
+                continue;
+            }
+            let cells: Vec<&str> = line.trim_matches('|').split('|').map(str::trim).collect();
+            if header.is_empty() {
+                header = cells.iter().map(|c| (*c).to_owned()).collect();
+                continue;
+            }
+            if cells[0].starts_with("---") {
+                continue;
+            }
+            if section == "Labels" {
+                listener_labels.extend(backticked(cells[0]));
+                continue;
+            }
+            let Some(first) = backticked(cells[0]).into_iter().next() else {
+                continue;
+            };
+            if !first.starts_with("backlogd_") {
+                continue;
+            }
+            let name = first.split('{').next().unwrap_or_default().to_owned();
+            let labels = match header.iter().position(|h| h == "labels") {
+                Some(col) => {
+                    let cell = cells[col];
+                    let mut labels = if cell.starts_with("same") {
+                        previous_labels.clone()
+                    } else {
+                        Vec::new()
+                    };
+                    labels.extend(backticked(cell));
+                    previous_labels = labels.clone();
+                    labels
+                }
+                None => {
+                    let mut labels = listener_labels.clone();
+                    if first.contains("reason=") {
+                        labels.push(REASON.to_owned());
+                    }
+                    labels
+                }
+            };
+            let kind = cells[1].to_owned();
+            // A family documented over several rows (one per label value) is one family.
+            out.entry(name).or_insert(Documented { kind, labels });
+        }
+        out
+    }
+
+    #[test]
+    fn docs_describe_exactly_the_families_served() {
+        let docs = documented();
+        let served: BTreeMap<String, Documented> = Metric::ALL
+            .iter()
+            .map(|m| {
+                let kind = match m.kind() {
+                    Kind::Counter => "counter",
+                    Kind::Gauge => "gauge",
+                    Kind::Histogram => "histogram",
+                };
+                let documented = Documented {
+                    kind: kind.to_owned(),
+                    labels: m.labels().names().into_iter().map(str::to_owned).collect(),
+                };
+                (m.name().to_owned(), documented)
+            })
+            .collect();
+        let undocumented: Vec<&String> = served.keys().filter(|n| !docs.contains_key(*n)).collect();
+        let not_served: Vec<&String> = docs.keys().filter(|n| !served.contains_key(*n)).collect();
+        assert!(
+            undocumented.is_empty() && not_served.is_empty(),
+            "docs/metrics.md and the catalogue differ: served but undocumented {undocumented:?}, \
+             documented but not served {not_served:?}"
+        );
+        for (name, doc) in &docs {
+            assert_eq!(
+                doc, &served[name],
+                "{name}: docs/metrics.md vs the catalogue"
+            );
+        }
+    }
+
+    #[test]
+    fn names_follow_prometheus_conventions() {
+        for m in Metric::ALL {
+            let name = m.name();
+            assert!(name.starts_with("backlogd_"), "{name}");
+            assert_eq!(
+                matches!(m.kind(), Kind::Counter),
+                name.ends_with("_total"),
+                "{name}: counters and only counters end in _total"
+            );
+            assert!(!m.help().is_empty() && m.help().ends_with('.'), "{name}");
+        }
+        let mut names: Vec<&str> = Metric::ALL.iter().map(|m| m.name()).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), Metric::ALL.len(), "a family is declared twice");
+    }
+
+    #[test]
+    fn the_page_opens_families_only_through_the_catalogue() {
+        // `Exposition::family` with a literal name would be a family the docs check
+        // cannot see.
+        for (file, text) in [
+            ("page/mod.rs", include_str!("page/mod.rs")),
+            ("page/listeners.rs", include_str!("page/listeners.rs")),
+            ("page/aggregates.rs", include_str!("page/aggregates.rs")),
+            ("page/netns.rs", include_str!("page/netns.rs")),
+            ("page/own.rs", include_str!("page/own.rs")),
+        ] {
+            assert!(!text.contains(".family("), "{file} opens a family by hand");
+        }
+    }
+}

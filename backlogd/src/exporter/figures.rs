@@ -1,0 +1,137 @@
+//! What the exporters show, read once per request: the live listener table, the kernel
+//! maps and the high-water-mark windows, joined per listener. `/metrics` (`page/`) and
+//! the JSON snapshot are both made from a [`Figures`].
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+};
+
+use backlogd_common::ListenerStats;
+
+use super::retired::Retired;
+use crate::{
+    api::{ListenerSnapshot, NamespaceSnapshot, Snapshot},
+    kernel_maps::SharedMaps,
+    loader::modes::{HookMode, KernelSupport},
+    queues::{QueueFigures, QueueWindows},
+    state::Shared,
+};
+
+/// The exporters' sources: shared with the daemon's loops, cheap to clone.
+#[derive(Clone)]
+pub struct Metrics {
+    pub shared: Arc<Shared>,
+    pub maps: SharedMaps,
+    pub windows: Arc<Mutex<QueueWindows>>,
+    pub mode: HookMode,
+    pub kernel: KernelSupport,
+    /// Queued counts and accept waits are only exported when enqueue events are seen.
+    pub enqueue_events: bool,
+    /// What closed members contributed to the group and process counters.
+    pub retired: Arc<Mutex<Retired>>,
+}
+
+/// The kernel maps' figures as of one read.
+pub struct Figures {
+    pub events_lost: u64,
+    pub stats_full: u64,
+    /// Per-listener counters summed over CPUs, by socket inode.
+    pub stats: HashMap<u64, ListenerStats>,
+    /// Per-listener queue figures, by socket inode, for every listener of the table.
+    pub queues: HashMap<u64, QueueFigures>,
+}
+
+impl Metrics {
+    pub fn new(
+        shared: Arc<Shared>,
+        maps: SharedMaps,
+        windows: Arc<Mutex<QueueWindows>>,
+        mode: HookMode,
+        kernel: KernelSupport,
+        enqueue_events: bool,
+    ) -> Self {
+        Self {
+            shared,
+            maps,
+            windows,
+            mode,
+            kernel,
+            enqueue_events,
+            retired: Arc::default(),
+        }
+    }
+
+    /// Reads the kernel maps and the high-water-mark windows once.
+    pub fn gather(&self) -> Figures {
+        let epoch = self
+            .windows
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .epoch();
+        let (events_lost, stats_full, stats, queue_states) = {
+            let maps = self.maps.lock().unwrap_or_else(|e| e.into_inner());
+            (
+                maps.events_lost(),
+                maps.stats_full(),
+                maps.listener_stats(),
+                maps.queue_states(epoch),
+            )
+        };
+        let queues = {
+            let windows = self.windows.lock().unwrap_or_else(|e| e.into_inner());
+            self.shared
+                .listeners()
+                .iter()
+                .map(|l| {
+                    let current = queue_states.get(&l.inode).copied();
+                    (l.inode, windows.figures(l.inode, current))
+                })
+                .collect()
+        };
+        Figures {
+            events_lost,
+            stats_full,
+            stats,
+            queues,
+        }
+    }
+
+    /// Everything `/metrics` shows per listener, for the JSON API (`backlogd top`).
+    pub fn snapshot(&self) -> Snapshot {
+        let Figures {
+            events_lost,
+            stats_full,
+            stats,
+            queues,
+        } = self.gather();
+        let mut listeners: Vec<ListenerSnapshot> = self
+            .shared
+            .listeners()
+            .iter()
+            .map(|l| {
+                ListenerSnapshot::new(
+                    l.clone(),
+                    stats.get(&l.inode).copied().unwrap_or_default(),
+                    queues.get(&l.inode).copied().unwrap_or_default(),
+                )
+            })
+            .collect();
+        listeners.sort_by_key(|l| (l.listener.netns, l.listener.port, l.listener.inode));
+        let namespaces = self
+            .shared
+            .netns_sysctls()
+            .into_iter()
+            .map(|(netns, sysctls)| NamespaceSnapshot { netns, sysctls })
+            .collect();
+        Snapshot {
+            namespaces,
+            version: env!("CARGO_PKG_VERSION").to_owned(),
+            hook_mode: self.mode.name().to_owned(),
+            kernel: self.kernel,
+            events_lost,
+            stats_full,
+            listeners,
+        }
+    }
+}

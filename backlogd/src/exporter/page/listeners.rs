@@ -1,0 +1,118 @@
+//! Per-listener families: backlogs, SYN-path counters, drops by reason, queue lengths and
+//! the accept-wait histogram.
+
+use std::collections::HashMap;
+
+use backlogd_common::ListenerStats;
+
+use super::rows::{Row, reason_suffixes};
+use crate::{
+    api::AcceptWait,
+    exporter::{
+        catalogue::Metric,
+        figures::Figures,
+        text::{Exposition, HistogramNames},
+    },
+    queues::QueueFigures,
+};
+
+/// Reads one counter of a listener.
+type Field = fn(&ListenerStats) -> u64;
+
+/// Drop counts in `catalogue::DROP_REASONS` order.
+pub const DROPS: [Field; 4] = [
+    |s| s.drop_accept_queue_full,
+    |s| s.drop_syn_queue_full,
+    |s| s.drop_final_ack_overflow,
+    |s| s.drop_other,
+];
+
+const COUNTERS: [(Metric, Field); 5] = [
+    (Metric::ListenSynsReceived, |s| s.syns),
+    (Metric::ListenSyncookiesSent, |s| s.syncookies),
+    (Metric::ListenSynackRetransmits, |s| s.synack_retransmits),
+    (Metric::ListenQueued, |s| s.queued),
+    (Metric::ListenAccepted, |s| s.accepted),
+];
+
+/// Reads one queue figure of a listener.
+type QueueField = fn(QueueFigures) -> u32;
+
+const QUEUES: [(Metric, QueueField); 3] = [
+    (Metric::ListenAcceptQueueLength, |q| q.accept_depth),
+    (Metric::ListenAcceptQueueMaxLength, |q| q.accept_max),
+    (Metric::ListenSynQueueMaxLength, |q| q.syn_max),
+];
+
+pub fn render(e: &mut Exposition<'_>, rows: &[Row<'_>], figures: &Figures, enqueue_events: bool) {
+    Metric::ListenBacklogRequested.open(e);
+    for r in rows {
+        if let Some(requested) = r.listener.requested {
+            e.sample_with(
+                Metric::ListenBacklogRequested.name(),
+                &r.set,
+                &[],
+                requested,
+            );
+        }
+    }
+    Metric::ListenBacklogGranted.open(e);
+    for r in rows {
+        e.sample_with(
+            Metric::ListenBacklogGranted.name(),
+            &r.set,
+            &[],
+            r.listener.granted,
+        );
+    }
+
+    // A listener no SYN has reached yet has no map entry: its counters are zero.
+    let zero = ListenerStats::default();
+    let stats: &HashMap<u64, ListenerStats> = &figures.stats;
+    let counters = |r: &Row<'_>| stats.get(&r.listener.inode).unwrap_or(&zero);
+    for (metric, value) in COUNTERS {
+        if metric == Metric::ListenQueued && !enqueue_events {
+            continue;
+        }
+        metric.open(e);
+        for r in rows {
+            e.sample_with(metric.name(), &r.set, &[], value(counters(r)));
+        }
+    }
+    Metric::ListenDrops.open(e);
+    let reasons = reason_suffixes();
+    for r in rows {
+        for (suffix, count) in reasons.iter().zip(DROPS) {
+            e.sample_suffix(
+                Metric::ListenDrops.name(),
+                &r.set,
+                suffix,
+                count(counters(r)),
+            );
+        }
+    }
+
+    let no_queue = QueueFigures::default();
+    let queue = |r: &Row<'_>| *figures.queues.get(&r.listener.inode).unwrap_or(&no_queue);
+    for (metric, value) in QUEUES {
+        metric.open(e);
+        for r in rows {
+            e.sample_with(metric.name(), &r.set, &[], value(queue(r)));
+        }
+    }
+
+    if enqueue_events {
+        let metric = Metric::ListenAcceptWaitSeconds;
+        metric.open(e);
+        let names = HistogramNames::new(metric.name(), &AcceptWait::bounds());
+        for r in rows {
+            let s = counters(r);
+            e.histogram(
+                &names,
+                &r.set,
+                &s.accept_wait,
+                s.accept_wait_sum_ns as f64 / 1e9,
+            );
+        }
+    }
+}

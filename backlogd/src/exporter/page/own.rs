@@ -1,0 +1,58 @@
+//! The daemon's own families: what it tracks, what it lost, how it hooks the kernel.
+
+use crate::{
+    exporter::{catalogue::Metric, text::Exposition},
+    loader::modes::{HookMode, KernelSupport},
+};
+
+/// The daemon's figures of one render.
+pub struct Own {
+    pub listeners: usize,
+    pub events_lost: u64,
+    pub stats_full: u64,
+    pub queues_full: u64,
+    pub orphans_removed: u64,
+    /// `None` where the kernel does not report skipped runs.
+    pub missed_runs: Option<u64>,
+    pub mode: HookMode,
+    pub kernel: KernelSupport,
+}
+
+pub fn render(e: &mut Exposition<'_>, own: &Own) {
+    for (metric, value) in [
+        (Metric::Listeners, own.listeners as u64),
+        (Metric::ListenerEventsLost, own.events_lost),
+        (Metric::ListenerStatsFull, own.stats_full),
+        (Metric::ListenerQueueObservationsLost, own.queues_full),
+        (Metric::ListenerMapOrphansRemoved, own.orphans_removed),
+    ] {
+        metric.open(e);
+        e.sample(metric.name(), &[], value);
+    }
+    if let Some(missed) = own.missed_runs {
+        Metric::ProbeMissedRuns.open(e);
+        e.sample(Metric::ProbeMissedRuns.name(), &[], missed);
+    }
+
+    Metric::HookMode.open(e);
+    e.sample(Metric::HookMode.name(), &[("mode", own.mode.name())], 1);
+    Metric::KernelHookSupported.open(e);
+    for (mode, supported) in [
+        ("fentry", own.kernel.fentry),
+        ("kprobe", own.kernel.kprobe),
+        ("tracepoint", true),
+    ] {
+        e.sample(
+            Metric::KernelHookSupported.name(),
+            &[("mode", mode)],
+            u8::from(supported),
+        );
+    }
+
+    Metric::BuildInfo.open(e);
+    e.sample(
+        Metric::BuildInfo.name(),
+        &[("version", env!("CARGO_PKG_VERSION"))],
+        1,
+    );
+}

@@ -1,0 +1,188 @@
+//! The eBPF maps the daemon reads (at scrape time and by the queue sampler), and every
+//! read of them: per-CPU values summed or merged here, so the exporters see plain
+//! per-listener figures.
+
+use std::{
+    collections::{HashMap, HashSet},
+    os::fd::{AsFd as _, AsRawFd as _},
+    sync::{Arc, Mutex},
+    time::Instant,
+};
+
+use aya::{
+    Pod,
+    maps::{Array, IterableMap as _, MapData, PerCpuArray, PerCpuHashMap},
+    programs::ProgramFd,
+};
+use backlogd_common::{ListenerStats, QueueState, map_full, names::map};
+
+use crate::{
+    loader::syscall::{self, BatchCursor},
+    queues::{QueueWindows, merge},
+};
+
+/// The maps userspace reads (the ring buffer of listener events aside: the event loop
+/// owns it).
+pub struct KernelMaps {
+    /// Per-CPU count of lifecycle events the ring buffer had no room for.
+    pub events_lost: PerCpuArray<MapData, u64>,
+    /// Per-listener SYN-path and accept counters, per CPU, keyed by socket inode.
+    pub listener_stats: PerCpuHashMap<MapData, u64, ListenerStats>,
+    /// Per-CPU count of updates that found a per-listener map full, by `map_full` slot.
+    pub listener_stats_full: PerCpuArray<MapData, u64>,
+    /// Queue depths and not-yet-sampled maxima, per CPU, keyed by socket inode.
+    pub listener_queues: PerCpuHashMap<MapData, u64, QueueState>,
+    /// Sampling epoch the kernel tags queue maxima with.
+    pub queue_epoch: Array<MapData, u32>,
+    /// backlogd's attached programs, for the runs the kernel skipped.
+    pub programs: Vec<ProgramFd>,
+}
+
+pub type SharedMaps = Arc<Mutex<KernelMaps>>;
+
+impl KernelMaps {
+    /// Keys of the per-listener maps (socket inodes).
+    pub fn keys(&self) -> HashSet<u64> {
+        let stats = self.listener_stats.keys().filter_map(Result::ok);
+        stats
+            .chain(self.listener_queues.keys().filter_map(Result::ok))
+            .collect()
+    }
+
+    /// Lifecycle events lost to a full ring buffer, summed over CPUs.
+    pub fn events_lost(&self) -> u64 {
+        sum_at(&self.events_lost, 0, map::LISTENER_EVENTS_LOST)
+    }
+
+    /// Per-listener counter updates lost to a full map, summed over CPUs.
+    pub fn stats_full(&self) -> u64 {
+        sum_at(
+            &self.listener_stats_full,
+            map_full::STATS,
+            map::LISTENER_STATS_FULL,
+        )
+    }
+
+    /// Per-listener queue observations lost to a full map, summed over CPUs.
+    pub fn queues_full(&self) -> u64 {
+        sum_at(
+            &self.listener_stats_full,
+            map_full::QUEUES,
+            map::LISTENER_STATS_FULL,
+        )
+    }
+
+    /// Per-listener counters summed over CPUs.
+    pub fn listener_stats(&self) -> HashMap<u64, ListenerStats> {
+        fold_per_cpu(&self.listener_stats, |per_cpu| {
+            let mut total = ListenerStats::default();
+            per_cpu.iter().for_each(|s| total.add(s));
+            total
+        })
+        .into_iter()
+        .collect()
+    }
+
+    /// Each listener's queue state merged over CPUs for sampling epoch `epoch`.
+    pub fn queue_states(&self, epoch: u32) -> HashMap<u64, QueueState> {
+        fold_per_cpu(&self.listener_queues, |per_cpu| merge(per_cpu, epoch))
+            .into_iter()
+            .collect()
+    }
+
+    /// Moves the kernel's queue maxima of the epoch that ends now into `windows`, then
+    /// starts the next epoch (see `queues.rs`).
+    pub fn sample_queues(&mut self, windows: &mut QueueWindows, now: Instant) {
+        let epoch = windows.epoch();
+        let entries = fold_per_cpu(&self.listener_queues, |per_cpu| merge(per_cpu, epoch));
+        windows.record_all(entries, now);
+        let next = windows.next_epoch();
+        match self.queue_epoch.set(0, next, 0) {
+            Ok(()) => windows.advanced_to(next),
+            Err(e) => tracing::warn!(error = %e, "cannot advance the queue sampling epoch"),
+        }
+    }
+
+    /// Removes `inodes` from the per-listener maps; returns how many entries went.
+    pub fn remove(&mut self, inodes: &HashSet<u64>) -> u64 {
+        let mut removed = 0;
+        for ino in inodes {
+            removed += u64::from(self.listener_stats.remove(ino).is_ok());
+            removed += u64::from(self.listener_queues.remove(ino).is_ok());
+        }
+        removed
+    }
+
+    /// Runs of backlogd's programs the kernel skipped (`recursion_misses` in their
+    /// fdinfo); `None` when this kernel does not report it.
+    pub fn missed_runs(&self) -> Option<u64> {
+        let mut total = None;
+        for prog in &self.programs {
+            let info =
+                std::fs::read_to_string(format!("/proc/self/fdinfo/{}", prog.as_fd().as_raw_fd()))
+                    .ok()?;
+            let misses = info
+                .lines()
+                .find_map(|l| l.strip_prefix("recursion_misses:"))
+                .and_then(|n| n.trim().parse::<u64>().ok())?;
+            *total.get_or_insert(0) += misses;
+        }
+        total
+    }
+}
+
+fn sum_at(map: &PerCpuArray<MapData, u64>, index: u32, name: &str) -> u64 {
+    map.get(&index, 0)
+        .map(|per_cpu| per_cpu.iter().sum())
+        .unwrap_or_else(|e| {
+            tracing::warn!(error = %e, map = name, "reading map");
+            0
+        })
+}
+
+/// Entries per batch lookup.
+const BATCH: u32 = 4096;
+
+fn possible_cpus() -> usize {
+    static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *N.get_or_init(|| aya::util::nr_cpus().unwrap_or(1))
+}
+
+/// Every entry of `map` with its per-CPU values (one per possible CPU) folded by `fold`:
+/// in a few `BPF_MAP_LOOKUP_BATCH` syscalls (Linux 5.6+) instead of two per entry
+/// (get_next_key + lookup) as aya's `iter()` does, or entry by entry where the kernel
+/// refuses batches.
+fn fold_per_cpu<V: Pod, T>(
+    map: &PerCpuHashMap<MapData, u64, V>,
+    mut fold: impl FnMut(&[V]) -> T,
+) -> Vec<(u64, T)> {
+    if let Some(all) = batched(map, &mut fold) {
+        return all;
+    }
+    map.iter()
+        .filter_map(Result::ok)
+        .map(|(key, per_cpu)| (key, fold(&per_cpu)))
+        .collect()
+}
+
+fn batched<V: Pod, T>(
+    map: &PerCpuHashMap<MapData, u64, V>,
+    fold: &mut impl FnMut(&[V]) -> T,
+) -> Option<Vec<(u64, T)>> {
+    let fd = map.map().fd().as_fd();
+    let cpus = possible_cpus();
+    let (mut keys, mut values) = (Vec::new(), Vec::new());
+    let mut cursor = BatchCursor::default();
+    let mut out = Vec::new();
+    loop {
+        let done =
+            syscall::lookup_batch_per_cpu(fd, &mut cursor, BATCH, cpus, &mut keys, &mut values)
+                .ok()?;
+        for (key, per_cpu) in keys.iter().zip(values.chunks_exact(cpus)) {
+            out.push((*key, fold(per_cpu)));
+        }
+        if done {
+            return Some(out);
+        }
+    }
+}

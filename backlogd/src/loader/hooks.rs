@@ -1,0 +1,277 @@
+//! Policy: which program goes on which hook in each mode, as data. The loader attaches
+//! [`for_mode`]'s list in order (`attach.rs` knows how); why each hook was chosen is in
+//! the eBPF crate's module docs and the README's hook-mode matrix.
+//!
+//! Listener lifecycle and SYN-ACK retransmits use tracepoints every kernel has, in every
+//! mode: the listen(2) syscall tracepoints, and `inet_sock_set_state` and
+//! `tcp_retransmit_synack` as raw tracepoints. The SYN path and the accept queue depend on
+//! the mode:
+//! - fentry: fentry/fexit on tcp_conn_request, tcp_check_req, tcp_get_cookie_sock,
+//!   tcp_req_err, inet_csk_reqsk_queue_add and inet_csk_accept;
+//! - kprobe: kprobes/kretprobes on the same functions, accept() at the raw `sys_exit`
+//!   tracepoint;
+//! - tracepoint: a cgroup_skb ingress program on the cgroup v2 root plus skb-release
+//!   tp_btf hooks (backlogd-ebpf/src/syn.rs), raw `sk_data_ready`, accept() syscall
+//!   tracepoints.
+//!
+//! A classic-tracepoint or kprobe program makes the kernel skip every other such program
+//! that fires on its CPU while it runs (see backlogd-ebpf/src/kprobe.rs); raw tracepoint,
+//! tp_btf, fentry and cgroup programs do not. So classic tracepoints are used only where
+//! nothing of the mode can be skipped because of them: listen(2) (rare) everywhere, and
+//! accept() in tracepoint mode.
+
+use backlogd_common::names::program as p;
+
+use super::modes::HookMode;
+
+/// One program on one hook.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Hook {
+    /// A classic tracepoint program on each `(category, name)`.
+    Tracepoint {
+        program: &'static str,
+        at: &'static [(&'static str, &'static str)],
+    },
+    RawTracepoint {
+        program: &'static str,
+        tracepoint: &'static str,
+    },
+    /// A BTF-typed tracepoint (`tp_btf/function`).
+    BtfTracepoint {
+        program: &'static str,
+        function: &'static str,
+    },
+    Fentry {
+        program: &'static str,
+        function: &'static str,
+    },
+    Fexit {
+        program: &'static str,
+        function: &'static str,
+    },
+    /// A kprobe or kretprobe program (the object says which) on each function.
+    Kprobe {
+        program: &'static str,
+        functions: &'static [&'static str],
+    },
+    /// A cgroup_skb ingress program on the cgroup v2 root, through a BPF link.
+    CgroupIngress { program: &'static str },
+}
+
+impl Hook {
+    pub fn program(&self) -> &'static str {
+        match *self {
+            Hook::Tracepoint { program, .. }
+            | Hook::RawTracepoint { program, .. }
+            | Hook::BtfTracepoint { program, .. }
+            | Hook::Fentry { program, .. }
+            | Hook::Fexit { program, .. }
+            | Hook::Kprobe { program, .. }
+            | Hook::CgroupIngress { program } => program,
+        }
+    }
+}
+
+/// Every mode: listen(2), listeners closing, SYN-ACK retransmits.
+const COMMON: &[Hook] = &[
+    Hook::Tracepoint {
+        program: p::LISTEN_ENTER,
+        at: &[("syscalls", "sys_enter_listen")],
+    },
+    Hook::Tracepoint {
+        program: p::LISTEN_EXIT,
+        at: &[("syscalls", "sys_exit_listen")],
+    },
+    Hook::RawTracepoint {
+        program: p::LISTENER_STATE,
+        tracepoint: "inet_sock_set_state",
+    },
+    Hook::RawTracepoint {
+        program: p::SYNACK_RETRANSMIT,
+        tracepoint: "tcp_retransmit_synack",
+    },
+];
+
+const FENTRY: &[Hook] = &[
+    Hook::Fentry {
+        program: p::CONN_REQUEST_ENTER,
+        function: "tcp_conn_request",
+    },
+    Hook::Fexit {
+        program: p::CONN_REQUEST_EXIT,
+        function: "tcp_conn_request",
+    },
+    Hook::Fentry {
+        program: p::CHECK_REQ_ENTER,
+        function: "tcp_check_req",
+    },
+    Hook::Fexit {
+        program: p::CHECK_REQ_EXIT,
+        function: "tcp_check_req",
+    },
+    Hook::Fentry {
+        program: p::COOKIE_SOCK_ENTER,
+        function: "tcp_get_cookie_sock",
+    },
+    Hook::Fexit {
+        program: p::COOKIE_SOCK_EXIT,
+        function: "tcp_get_cookie_sock",
+    },
+    Hook::Fentry {
+        program: p::REQ_ERR_ENTER,
+        function: "tcp_req_err",
+    },
+    Hook::Fexit {
+        program: p::REQ_ERR_EXIT,
+        function: "tcp_req_err",
+    },
+    Hook::Fexit {
+        program: p::REQSK_QUEUE_ADD_EXIT,
+        function: "inet_csk_reqsk_queue_add",
+    },
+    Hook::Fexit {
+        program: p::INET_CSK_ACCEPT_EXIT,
+        function: "inet_csk_accept",
+    },
+];
+
+const KPROBE: &[Hook] = &[
+    Hook::Kprobe {
+        program: p::CONN_REQUEST_KPROBE,
+        functions: &["tcp_conn_request"],
+    },
+    Hook::Kprobe {
+        program: p::CONN_REQUEST_KRETPROBE,
+        functions: &["tcp_conn_request"],
+    },
+    Hook::Kprobe {
+        program: p::CHECK_REQ_KPROBE,
+        functions: &["tcp_check_req"],
+    },
+    Hook::Kprobe {
+        program: p::FINAL_ACK_KPROBE,
+        functions: &["tcp_check_req", "tcp_get_cookie_sock"],
+    },
+    Hook::Kprobe {
+        program: p::FINAL_ACK_KRETPROBE,
+        functions: &["tcp_check_req", "tcp_get_cookie_sock"],
+    },
+    Hook::Kprobe {
+        program: p::REQ_ERR_KPROBE,
+        functions: &["tcp_req_err"],
+    },
+    Hook::Kprobe {
+        program: p::REQ_ERR_KRETPROBE,
+        functions: &["tcp_req_err"],
+    },
+    Hook::Kprobe {
+        program: p::REQSK_QUEUE_ADD_KPROBE,
+        functions: &["inet_csk_reqsk_queue_add"],
+    },
+    Hook::Kprobe {
+        program: p::REQSK_QUEUE_ADD_KRETPROBE,
+        functions: &["inet_csk_reqsk_queue_add"],
+    },
+    // accept() and accept4() returning: a raw tracepoint, which unlike the classic ones
+    // does not make the kernel skip SYN kprobes while it runs (see
+    // backlogd-ebpf/src/accept.rs), at the price of a run per syscall.
+    Hook::RawTracepoint {
+        program: p::ACCEPT_SYS_EXIT,
+        tracepoint: "sys_exit",
+    },
+];
+
+/// Tracepoint mode, up to the enqueue hook: accept() and accept4().
+const TRACEPOINT_ACCEPT: &[Hook] = &[
+    Hook::Tracepoint {
+        program: p::ACCEPT_ENTER,
+        at: &[
+            ("syscalls", "sys_enter_accept4"),
+            ("syscalls", "sys_enter_accept"),
+        ],
+    },
+    Hook::Tracepoint {
+        program: p::ACCEPT_EXIT,
+        at: &[
+            ("syscalls", "sys_exit_accept4"),
+            ("syscalls", "sys_exit_accept"),
+        ],
+    },
+];
+
+/// Tracepoint mode's enqueue hook, where the kernel has the tracepoint (Linux 6.x).
+const TRACEPOINT_QUEUED: Hook = Hook::RawTracepoint {
+    program: p::QUEUED,
+    tracepoint: "sk_data_ready",
+};
+
+/// Tracepoint mode's SYN path. The skb-release hooks first: an ingress stash is only
+/// useful once they run. BTF tracepoints have per-program recursion protection (classic
+/// tracepoints skip a BPF program whenever any other tracing program is running on the
+/// CPU).
+const TRACEPOINT_SYN: &[Hook] = &[
+    Hook::BtfTracepoint {
+        program: p::SYN_CONSUMED,
+        function: "consume_skb",
+    },
+    Hook::BtfTracepoint {
+        program: p::SYN_FREED,
+        function: "kfree_skb",
+    },
+    Hook::CgroupIngress {
+        program: p::LISTENER_INGRESS,
+    },
+];
+
+/// The hooks of `mode`, in attach order; `enqueue_events`: whether tracepoint mode's
+/// enqueue tracepoint exists on this kernel (see [`TRACEPOINT_QUEUED`]).
+pub fn for_mode(mode: HookMode, enqueue_events: bool) -> Vec<Hook> {
+    let mut hooks = COMMON.to_vec();
+    match mode {
+        HookMode::Fentry => hooks.extend_from_slice(FENTRY),
+        HookMode::Kprobe => hooks.extend_from_slice(KPROBE),
+        HookMode::Tracepoint => {
+            hooks.extend_from_slice(TRACEPOINT_ACCEPT);
+            if enqueue_events {
+                hooks.push(TRACEPOINT_QUEUED);
+            }
+            hooks.extend_from_slice(TRACEPOINT_SYN);
+        }
+    }
+    hooks
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use super::*;
+
+    #[test]
+    fn every_program_has_a_hook_in_some_mode_and_none_twice_in_one() {
+        let mut used = BTreeSet::new();
+        for mode in [HookMode::Fentry, HookMode::Kprobe, HookMode::Tracepoint] {
+            let hooks = for_mode(mode, true);
+            let programs: BTreeSet<&str> = hooks.iter().map(Hook::program).collect();
+            assert_eq!(
+                programs.len(),
+                hooks.len(),
+                "{mode:?}: a program listed twice"
+            );
+            used.extend(programs);
+        }
+        let all: BTreeSet<&str> = p::ALL.into_iter().collect();
+        assert_eq!(
+            used, all,
+            "programs of the object without a hook, or hooks without one"
+        );
+    }
+
+    #[test]
+    fn tracepoint_mode_attaches_its_ingress_last_and_the_enqueue_hook_only_if_it_exists() {
+        let with = for_mode(HookMode::Tracepoint, true);
+        assert_eq!(with.last().map(Hook::program), Some(p::LISTENER_INGRESS));
+        assert!(with.contains(&TRACEPOINT_QUEUED));
+        assert!(!for_mode(HookMode::Tracepoint, false).contains(&TRACEPOINT_QUEUED));
+    }
+}

@@ -1,0 +1,107 @@
+//! The daemon's shared state: what the event loop and the rescans write and the
+//! exporters read. Kept apart from `daemon.rs` (which runs the loops) so that readers
+//! (`/metrics`, the JSON API) depend on the state, not on the daemon.
+
+use std::{
+    collections::{HashMap, HashSet},
+    sync::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard},
+};
+
+use crate::{listeners::ListenerTable, sampling::tcpext};
+
+/// State the event loop writes and the exporters read.
+#[derive(Debug, Default)]
+pub struct Shared {
+    listeners: RwLock<ListenerTable>,
+    /// How to read each network namespace's TcpExt counters, by netns inode.
+    netns_sources: Mutex<HashMap<u32, tcpext::Source>>,
+    /// Listen sysctls by netns inode, as of the last scan (or the first API request that
+    /// needed a namespace the scan had not seen).
+    netns_sysctls: Mutex<HashMap<u32, tcpext::ListenSysctls>>,
+    /// Kernel map entries of gone listeners removed by the rescans (see `remove_orphans`).
+    pub orphans_removed: std::sync::atomic::AtomicU64,
+}
+
+impl Shared {
+    /// The table, read-locked. Never hold one guard while taking another on the same
+    /// thread: std's RwLock deadlocks then if a writer is waiting in between.
+    pub fn listeners(&self) -> RwLockReadGuard<'_, ListenerTable> {
+        // A panic while holding the lock cannot leave the table half-updated (apply is a
+        // single insert/remove), so a poisoned lock is still good to read.
+        self.listeners.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn write_listeners(&self) -> RwLockWriteGuard<'_, ListenerTable> {
+        self.listeners.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// TcpExt counters of every namespace that has listeners. A namespace whose known
+    /// source no longer leads to it is skipped until the next scan finds another.
+    pub fn netns_counters(&self) -> Vec<(u32, HashMap<String, u64>)> {
+        let wanted: HashSet<u32> = self.listeners().iter().map(|l| l.netns).collect();
+        let sources = self.netns_sources.lock().unwrap_or_else(|e| e.into_inner());
+        let mut out: Vec<(u32, HashMap<String, u64>)> = wanted
+            .into_iter()
+            .filter_map(|ns| Some((ns, sources.get(&ns)?.read(ns)?)))
+            .collect();
+        out.sort_by_key(|(ns, _)| *ns);
+        out
+    }
+
+    /// Listen sysctls of every namespace that has listeners, as of the last scan (they
+    /// change rarely; reading them means joining each namespace).
+    pub fn netns_sysctls(&self) -> Vec<(u32, tcpext::ListenSysctls)> {
+        let wanted: HashSet<u32> = self.listeners().iter().map(|l| l.netns).collect();
+        let mut known = self.netns_sysctls.lock().unwrap_or_else(|e| e.into_inner());
+        let missing: Vec<u32> = wanted
+            .iter()
+            .copied()
+            .filter(|ns| !known.contains_key(ns))
+            .collect();
+        if !missing.is_empty() {
+            let sources = self.netns_sources.lock().unwrap_or_else(|e| e.into_inner());
+            for ns in missing {
+                if let Some(s) = sources.get(&ns).and_then(|source| source.sysctls(ns)) {
+                    known.insert(ns, s);
+                }
+            }
+        }
+        let mut out: Vec<(u32, tcpext::ListenSysctls)> = wanted
+            .into_iter()
+            .filter_map(|ns| Some((ns, *known.get(&ns)?)))
+            .collect();
+        out.sort_by_key(|(ns, _)| *ns);
+        out
+    }
+
+    /// A listen() in `netns`, by a task there. Its cached sysctls are dropped: namespace
+    /// inode numbers are reused, so they may be a gone namespace's (read again on demand).
+    pub fn note_netns(&self, netns: u32, source: tcpext::Source) {
+        self.netns_sources
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(netns, source);
+        self.netns_sysctls
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&netns);
+    }
+
+    /// A rescan's namespaces: its sources replace older ones; sources noted from events
+    /// for namespaces the scan did not see stay while listeners live there.
+    pub fn note_scanned_netns(
+        &self,
+        sources: Vec<(u32, tcpext::Source)>,
+        sysctls: Vec<(u32, tcpext::ListenSysctls)>,
+    ) {
+        let in_use: HashSet<u32> = self.listeners().iter().map(|l| l.netns).collect();
+        let scanned: HashSet<u32> = sources.iter().map(|(ns, _)| *ns).collect();
+        let mut known = self.netns_sources.lock().unwrap_or_else(|e| e.into_inner());
+        known.retain(|ns, _| scanned.contains(ns) || in_use.contains(ns));
+        known.extend(sources);
+        drop(known);
+        let mut known = self.netns_sysctls.lock().unwrap_or_else(|e| e.into_inner());
+        known.retain(|ns, _| in_use.contains(ns));
+        known.extend(sysctls);
+    }
+}
