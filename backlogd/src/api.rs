@@ -125,3 +125,58 @@ impl ListenerSnapshot {
         }
     }
 }
+
+/// Snapshots for unit tests of the clients (`doctor`, `top`): no kernel involved.
+#[cfg(test)]
+pub mod fixtures {
+    use super::*;
+
+    /// The host's namespace in the fixtures.
+    pub const NETNS: u32 = 4026531840;
+
+    /// A quiet listener on 0.0.0.0:`port` in [`NETNS`], owned by `comm`[100 + inode].
+    pub fn listener(
+        inode: u64,
+        port: u16,
+        comm: &str,
+        requested: Option<i32>,
+        granted: u32,
+    ) -> ListenerSnapshot {
+        // Through serde: the table's bookkeeping fields are not for outsiders to set.
+        let json = serde_json::json!({
+            "inode": inode, "netns": NETNS, "addr": "0.0.0.0", "port": port,
+            "pid": 100 + inode, "comm": comm, "requested": requested, "granted": granted
+        });
+        let listener = serde_json::from_value::<Listener>(json).expect("a valid listener");
+        ListenerSnapshot::new(listener, ListenerStats::default(), QueueFigures::default())
+    }
+
+    /// A tracepoint-mode snapshot of `listeners` and the listen sysctls of `namespaces`.
+    pub fn snapshot(
+        listeners: Vec<ListenerSnapshot>,
+        namespaces: Vec<NamespaceSnapshot>,
+    ) -> Snapshot {
+        Snapshot {
+            version: "test".into(),
+            hook_mode: "tracepoint".into(),
+            kernel: KernelSupport::default(),
+            events_lost: 0,
+            stats_full: 0,
+            listeners,
+            namespaces,
+        }
+    }
+
+    /// Listen sysctls of a namespace: Debian's defaults with `somaxconn`.
+    pub fn namespace(netns: u32, somaxconn: u32) -> NamespaceSnapshot {
+        NamespaceSnapshot {
+            netns,
+            sysctls: ListenSysctls {
+                somaxconn,
+                tcp_max_syn_backlog: 512,
+                tcp_syncookies: 1,
+                tcp_abort_on_overflow: 0,
+            },
+        }
+    }
+}

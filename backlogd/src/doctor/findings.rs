@@ -1,6 +1,6 @@
 //! From numbers to the fix: findings over a snapshot of every listener and namespace.
-//! Pure: the same snapshot always gives the same findings (unit-tested below; the
-//! integration tests build each situation for real).
+//! Pure: the same snapshot always gives the same findings (unit-tested in `tests.rs`, one
+//! test per finding kind; the integration tests build each situation for real).
 
 use std::collections::BTreeMap;
 

@@ -1,6 +1,8 @@
 //! `backlogd doctor`: reads the running daemon's snapshot and says what to change.
 
 pub mod findings;
+#[cfg(test)]
+mod tests;
 
 use self::findings::{Finding, Severity};
 use crate::{api::Snapshot, client::Api};

@@ -352,10 +352,16 @@ mod tests {
         let object = aya_obj::Object::parse(EBPF_OBJECT).expect("the built eBPF object parses");
         let programs: BTreeSet<&str> = object.programs.keys().map(String::as_str).collect();
         let named: BTreeSet<&str> = program::ALL.into_iter().collect();
-        assert_eq!(programs, named, "programs of the object vs names::program::ALL");
+        assert_eq!(
+            programs, named,
+            "programs of the object vs names::program::ALL"
+        );
         let maps: BTreeSet<&str> = object.maps.keys().map(String::as_str).collect();
         for name in DAEMON {
-            assert!(maps.contains(name), "map {name} is not in the object: {maps:?}");
+            assert!(
+                maps.contains(name),
+                "map {name} is not in the object: {maps:?}"
+            );
         }
     }
 }

@@ -398,9 +398,7 @@ mod tests {
 
     use super::*;
     use crate::{
-        api::{AcceptWait, Bucket, Drops, ListenerSnapshot, Snapshot},
-        listeners::Listener,
-        loader::modes::KernelSupport,
+        api::{ListenerSnapshot, Snapshot, fixtures},
         queues::QueueFigures,
     };
 
@@ -411,50 +409,11 @@ mod tests {
         requested: i32,
         granted: u32,
     ) -> ListenerSnapshot {
-        let json = serde_json::json!({
-            "inode": inode, "netns": 4026531840u32, "addr": "0.0.0.0", "port": port,
-            "pid": 100 + inode, "comm": comm, "requested": requested, "granted": granted
-        });
-        ListenerSnapshot {
-            listener: serde_json::from_value::<Listener>(json).unwrap(),
-            syns_received: 0,
-            drops: Drops {
-                accept_queue_full: 0,
-                syn_queue_full: 0,
-                final_ack_overflow: 0,
-                other: 0,
-            },
-            syncookies_sent: 0,
-            synack_retransmits: 0,
-            queued: 0,
-            accepted: 0,
-            queues: QueueFigures::default(),
-            accept_wait: AcceptWait {
-                count: 0,
-                sum_seconds: 0.0,
-                buckets: (0..25)
-                    .map(|i| Bucket {
-                        le: (i < 24).then(|| (1u64 << i) as f64 / 1e6),
-                        count: 0,
-                    })
-                    .collect(),
-            },
-        }
+        fixtures::listener(inode, port, comm, Some(requested), granted)
     }
 
     fn snapshot(listeners: Vec<ListenerSnapshot>) -> Snapshot {
-        Snapshot {
-            version: "test".into(),
-            hook_mode: "tracepoint".into(),
-            kernel: KernelSupport {
-                fentry: false,
-                kprobe: false,
-            },
-            events_lost: 0,
-            stats_full: 0,
-            listeners,
-            namespaces: Vec::new(),
-        }
+        fixtures::snapshot(listeners, Vec::new())
     }
 
     /// Two snapshots one second apart: nginx on :80 drops 50/s, sshd is quiet, and a

@@ -1,0 +1,275 @@
+//! `diagnose` is pure: one test per finding kind, on snapshots built by hand. (The
+//! integration suite, tests/tests/doctor.rs, builds each situation for real.)
+
+use super::findings::{Finding, Severity, diagnose, subject};
+use crate::{
+    api::{
+        ListenerSnapshot,
+        fixtures::{NETNS, listener, namespace, snapshot},
+    },
+    queues::QueueFigures,
+};
+
+fn kinds(found: &[Finding]) -> Vec<&'static str> {
+    found.iter().map(|f| f.kind).collect()
+}
+
+fn only(found: Vec<Finding>, kind: &str) -> Finding {
+    assert_eq!(kinds(&found), [kind], "{found:#?}");
+    found.into_iter().next().unwrap()
+}
+
+fn queues(depth: u32, accept_max: u32, syn_max: u32) -> QueueFigures {
+    QueueFigures {
+        accept_depth: depth,
+        accept_max,
+        syn_max,
+    }
+}
+
+#[test]
+fn a_quiet_host_has_no_findings() {
+    let listeners = vec![
+        listener(1, 80, "nginx", Some(128), 128),
+        listener(2, 22, "sshd", None, 128),
+    ];
+    assert!(diagnose(&snapshot(listeners, vec![namespace(NETNS, 128)])).is_empty());
+}
+
+#[test]
+fn backlog_clamped_names_the_request_the_grant_and_the_namespaces_somaxconn() {
+    let l = listener(1, 80, "nginx", Some(511), 128);
+    let f = only(
+        diagnose(&snapshot(vec![l.clone()], vec![namespace(NETNS, 128)])),
+        "backlog_clamped",
+    );
+    assert_eq!(f.severity, Severity::Warning);
+    assert_eq!(f.subject, subject(&l));
+    assert_eq!(
+        f.summary,
+        "nginx asked for backlog 511 on 0.0.0.0:80, the kernel granted 128"
+    );
+    assert_eq!(
+        f.evidence,
+        [
+            "listen() backlog 511, sk_max_ack_backlog 128".to_owned(),
+            format!("net.core.somaxconn = 128 in netns {NETNS}"),
+        ]
+    );
+    assert!(
+        f.remedy.contains("sysctl -w net.core.somaxconn=511"),
+        "{}",
+        f.remedy
+    );
+    // Without the namespace's sysctls the finding stands and says what is unknown.
+    let f = only(diagnose(&snapshot(vec![l], vec![])), "backlog_clamped");
+    assert_eq!(
+        f.evidence[1],
+        format!("net.core.somaxconn of netns {NETNS} unknown")
+    );
+}
+
+#[test]
+fn a_request_granted_in_full_or_unknown_or_negative_is_not_a_clamp() {
+    for requested in [Some(128), Some(64), None, Some(-1)] {
+        let l = listener(1, 80, "app", requested, 128);
+        assert!(
+            diagnose(&snapshot(vec![l], vec![])).is_empty(),
+            "{requested:?}"
+        );
+    }
+}
+
+#[test]
+fn accept_queue_overflow_counts_drops_at_syn_and_at_the_final_ack() {
+    let mut l = listener(1, 8080, "app", Some(8), 8);
+    l.drops.accept_queue_full = 480;
+    l.drops.final_ack_overflow = 3;
+    l.queues = queues(9, 9, 2);
+    l.queued = 20;
+    l.accepted = 11;
+    let f = only(
+        diagnose(&snapshot(vec![l], vec![])),
+        "accept_queue_overflow",
+    );
+    assert_eq!(f.severity, Severity::Critical);
+    assert_eq!(f.summary, "the accept queue of 0.0.0.0:8080 overflows");
+    assert_eq!(
+        f.evidence,
+        [
+            "483 connections dropped with the accept queue full (480 at SYN, 3 at the final ACK)",
+            "accept queue peak 9 of capacity 8 (now 9)",
+            "11 accepted of 20 queued",
+        ]
+    );
+}
+
+#[test]
+fn accept_wait_p99_joins_the_queue_evidence() {
+    let mut l = listener(1, 8080, "app", Some(8), 8);
+    l.drops.accept_queue_full = 1;
+    // 99 waits under 1 us, one in the 2^10 us bucket: p99 is the first bucket's bound.
+    l.accept_wait.buckets[0].count = 99;
+    l.accept_wait.buckets[10].count = 1;
+    let f = only(
+        diagnose(&snapshot(vec![l.clone()], vec![])),
+        "accept_queue_overflow",
+    );
+    assert_eq!(f.evidence.last().unwrap(), "accept wait p99 <= 1 us");
+    // Most waits beyond the last bound: the last bucket says so.
+    l.accept_wait.buckets[0].count = 0;
+    l.accept_wait.buckets[24].count = 5;
+    let f = only(
+        diagnose(&snapshot(vec![l], vec![])),
+        "accept_queue_overflow",
+    );
+    assert_eq!(f.evidence.last().unwrap(), "accept wait p99 > 8.4 s");
+}
+
+#[test]
+fn accept_queue_near_full_from_ninety_percent_of_the_grant_without_drops() {
+    let mut l = listener(1, 8080, "app", Some(100), 100);
+    l.queues = queues(0, 89, 0);
+    assert!(diagnose(&snapshot(vec![l.clone()], vec![])).is_empty());
+    l.queues = queues(3, 90, 0);
+    let f = only(
+        diagnose(&snapshot(vec![l], vec![])),
+        "accept_queue_near_full",
+    );
+    assert_eq!(f.severity, Severity::Warning);
+    assert_eq!(
+        f.summary,
+        "the accept queue of 0.0.0.0:8080 reached 90 of 100"
+    );
+    assert_eq!(
+        f.evidence[0],
+        "accept queue peak 90 of capacity 100 (now 3)"
+    );
+}
+
+#[test]
+fn syn_queue_overflow_reports_the_namespaces_syncookies_setting() {
+    let mut l = listener(1, 443, "app", Some(16), 16);
+    l.drops.syn_queue_full = 40;
+    l.queues = queues(0, 0, 16);
+    let mut ns = namespace(NETNS, 4096);
+    ns.sysctls.tcp_syncookies = 0;
+    let f = only(diagnose(&snapshot(vec![l], vec![ns])), "syn_queue_overflow");
+    assert_eq!(f.severity, Severity::Critical);
+    assert_eq!(
+        f.evidence,
+        [
+            "40 SYNs dropped (TCPReqQFullDrop)",
+            "SYN queue peak 16 of limit 16",
+            "net.ipv4.tcp_syncookies = 0",
+        ]
+    );
+    assert!(f.remedy.contains("tcp_syncookies=1"), "{}", f.remedy);
+}
+
+#[test]
+fn syncookies_sent_is_a_warning_with_the_retransmits() {
+    let mut l = listener(1, 443, "app", Some(16), 16);
+    l.syncookies_sent = 7;
+    l.synack_retransmits = 2;
+    l.queues = queues(0, 0, 16);
+    let f = only(diagnose(&snapshot(vec![l], vec![])), "syncookies_sent");
+    assert_eq!(f.severity, Severity::Warning);
+    assert_eq!(
+        f.evidence,
+        [
+            "7 syncookies sent (TCPReqQFullDoCookies)",
+            "SYN queue peak 16 of limit 16",
+            "2 SYN-ACK retransmits",
+        ]
+    );
+}
+
+fn reuseport_group() -> Vec<ListenerSnapshot> {
+    (1..=3)
+        .map(|inode| listener(inode, 8080, "worker", Some(64), 64))
+        .collect()
+}
+
+#[test]
+fn reuseport_imbalance_names_the_stalled_member_and_lists_every_member() {
+    let mut group = reuseport_group();
+    group[1].drops.accept_queue_full = 12;
+    group[1].queues = queues(65, 65, 0);
+    let found = diagnose(&snapshot(group.clone(), vec![]));
+    // The stalled member also overflows on its own.
+    assert_eq!(
+        kinds(&found),
+        ["accept_queue_overflow", "reuseport_imbalance"]
+    );
+    let f = &found[1];
+    assert_eq!(f.severity, Severity::Critical);
+    assert_eq!(f.subject, subject(&group[1]));
+    assert_eq!(f.evidence.len(), 3);
+    assert_eq!(
+        f.evidence[1],
+        "socket 2 (worker[102]): queue 65 of 64, 12 dropped, 0 accepted"
+    );
+    assert!(
+        f.remedy
+            .starts_with("the worker owning socket 2 stopped accepting")
+    );
+}
+
+#[test]
+fn a_group_whose_members_all_struggle_is_not_an_imbalance() {
+    let mut group = reuseport_group();
+    for m in &mut group {
+        m.drops.accept_queue_full = 5;
+    }
+    let found = diagnose(&snapshot(group, vec![]));
+    assert!(
+        !kinds(&found).contains(&"reuseport_imbalance"),
+        "{found:#?}"
+    );
+    assert_eq!(found.len(), 3);
+}
+
+#[test]
+fn abort_on_overflow_is_info_until_it_resets_a_handshake() {
+    let mut ns = namespace(NETNS, 4096);
+    ns.sysctls.tcp_abort_on_overflow = 1;
+    let quiet = listener(1, 80, "app", Some(128), 128);
+    let f = only(
+        diagnose(&snapshot(vec![quiet.clone()], vec![ns.clone()])),
+        "abort_on_overflow",
+    );
+    assert_eq!(f.severity, Severity::Info);
+    assert_eq!(f.subject, format!("netns {NETNS}"));
+    assert_eq!(f.evidence[1], "0 final-ACK overflows answered with a RST");
+
+    let mut reset = quiet;
+    reset.drops.final_ack_overflow = 4;
+    let found = diagnose(&snapshot(vec![reset], vec![ns]));
+    assert_eq!(
+        kinds(&found),
+        ["accept_queue_overflow", "abort_on_overflow"]
+    );
+    assert_eq!(found[1].severity, Severity::Warning);
+    assert_eq!(
+        found[1].evidence[1],
+        "4 final-ACK overflows answered with a RST"
+    );
+}
+
+#[test]
+fn findings_come_most_severe_first() {
+    let mut clamped_and_cookies = listener(1, 80, "nginx", Some(511), 128);
+    clamped_and_cookies.syncookies_sent = 1;
+    let mut overflowing = listener(2, 81, "app", Some(8), 8);
+    overflowing.drops.accept_queue_full = 1;
+    let found = diagnose(&snapshot(vec![clamped_and_cookies, overflowing], vec![]));
+    assert_eq!(
+        kinds(&found),
+        [
+            "accept_queue_overflow",
+            "backlog_clamped",
+            "syncookies_sent"
+        ]
+    );
+}
