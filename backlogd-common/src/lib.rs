@@ -5,6 +5,7 @@
 #![no_std]
 
 pub mod names;
+pub mod netstat;
 
 /// `TCP_LISTEN` from `include/net/tcp_states.h`; part of the tracepoint ABI.
 pub const TCP_LISTEN: u32 = 10;

@@ -1,15 +1,15 @@
 //! The backlogd binary under test, as a child process.
 
 use std::{
-    io::{BufRead as _, BufReader, Read as _, Write as _},
-    net::{SocketAddr, TcpStream},
+    io::{BufRead as _, BufReader},
+    net::SocketAddr,
     path::PathBuf,
     process::{Child, Command, Output, Stdio},
     sync::{Arc, Mutex, mpsc},
     time::{Duration, Instant},
 };
 
-use crate::Scrape;
+use crate::{Scrape, http};
 
 /// Path of the binary under test: `BACKLOGD_BIN` (set by `cargo xtask test`), else the
 /// workspace's release build.
@@ -209,13 +209,13 @@ impl Daemon {
 
     /// `GET path`, returning (status, body).
     pub fn get(&self, path: &str) -> (u16, String) {
-        http_get(self.addr, path)
+        http::get(self.addr, path)
     }
 
     /// The hook mode the daemon reports, or None if it cannot be scraped (for failure
     /// reports, which must not fail themselves).
     pub fn try_hook_mode(&self) -> Option<String> {
-        let (status, body) = try_http_get(self.addr, "/metrics").ok()?;
+        let (status, body) = http::try_get(self.addr, "/metrics").ok()?;
         if status != 200 {
             return None;
         }
@@ -272,26 +272,4 @@ impl Drop for Daemon {
         self.child.kill().ok();
         self.child.wait().ok();
     }
-}
-
-/// Minimal HTTP/1.0 GET (no chunked bodies, connection closed after); panics on failure.
-pub fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
-    try_http_get(addr, path).unwrap_or_else(|e| panic!("GET http://{addr}{path}: {e}"))
-}
-
-/// Minimal HTTP/1.0 GET: servers answer without chunked encoding and close.
-pub fn try_http_get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
-    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
-    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
-    write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n")?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response)?;
-    let malformed = || std::io::Error::other(format!("malformed response: {response:?}"));
-    let (head, body) = response.split_once("\r\n\r\n").ok_or_else(malformed)?;
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(malformed)?;
-    Ok((status, body.to_owned()))
 }

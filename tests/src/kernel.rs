@@ -10,24 +10,10 @@ pub fn tcp_ext(ns: &Netns) -> HashMap<String, u64> {
     ns.run(|| {
         let text = std::fs::read_to_string("/proc/thread-self/net/netstat")
             .expect("reading /proc/thread-self/net/netstat");
-        let lines: Vec<&str> = text.lines().collect();
-        let mut out = HashMap::new();
-        for pair in lines.chunks(2) {
-            let (Some(keys), Some(values)) = (pair.first(), pair.get(1)) else {
-                continue;
-            };
-            if !keys.starts_with("TcpExt:") {
-                continue;
-            }
-            for (k, v) in keys
-                .split_whitespace()
-                .zip(values.split_whitespace())
-                .skip(1)
-            {
-                out.insert(k.to_owned(), v.parse().expect("counter value"));
-            }
-        }
-        out
+        backlogd_common::netstat::tcp_ext(&text)
+            .expect("no TcpExt section in /proc/thread-self/net/netstat")
+            .map(|(k, v)| (k.to_owned(), v))
+            .collect()
     })
 }
 

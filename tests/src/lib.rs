@@ -8,6 +8,7 @@ pub mod bpf;
 pub mod daemon;
 pub mod exact;
 pub mod figures;
+pub mod http;
 pub mod kernel;
 pub mod netns;
 pub mod prom;

@@ -119,8 +119,8 @@ impl Drop for Nginx {
 /// nginx's own count of connections its workers accepted (stub_status on port 8081, which
 /// counts the status request itself too).
 fn nginx_accepts(ns: &Netns) -> u64 {
-    let (status, body) = ns
-        .run(|| backlogd_tests::daemon::http_get("127.0.0.1:8081".parse().expect("address"), "/"));
+    let (status, body) =
+        ns.run(|| backlogd_tests::http::get("127.0.0.1:8081".parse().expect("address"), "/"));
     assert_eq!(status, 200, "stub_status: {body}");
     // "Active connections: 1\nserver accepts handled requests\n 5 5 5\n..."
     body.lines()

@@ -9,8 +9,7 @@ use std::{
 };
 
 use backlogd_tests::{
-    Daemon, Netns,
-    daemon::{http_get, try_http_get},
+    Daemon, Netns, http,
     sockets::{Listener, connect_burst},
 };
 
@@ -85,7 +84,7 @@ impl Prometheus {
 
     /// `GET /api/v1/...`, the JSON body.
     fn api(&self, path_and_query: &str) -> serde_json::Value {
-        let (status, body) = http_get(self.addr, path_and_query);
+        let (status, body) = http::get(self.addr, path_and_query);
         assert_eq!(status, 200, "{path_and_query}: {body}");
         serde_json::from_str(&body).expect("Prometheus JSON")
     }
@@ -96,7 +95,7 @@ impl Prometheus {
         loop {
             // Prometheus may not listen yet: connection errors just mean "not yet".
             if let Ok((200, body)) =
-                try_http_get(self.addr, &format!("/api/v1/query?query={}", encode(query)))
+                http::try_get(self.addr, &format!("/api/v1/query?query={}", encode(query)))
                 && let Ok(v) = serde_json::from_str::<serde_json::Value>(&body)
                 && let Some(sample) = v["data"]["result"].as_array().and_then(|r| r.first())
             {

@@ -24,7 +24,8 @@ use std::{
 
 use backlogd_tests::{
     Daemon, Netns, Scrape,
-    daemon::{binary, http_get, run_to_end, try_http_get},
+    daemon::{binary, run_to_end},
+    http::{self, Reply, basic, exchange, get_request, raw, read_one_response},
     kernel::tcp_ext,
     sockets::Listener,
     tempdir::TempDir,
@@ -194,7 +195,7 @@ fn readiness_comes_after_attach_and_serving_then_reload_watchdog_and_stop() {
         first.lines().any(|l| l == "READY=1"),
         "first message: {first:?}"
     );
-    let (status, body) = http_get(addr, "/metrics");
+    let (status, body) = http::get(addr, "/metrics");
     assert_eq!(status, 200);
     assert!(
         body.contains("backlogd_hook_mode"),
@@ -276,115 +277,6 @@ fn eventually<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) 
     }
 }
 
-/// A response read whole from a connection the server closes after it.
-#[derive(Debug)]
-struct Reply {
-    status: u16,
-    head: String,
-    body: Vec<u8>,
-}
-
-impl Reply {
-    fn parse(bytes: &[u8]) -> std::io::Result<Self> {
-        let shown = || String::from_utf8_lossy(&bytes[..bytes.len().min(300)]).into_owned();
-        let end = bytes
-            .windows(4)
-            .position(|w| w == b"\r\n\r\n")
-            .ok_or_else(|| std::io::Error::other(format!("no response head in {:?}", shown())))?;
-        let head = String::from_utf8_lossy(&bytes[..end]).into_owned();
-        let status = head
-            .split_whitespace()
-            .nth(1)
-            .and_then(|s| s.parse().ok())
-            .ok_or_else(|| std::io::Error::other(format!("no status in {:?}", shown())))?;
-        Ok(Self {
-            status,
-            head,
-            body: bytes[end + 4..].to_vec(),
-        })
-    }
-
-    fn header(&self, name: &str) -> Option<&str> {
-        self.head.lines().skip(1).find_map(|l| {
-            let (k, v) = l.split_once(':')?;
-            k.trim().eq_ignore_ascii_case(name).then(|| v.trim())
-        })
-    }
-
-    /// The body, after checking it is whole: exactly Content-Length bytes, or a chunked
-    /// body up to and including its final zero-size chunk (/metrics is streamed).
-    fn complete_body(&self) -> Result<Vec<u8>, String> {
-        let chunked = self
-            .header("transfer-encoding")
-            .is_some_and(|t| t.eq_ignore_ascii_case("chunked"));
-        if !chunked {
-            let length: usize = self
-                .header("content-length")
-                .ok_or_else(|| format!("neither content-length nor chunked: {}", self.head))?
-                .parse()
-                .map_err(|e| format!("content-length: {e}"))?;
-            if self.body.len() != length {
-                return Err(format!(
-                    "truncated: body of {} bytes, content-length {length}",
-                    self.body.len()
-                ));
-            }
-            return Ok(self.body.clone());
-        }
-        let mut rest = &self.body[..];
-        let mut out = Vec::new();
-        loop {
-            let truncated = |out: &Vec<u8>| {
-                format!(
-                    "truncated: chunked body stopped after {} bytes without its final chunk",
-                    out.len()
-                )
-            };
-            let line_end = rest
-                .windows(2)
-                .position(|w| w == b"\r\n")
-                .ok_or_else(|| truncated(&out))?;
-            let size_text = String::from_utf8_lossy(&rest[..line_end]).into_owned();
-            let size = usize::from_str_radix(size_text.split(';').next().unwrap_or("").trim(), 16)
-                .map_err(|e| format!("chunk size {size_text:?}: {e}"))?;
-            rest = &rest[line_end + 2..];
-            if size == 0 {
-                return Ok(out);
-            }
-            if rest.len() < size + 2 {
-                return Err(truncated(&out));
-            }
-            out.extend_from_slice(&rest[..size]);
-            rest = &rest[size + 2..];
-        }
-    }
-
-    #[track_caller]
-    fn complete_text(&self) -> String {
-        let body = self
-            .complete_body()
-            .unwrap_or_else(|e| panic!("{e}: {}", self.head));
-        String::from_utf8(body).expect("utf-8 body")
-    }
-}
-
-/// `GET path` with `Connection: close`, optional basic-auth credentials (base64) and extra
-/// header lines (each ending in CRLF).
-fn get_request(path: &str, auth: Option<&str>, extra: &str) -> Vec<u8> {
-    let auth = auth.map_or(String::new(), |a| format!("Authorization: Basic {a}\r\n"));
-    format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{auth}{extra}\r\n").into_bytes()
-}
-
-/// Sends `request` on a new connection and reads the response until the server closes.
-fn exchange(addr: SocketAddr, request: &[u8]) -> std::io::Result<Reply> {
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
-    s.set_read_timeout(Some(Duration::from_secs(20)))?;
-    s.write_all(request)?;
-    let mut out = Vec::new();
-    s.read_to_end(&mut out)?;
-    Reply::parse(&out)
-}
-
 fn get_as(addr: SocketAddr, path: &str, auth: Option<&str>) -> Reply {
     exchange(addr, &get_request(path, auth, ""))
         .unwrap_or_else(|e| panic!("GET http://{addr}{path}: {e}"))
@@ -395,27 +287,6 @@ fn scrape_as(addr: SocketAddr, auth: &str) -> Scrape {
     let reply = get_as(addr, "/metrics", Some(auth));
     assert_eq!(reply.status, 200, "{reply:?}");
     Scrape::parse(&reply.complete_text())
-}
-
-fn base64(text: &str) -> String {
-    const ABC: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::new();
-    for chunk in text.as_bytes().chunks(3) {
-        let b = [
-            chunk[0],
-            *chunk.get(1).unwrap_or(&0),
-            *chunk.get(2).unwrap_or(&0),
-        ];
-        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
-        for i in 0..4 {
-            if i <= chunk.len() {
-                out.push(ABC[(n >> (18 - 6 * i) & 63) as usize] as char);
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    out
 }
 
 /// SIGHUP, then waits for the daemon's RELOADING=1 and READY=1: the reload is done.
@@ -465,7 +336,7 @@ fn sighup_applies_reloadable_settings_and_keeps_the_old_config_when_the_new_is_b
         "bad-web.yml",
         "basic_auth_users:\n  prometheus: not-a-hash\n",
     );
-    let good = base64("prometheus:scrape-secret");
+    let good = basic("prometheus", "scrape-secret");
     let port = free_port();
     let other = free_port();
     let config = |listen: u16, log: &str, rescan: u64, hwm: u64, http: &str| {
@@ -816,20 +687,10 @@ fn sigterm_exits_within_seconds_despite_idle_and_slow_clients() {
     drop(idle);
 }
 
-/// Sends raw bytes and returns what came back (until close or 5 s).
-fn raw(addr: SocketAddr, bytes: &[u8]) -> String {
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    let _ = s.write_all(bytes);
-    let mut out = Vec::new();
-    let _ = s.read_to_end(&mut out);
-    String::from_utf8_lossy(&out).into_owned()
-}
-
 /// Times a well-behaved scrape; panics if it fails.
 fn timed_scrape(addr: SocketAddr) -> Duration {
     let start = Instant::now();
-    let (status, body) = try_http_get(addr, "/metrics").unwrap_or_else(|e| panic!("scrape: {e}"));
+    let (status, body) = http::try_get(addr, "/metrics").unwrap_or_else(|e| panic!("scrape: {e}"));
     assert_eq!(status, 200);
     assert!(body.contains("backlogd_hook_mode"));
     start.elapsed()
@@ -1043,7 +904,7 @@ fn a_large_scrape_read_slowly_is_not_truncated_when_a_flood_hits_the_connection_
         ])
     });
     let addr = daemon.addr;
-    let get = |path: &'static str| ns.run(move || http_get(addr, path));
+    let get = |path: &'static str| ns.run(move || http::get(addr, path));
     // A big scrape: ~40 series for each of 600 listeners.
     let netns = ns.inode().to_string();
     let listeners: Vec<Listener> = (0..LISTENERS)
@@ -1177,42 +1038,21 @@ fn basic_auth_from_a_web_config_file_rejects_and_accepts() {
         &format!("basic_auth_users:\n  prometheus: {HASH}\n"),
     );
     let daemon = Daemon::start_with(&["--web-config-file", web.to_str().unwrap()]);
-    // base64("prometheus:scrape-secret"), base64("prometheus:wrong"), base64("nobody:scrape-secret")
-    let good = "cHJvbWV0aGV1czpzY3JhcGUtc2VjcmV0";
-    let wrong = "cHJvbWV0aGV1czp3cm9uZw==";
-    let stranger = "bm9ib2R5OnNjcmFwZS1zZWNyZXQ=";
+    let good = basic("prometheus", "scrape-secret");
+    let wrong = basic("prometheus", "wrong");
+    let stranger = basic("nobody", "scrape-secret");
     let none = get_with_auth(daemon.addr, None);
     assert!(none.starts_with("HTTP/1.1 401"), "{none}");
     assert!(none.contains("www-authenticate: Basic"), "{none}");
-    for bad in [wrong, stranger, "!!notbase64"] {
+    for bad in [wrong.as_str(), stranger.as_str(), "!!notbase64"] {
         let r = get_with_auth(daemon.addr, Some(bad));
         assert!(r.starts_with("HTTP/1.1 401"), "{bad}: {r}");
     }
-    let ok = get_with_auth(daemon.addr, Some(good));
+    let ok = get_with_auth(daemon.addr, Some(&good));
     assert!(
         ok.starts_with("HTTP/1.1 200") && ok.contains("backlogd_hook_mode"),
         "{ok}"
     );
-}
-
-/// Reads one response from a kept-alive connection: its status (the body is skipped).
-fn read_one_response(s: &mut TcpStream) -> std::io::Result<u16> {
-    let mut got = Vec::new();
-    let mut byte = [0u8; 1];
-    while !got.ends_with(b"\r\n\r\n") {
-        if s.read(&mut byte)? == 0 {
-            return Err(std::io::ErrorKind::UnexpectedEof.into());
-        }
-        got.push(byte[0]);
-    }
-    let reply = Reply::parse(&got)?;
-    let length: usize = reply
-        .header("content-length")
-        .and_then(|l| l.parse().ok())
-        .ok_or_else(|| std::io::Error::other(format!("no content-length: {}", reply.head)))?;
-    let mut body = vec![0u8; length];
-    s.read_exact(&mut body)?;
-    Ok(reply.status)
 }
 
 /// An attacker with a wrong password: keeps a connection alive and sends request after
@@ -1284,8 +1124,8 @@ fn wrong_passwords_cannot_take_every_slot_or_lock_out_a_scraper_with_the_right_o
         "8",
     ]);
     let addr = daemon.addr;
-    let prometheus = base64("prometheus:scrape-secret");
-    let grafana = base64("grafana:scrape-secret");
+    let prometheus = basic("prometheus", "scrape-secret");
+    let grafana = basic("grafana", "scrape-secret");
     // prometheus scrapes before the flood: its credentials are checked and remembered.
     assert_eq!(scrape_attempt(addr, &prometheus), "200");
 
@@ -1296,7 +1136,7 @@ fn wrong_passwords_cannot_take_every_slot_or_lock_out_a_scraper_with_the_right_o
             let user = if i % 2 == 0 { "prometheus" } else { "grafana" };
             wrong_password_client(
                 addr,
-                base64(&format!("{user}:guess-{i}")),
+                basic(user, &format!("guess-{i}")),
                 stop.clone(),
                 counts.clone(),
             )
@@ -1421,7 +1261,7 @@ fn tls_from_a_web_config_file() {
         String::from_utf8_lossy(&out.stderr)
     );
     // Plain HTTP to the TLS port gets no metrics.
-    assert!(try_http_get(daemon.addr, "/metrics").map_or(true, |(s, _)| s != 200));
+    assert!(http::try_get(daemon.addr, "/metrics").map_or(true, |(s, _)| s != 200));
 }
 
 #[test]

@@ -123,39 +123,18 @@ impl ListenSysctls {
     }
 }
 
-/// The TcpExt section of `/proc/net/netstat` (a header line of names, then values).
+/// The TcpExt counters in the text of a `/proc/net/netstat`.
 pub fn parse(netstat: &str) -> Option<HashMap<String, u64>> {
-    let mut lines = netstat.lines();
-    while let Some(names) = lines.next() {
-        let values = lines.next()?;
-        if let (Some(names), Some(values)) = (
-            names.strip_prefix("TcpExt:"),
-            values.strip_prefix("TcpExt:"),
-        ) {
-            return Some(
-                names
-                    .split_whitespace()
-                    .zip(values.split_whitespace())
-                    .filter_map(|(k, v)| Some((k.to_owned(), v.parse().ok()?)))
-                    .collect(),
-            );
-        }
-    }
-    None
+    Some(
+        backlogd_common::netstat::tcp_ext(netstat)?
+            .map(|(k, v)| (k.to_owned(), v))
+            .collect(),
+    )
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn parses_tcpext_and_skips_ipext() {
-        let text = "TcpExt: SyncookiesSent ListenOverflows ListenDrops\nTcpExt: 3 75 80\n\
-                    IpExt: InNoRoutes\nIpExt: 1\n";
-        let m = parse(text).unwrap();
-        assert_eq!((m["ListenOverflows"], m["ListenDrops"]), (75, 80));
-        assert!(!m.contains_key("InNoRoutes"));
-    }
 
     #[test]
     fn task_paths_become_task_sources() {
