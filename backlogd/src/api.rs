@@ -6,7 +6,10 @@ use backlogd_common::{ACCEPT_WAIT_BUCKETS, ListenerStats};
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    listeners::Listener, loader::modes::KernelSupport, queues::QueueFigures,
+    listeners::Listener,
+    loader::modes::KernelSupport,
+    programs::{Asks, Known},
+    queues::QueueFigures,
     sampling::tcpext::ListenSysctls,
 };
 
@@ -26,6 +29,10 @@ pub struct Snapshot {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct NamespaceSnapshot {
     pub netns: u32,
+    /// Whether this is the host's namespace (PID 1's): elsewhere a sysctl is set in the
+    /// container or pod, not on the host.
+    #[serde(default)]
+    pub host: bool,
     #[serde(flatten)]
     pub sysctls: ListenSysctls,
 }
@@ -34,6 +41,9 @@ pub struct NamespaceSnapshot {
 pub struct ListenerSnapshot {
     #[serde(flatten)]
     pub listener: Listener,
+    /// What is known of the backlog it asked for (see [`Request`]).
+    #[serde(default)]
+    pub request: Request,
     pub syns_received: u64,
     pub drops: Drops,
     pub syncookies_sent: u64,
@@ -42,6 +52,83 @@ pub struct ListenerSnapshot {
     pub accepted: u64,
     pub queues: QueueFigures,
     pub accept_wait: AcceptWait,
+}
+
+/// What is known of the backlog a listener passed to `listen()`. The kernel keeps only
+/// what it granted, `min(request, net.core.somaxconn)` at the time of the call.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "known", rename_all = "snake_case")]
+pub enum Request {
+    /// backlogd saw the `listen()` call.
+    Seen { backlog: i32 },
+    /// Not seen, but its program asks for this figure (`programs.rs`); `source` says
+    /// where the figure comes from (a configuration line, the command line, the default).
+    Program {
+        program: String,
+        backlog: u32,
+        source: String,
+    },
+    /// Not seen; its program asks for net.core.somaxconn itself, so it is never cut.
+    Somaxconn { program: String },
+    /// Not seen, and granted exactly the namespace's net.core.somaxconn: it asked for at
+    /// least that, and may have been cut.
+    AtLeast { backlog: u32 },
+    /// Not seen, and granted less than net.core.somaxconn (or that is unknown): most
+    /// likely what it asked for, unless somaxconn was lower when it listened.
+    #[default]
+    Unknown,
+}
+
+impl Request {
+    /// What is known of `l`'s request, in a namespace whose somaxconn is `somaxconn`.
+    pub fn of(l: &Listener, somaxconn: Option<u32>) -> Self {
+        if let Some(backlog) = l.requested {
+            return Request::Seen { backlog };
+        }
+        let at_cap = somaxconn.is_some_and(|m| m > 0 && l.granted == m);
+        match &l.program {
+            Some(Known {
+                program,
+                asks: Asks::Backlog(backlog),
+                source,
+            }) => Request::Program {
+                program: program.clone(),
+                backlog: *backlog,
+                source: source.clone(),
+            },
+            Some(Known {
+                program,
+                asks: Asks::Somaxconn,
+                ..
+            }) => Request::Somaxconn {
+                program: program.clone(),
+            },
+            _ if at_cap => Request::AtLeast { backlog: l.granted },
+            _ => Request::Unknown,
+        }
+    }
+
+    /// The figure the listener is known to want, if any: what it asked for, or what its
+    /// program asks for.
+    pub fn wanted(&self) -> Option<u32> {
+        match self {
+            Request::Seen { backlog } => u32::try_from(*backlog).ok().filter(|&b| b > 0),
+            Request::Program { backlog, .. } => Some(*backlog),
+            _ => None,
+        }
+    }
+
+    /// For a table cell: `511` (seen), `511*` (its program's figure), `=max` (asks for
+    /// somaxconn), `>=128` (at least), `?`.
+    pub fn short(&self) -> String {
+        match self {
+            Request::Seen { backlog } => backlog.to_string(),
+            Request::Program { backlog, .. } => format!("{backlog}*"),
+            Request::Somaxconn { .. } => "=max".to_owned(),
+            Request::AtLeast { backlog } => format!(">={backlog}"),
+            Request::Unknown => "?".to_owned(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -93,10 +180,16 @@ impl AcceptWait {
 }
 
 impl ListenerSnapshot {
-    /// A listener with its counters (zero when the kernel has no entry for it yet) and
-    /// queue figures.
-    pub fn new(listener: Listener, s: ListenerStats, queues: QueueFigures) -> Self {
+    /// A listener with its counters (zero when the kernel has no entry for it yet), queue
+    /// figures, and its namespace's net.core.somaxconn (if known).
+    pub fn new(
+        listener: Listener,
+        s: ListenerStats,
+        queues: QueueFigures,
+        somaxconn: Option<u32>,
+    ) -> Self {
         Self {
+            request: Request::of(&listener, somaxconn),
             listener,
             syns_received: s.syns,
             drops: Drops {
@@ -148,7 +241,24 @@ pub mod fixtures {
             "pid": 100 + inode, "comm": comm, "requested": requested, "granted": granted
         });
         let listener = serde_json::from_value::<Listener>(json).expect("a valid listener");
-        ListenerSnapshot::new(listener, ListenerStats::default(), QueueFigures::default())
+        ListenerSnapshot::new(
+            listener,
+            ListenerStats::default(),
+            QueueFigures::default(),
+            None,
+        )
+    }
+
+    /// `l` in a namespace whose net.core.somaxconn is `somaxconn`, owned by `program`
+    /// (`None`: not one backlogd knows).
+    pub fn owned_by(
+        mut l: ListenerSnapshot,
+        somaxconn: u32,
+        program: Option<crate::programs::Known>,
+    ) -> ListenerSnapshot {
+        l.listener.program = program;
+        l.request = Request::of(&l.listener, Some(somaxconn));
+        l
     }
 
     /// A tracepoint-mode snapshot of `listeners` and the listen sysctls of `namespaces`.
@@ -171,6 +281,7 @@ pub mod fixtures {
     pub fn namespace(netns: u32, somaxconn: u32) -> NamespaceSnapshot {
         NamespaceSnapshot {
             netns,
+            host: netns == NETNS,
             sysctls: ListenSysctls {
                 somaxconn,
                 tcp_max_syn_backlog: 512,

@@ -24,6 +24,7 @@ use crate::{
     },
     kernel_maps::SharedMaps,
     loader::{self, LoadOptions},
+    programs,
     queues::QueueWindows,
     sampling::{self, tcpext},
     service::{self, health::Heartbeats, notify},
@@ -398,6 +399,7 @@ async fn follow_listener_events(ring: RingBuf<MapData>, shared: Arc<Shared>) -> 
         .context("polling the listener event ring buffer")?;
     loop {
         let mut guard = fd.readable_mut().await?;
+        let mut listened = false;
         {
             let ring = guard.get_inner_mut();
             let mut table = shared.write_listeners();
@@ -405,6 +407,7 @@ async fn follow_listener_events(ring: RingBuf<MapData>, shared: Arc<Shared>) -> 
                 match parse_event(&item) {
                     Some(event) => {
                         if event.kind == backlogd_common::event_kind::LISTEN {
+                            listened = true;
                             // The listening thread is in the socket's namespace: a cheap
                             // way to read that namespace's counters until a scan.
                             shared.note_netns(
@@ -422,6 +425,38 @@ async fn follow_listener_events(ring: RingBuf<MapData>, shared: Arc<Shared>) -> 
             }
         }
         guard.clear_ready();
+        if listened {
+            // Off the event loop: it reads /proc and configuration files.
+            tokio::spawn(identify_programs(shared.clone()));
+        }
+    }
+}
+
+/// Looks up the program behind each listener not looked up yet (`programs.rs`), one
+/// /proc read per process.
+async fn identify_programs(shared: Arc<Shared>) {
+    let wanted = shared.listeners().unidentified();
+    if wanted.is_empty() {
+        return;
+    }
+    let found = tokio::task::spawn_blocking(move || {
+        let mut processes = std::collections::HashMap::new();
+        wanted
+            .into_iter()
+            .map(|(inode, pid, port)| {
+                let process = processes
+                    .entry(pid)
+                    .or_insert_with(|| programs::Process::of(pid));
+                let known = process.as_ref().and_then(|p| programs::identify(p, port));
+                (inode, pid, known)
+            })
+            .collect::<Vec<_>>()
+    })
+    .await
+    .unwrap_or_default();
+    let mut table = shared.write_listeners();
+    for (inode, pid, known) in found {
+        table.set_program(inode, pid, known);
     }
 }
 
@@ -449,6 +484,7 @@ async fn rescan(shared: &Arc<Shared>) {
     let (added, removed) = shared
         .write_listeners()
         .finish_scan(generation, &found, &listed, &owners);
+    identify_programs(shared.clone()).await;
     if added + removed > 0 {
         tracing::info!(
             added,

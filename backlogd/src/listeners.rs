@@ -9,7 +9,10 @@ use std::{
 use backlogd_common::{AF_INET, ListenerEvent, event_kind};
 use serde::Serialize;
 
-use crate::sampling::{DiagListener, owners::Owner};
+use crate::{
+    programs::Known,
+    sampling::{DiagListener, owners::Owner},
+};
 
 /// One listening socket as the kernel last described it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
@@ -29,6 +32,13 @@ pub struct Listener {
     pub requested: Option<i32>,
     /// Accept-queue capacity the kernel granted (`sk_max_ack_backlog`).
     pub granted: u32,
+    /// The program holding the socket, if it is one backlogd knows (`programs.rs`), and
+    /// what it asks `listen()` for: the request when `requested` is unknown.
+    #[serde(default)]
+    pub program: Option<Known>,
+    /// Whether the owner has been looked up since the entry was made.
+    #[serde(skip)]
+    identified: bool,
     /// Scan generation current when the entry was made (see [`ListenerTable::begin_scan`]).
     #[serde(skip)]
     generation: u64,
@@ -113,12 +123,34 @@ impl ListenerTable {
                     comm: owner.map(|o| o.comm.clone()).unwrap_or_default(),
                     requested: None,
                     granted: d.granted,
+                    program: None,
+                    identified: false,
                     generation,
                 },
             );
             added += 1;
         }
         (added, removed)
+    }
+
+    /// Listeners whose owner has not been looked up yet: (inode, pid, port).
+    pub fn unidentified(&self) -> Vec<(u64, u32, u16)> {
+        self.by_inode
+            .values()
+            .filter(|l| !l.identified && l.pid != 0)
+            .map(|l| (l.inode, l.pid, l.port))
+            .collect()
+    }
+
+    /// Records what [`crate::programs::identify`] said of the owner `pid` of `inode`,
+    /// unless the entry has changed hands since (a new `listen()` on a reused inode).
+    pub fn set_program(&mut self, inode: u64, pid: u32, program: Option<Known>) {
+        if let Some(l) = self.by_inode.get_mut(&inode)
+            && l.pid == pid
+        {
+            l.program = program;
+            l.identified = true;
+        }
     }
 
     fn listener_of(&self, e: &ListenerEvent) -> Listener {
@@ -137,6 +169,8 @@ impl ListenerTable {
             comm: String::from_utf8_lossy(&e.comm[..comm_len]).into_owned(),
             requested: Some(e.requested),
             granted: e.granted,
+            program: None,
+            identified: false,
             generation: self.generation,
         }
     }

@@ -6,6 +6,7 @@
 
 pub mod bpf;
 pub mod daemon;
+pub mod doctor;
 pub mod exact;
 pub mod figures;
 pub mod http;

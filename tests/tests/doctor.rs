@@ -2,72 +2,18 @@
 //! situations run in sequence inside one test: the daemon sees every listener on the
 //! host, and the exit-status checks must not see another test's listeners.
 
-use std::{collections::BTreeSet, process::Command, time::Duration};
+use std::{process::Command, time::Duration};
 
 use backlogd_tests::{
     Daemon, Netns,
     daemon::binary,
+    doctor::{Doctor, evidence, kinds, set},
     sockets::{Listener, connect_burst},
 };
 
 /// The tests here check exit statuses that any listener on the host could change: one
 /// at a time.
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-struct Doctor {
-    findings: Vec<serde_json::Value>,
-    status: i32,
-}
-
-fn doctor(daemon: &Daemon, extra: &[&str]) -> Doctor {
-    let out = Command::new(binary())
-        .args(["doctor", "--json", "--api", &daemon.addr.to_string()])
-        .args(extra)
-        .output()
-        .expect("running backlogd doctor");
-    let findings: Vec<serde_json::Value> =
-        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-            panic!(
-                "doctor --json: {e}\n{}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            )
-        });
-    Doctor {
-        findings,
-        status: out.status.code().expect("exit status"),
-    }
-}
-
-/// Findings about namespace `ns` (subjects name their netns).
-fn about<'a>(d: &'a Doctor, ns: &Netns) -> Vec<&'a serde_json::Value> {
-    let tag = format!("netns {}", ns.inode());
-    d.findings
-        .iter()
-        .filter(|f| f["subject"].as_str().unwrap().contains(&tag))
-        .collect()
-}
-
-fn kinds(findings: &[&serde_json::Value]) -> BTreeSet<String> {
-    findings
-        .iter()
-        .map(|f| f["kind"].as_str().unwrap().to_owned())
-        .collect()
-}
-
-fn evidence(f: &serde_json::Value) -> String {
-    f["evidence"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| e.as_str().unwrap())
-        .collect::<Vec<_>>()
-        .join("; ")
-}
-
-fn set(k: &[&str]) -> BTreeSet<String> {
-    k.iter().map(|s| s.to_string()).collect()
-}
 
 #[test]
 fn doctor_names_each_situation_with_its_evidence_and_nothing_false_when_healthy() {
@@ -84,8 +30,8 @@ fn doctor_names_each_situation_with_its_evidence_and_nothing_false_when_healthy(
         l.socket.set_nonblocking(true).unwrap();
         while l.socket.accept().is_ok() {}
         drop(clients);
-        let d = doctor(&daemon, &["--fail-on", "info"]);
-        assert_eq!(kinds(&about(&d, &ns)), set(&[]), "{:#?}", d.findings);
+        let d = Doctor::run(&daemon, &["--fail-on", "info"]);
+        assert_eq!(kinds(&d.about(&ns)), set(&[]), "{:#?}", d.findings);
         assert_eq!(d.status, 0, "all clear exits 0: {:#?}", d.findings);
     }
 
@@ -95,8 +41,8 @@ fn doctor_names_each_situation_with_its_evidence_and_nothing_false_when_healthy(
         ns.sysctl("net.core.somaxconn", "128");
         let l = Listener::open(&ns, "127.0.0.1:0", 511);
         daemon.wait_for_listener(l.inode);
-        let d = doctor(&daemon, &[]);
-        let found = about(&d, &ns);
+        let d = Doctor::run(&daemon, &[]);
+        let found = d.about(&ns);
         assert_eq!(kinds(&found), set(&["backlog_clamped"]), "{found:#?}");
         let ev = evidence(found[0]);
         assert!(
@@ -118,9 +64,9 @@ fn doctor_names_each_situation_with_its_evidence_and_nothing_false_when_healthy(
             findings: serde_json::from_str(&body).expect("findings JSON"),
             status: 0,
         };
-        assert_eq!(kinds(&about(&api, &ns)), set(&["backlog_clamped"]));
-        assert_eq!(about(&api, &ns)[0]["evidence"], found[0]["evidence"]);
-        assert_eq!(doctor(&daemon, &["--fail-on", "critical"]).status, 0);
+        assert_eq!(kinds(&api.about(&ns)), set(&["backlog_clamped"]));
+        assert_eq!(api.about(&ns)[0]["evidence"], found[0]["evidence"]);
+        assert_eq!(Doctor::run(&daemon, &["--fail-on", "critical"]).status, 0);
     }
 
     // Slow acceptor: backlog 4, nobody accepts, a burst.
@@ -132,8 +78,8 @@ fn doctor_names_each_situation_with_its_evidence_and_nothing_false_when_healthy(
         let clients = connect_burst(&ns, l.addr, 30);
         std::thread::sleep(Duration::from_millis(300));
         drop(clients);
-        let d = doctor(&daemon, &[]);
-        let found = about(&d, &ns);
+        let d = Doctor::run(&daemon, &[]);
+        let found = d.about(&ns);
         assert_eq!(kinds(&found), set(&["accept_queue_overflow"]), "{found:#?}");
         let ev = evidence(found[0]);
         assert!(ev.contains("accept queue peak 5 of capacity 4"), "{ev}");
@@ -150,8 +96,8 @@ fn doctor_names_each_situation_with_its_evidence_and_nothing_false_when_healthy(
         let clients = connect_burst(&ns, l.addr, 40);
         std::thread::sleep(Duration::from_millis(300));
         drop(clients);
-        let d = doctor(&daemon, &[]);
-        let found = about(&d, &ns);
+        let d = Doctor::run(&daemon, &[]);
+        let found = d.about(&ns);
         assert_eq!(
             kinds(&found),
             set(&[kind]),
@@ -189,8 +135,8 @@ fn doctor_names_each_situation_with_its_evidence_and_nothing_false_when_healthy(
         for m in &members[1..] {
             while m.socket.accept().is_ok() {}
         }
-        let d = doctor(&daemon, &[]);
-        let found = about(&d, &ns);
+        let d = Doctor::run(&daemon, &[]);
+        let found = d.about(&ns);
         let imbalance: Vec<_> = found
             .iter()
             .filter(|f| f["kind"] == "reuseport_imbalance")
@@ -219,8 +165,8 @@ fn doctor_names_each_situation_with_its_evidence_and_nothing_false_when_healthy(
         ns.sysctl("net.ipv4.tcp_abort_on_overflow", "1");
         let l = Listener::open(&ns, "127.0.0.1:0", 16);
         daemon.wait_for_listener(l.inode);
-        let d = doctor(&daemon, &["--fail-on", "info"]);
-        let found = about(&d, &ns);
+        let d = Doctor::run(&daemon, &["--fail-on", "info"]);
+        let found = d.about(&ns);
         assert_eq!(kinds(&found), set(&["abort_on_overflow"]), "{found:#?}");
         assert_eq!(found[0]["severity"], "info");
         assert!(evidence(found[0]).contains("net.ipv4.tcp_abort_on_overflow = 1"));
@@ -278,7 +224,7 @@ fn doctor_standalone_watches_for_the_duration_without_a_daemon() {
         status: 0,
     };
     assert_eq!(
-        kinds(&about(&d, &ns)),
+        kinds(&d.about(&ns)),
         set(&["backlog_clamped"]),
         "{:#?}",
         d.findings

@@ -14,7 +14,8 @@ use anyhow::{Context as _, Result, bail};
 /// (depmod/modprobe resolve the guest's module dependencies) and xz-utils (Debian's modules
 /// are .ko.xz); `bpftrace` (the benchmark's comparison with a hand-written script, and the
 /// stress suite's other tracer); procps (`pgrep` finds nginx's workers); `iperf3` (the
-/// stress suite's background traffic).
+/// stress suite's background traffic); redis-server, memcached, apache2 and haproxy (servers
+/// started before the daemon, whose backlog requests backlogd must know: tests/tests/day_one.rs).
 const DEBIAN_PACKAGES: &[&str] = &[
     "iproute2",
     "util-linux",
@@ -36,6 +37,10 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "procps",
     "apache2-utils",
     "iperf3",
+    "redis-server",
+    "memcached",
+    "apache2",
+    "haproxy",
 ];
 
 const BPF_LINKER_VERSION: &str = "0.13.0";

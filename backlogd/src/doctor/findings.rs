@@ -4,38 +4,8 @@
 
 use std::collections::BTreeMap;
 
-use serde::Serialize;
-
+use super::finding::{Finding, Severity, subject};
 use crate::api::{ListenerSnapshot, NamespaceSnapshot, Snapshot};
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, clap::ValueEnum)]
-#[serde(rename_all = "lowercase")]
-pub enum Severity {
-    Info,
-    Warning,
-    Critical,
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct Finding {
-    pub severity: Severity,
-    /// Stable identifier for automation.
-    pub kind: &'static str,
-    /// `comm[pid] address:port (netns N)` the finding is about.
-    pub subject: String,
-    pub summary: String,
-    pub evidence: Vec<String>,
-    pub remedy: String,
-}
-
-/// How findings name a listener.
-pub fn subject(l: &ListenerSnapshot) -> String {
-    let l = &l.listener;
-    format!(
-        "{}[{}] {}:{} (netns {})",
-        l.comm, l.pid, l.addr, l.port, l.netns
-    )
-}
 
 fn drops(l: &ListenerSnapshot) -> u64 {
     l.drops.accept_queue_full + l.drops.syn_queue_full + l.drops.final_ack_overflow + l.drops.other
@@ -70,37 +40,8 @@ pub fn diagnose(snapshot: &Snapshot) -> Vec<Finding> {
     for l in &snapshot.listeners {
         let ns = netns.get(&l.listener.netns);
         let granted = l.listener.granted;
-        // 1. The somaxconn clamp.
-        if let Some(requested) = l.listener.requested
-            && requested > 0
-            && requested as u32 > granted
-        {
-            let somaxconn = ns.map(|n| n.sysctls.somaxconn);
-            out.push(Finding {
-                severity: Severity::Warning,
-                kind: "backlog_clamped",
-                subject: subject(l),
-                summary: format!(
-                    "{} asked for backlog {requested} on {}:{}, the kernel granted {granted}",
-                    l.listener.comm, l.listener.addr, l.listener.port
-                ),
-                evidence: vec![
-                    format!("listen() backlog {requested}, sk_max_ack_backlog {granted}"),
-                    match somaxconn {
-                        Some(m) => {
-                            format!("net.core.somaxconn = {m} in netns {}", l.listener.netns)
-                        }
-                        None => format!("net.core.somaxconn of netns {} unknown", l.listener.netns),
-                    },
-                ],
-                remedy: format!(
-                    "raise net.core.somaxconn to at least {requested} in that namespace \
-                     (`sysctl -w net.core.somaxconn={requested}`, and persistently in \
-                     /etc/sysctl.d/90-listen-backlog.conf), then restart the listener: \
-                     existing sockets keep the backlog they were granted"
-                ),
-            });
-        }
+        // 1. The somaxconn clamp, seen or known from the program (`backlog.rs`).
+        out.extend(super::backlog::finding(l, ns.copied()));
         // 2. Accept queue overflowing, or hovering near full.
         let overflows = l.drops.accept_queue_full + l.drops.final_ack_overflow;
         let peak = l.queues.accept_max;

@@ -1,10 +1,12 @@
 //! `backlogd doctor`: reads the running daemon's snapshot and says what to change.
 
+mod backlog;
+pub mod finding;
 pub mod findings;
 #[cfg(test)]
 mod tests;
 
-use self::findings::{Finding, Severity};
+use self::finding::{Finding, Severity};
 use crate::{api::Snapshot, client::Api};
 
 pub struct DoctorOptions {

@@ -1,14 +1,26 @@
 //! `diagnose` is pure: one test per finding kind, on snapshots built by hand. (The
 //! integration suite, tests/tests/doctor.rs, builds each situation for real.)
 
-use super::findings::{Finding, Severity, diagnose, subject};
+use super::{
+    finding::{Finding, Severity, subject},
+    findings::diagnose,
+};
 use crate::{
     api::{
         ListenerSnapshot,
-        fixtures::{NETNS, listener, namespace, snapshot},
+        fixtures::{NETNS, listener, namespace, owned_by, snapshot},
     },
+    programs::{Asks, Known},
     queues::QueueFigures,
 };
+
+fn known(program: &str, asks: Asks, source: &str) -> Option<Known> {
+    Some(Known {
+        program: program.to_owned(),
+        asks,
+        source: source.to_owned(),
+    })
+}
 
 fn kinds(found: &[Finding]) -> Vec<&'static str> {
     found.iter().map(|f| f.kind).collect()
@@ -31,7 +43,12 @@ fn queues(depth: u32, accept_max: u32, syn_max: u32) -> QueueFigures {
 fn a_quiet_host_has_no_findings() {
     let listeners = vec![
         listener(1, 80, "nginx", Some(128), 128),
-        listener(2, 22, "sshd", None, 128),
+        // Listening before the daemon, at somaxconn, but sshd asks for exactly 128.
+        owned_by(
+            listener(2, 22, "sshd", None, 128),
+            128,
+            known("sshd", Asks::Backlog(128), "sshd's default"),
+        ),
     ];
     assert!(diagnose(&snapshot(listeners, vec![namespace(NETNS, 128)])).is_empty());
 }
@@ -66,6 +83,135 @@ fn backlog_clamped_names_the_request_the_grant_and_the_namespaces_somaxconn() {
     assert_eq!(
         f.evidence[1],
         format!("net.core.somaxconn of netns {NETNS} unknown")
+    );
+}
+
+#[test]
+fn backlog_clamped_from_what_the_program_asks_for_when_listen_was_not_seen() {
+    let l = owned_by(
+        listener(1, 80, "nginx", None, 128),
+        128,
+        known(
+            "nginx",
+            Asks::Backlog(511),
+            "/etc/nginx/nginx.conf:12: listen 80 backlog=511",
+        ),
+    );
+    let f = only(
+        diagnose(&snapshot(vec![l], vec![namespace(NETNS, 128)])),
+        "backlog_clamped",
+    );
+    assert_eq!(f.severity, Severity::Warning);
+    assert_eq!(
+        f.summary,
+        "nginx asks for backlog 511 on 0.0.0.0:80, the kernel granted 128"
+    );
+    assert_eq!(
+        f.evidence[0],
+        "nginx asks for 511: /etc/nginx/nginx.conf:12: listen 80 backlog=511"
+    );
+    assert!(
+        f.remedy.contains("sysctl -w net.core.somaxconn=511"),
+        "{}",
+        f.remedy
+    );
+    assert!(
+        f.remedy.contains("`backlog=N` on the `listen` directive"),
+        "{}",
+        f.remedy
+    );
+    assert!(f.remedy.contains("restart nginx"), "{}", f.remedy);
+}
+
+#[test]
+fn a_program_that_asks_for_somaxconn_or_for_no_more_than_granted_is_not_clamped() {
+    for program in [
+        known("go", Asks::Somaxconn, "go's default"),
+        known("systemd", Asks::Somaxconn, "systemd's default"),
+        known("sshd", Asks::Backlog(128), "sshd's default"),
+        known("memcached", Asks::Backlog(100), "its command line (-b)"),
+    ] {
+        let l = owned_by(listener(1, 80, "app", None, 128), 128, program.clone());
+        assert!(
+            diagnose(&snapshot(vec![l], vec![namespace(NETNS, 128)])).is_empty(),
+            "{program:?}"
+        );
+    }
+}
+
+#[test]
+fn backlog_maybe_clamped_when_granted_equals_somaxconn_and_the_program_is_unknown() {
+    let l = owned_by(listener(1, 8080, "app", None, 128), 128, None);
+    let f = only(
+        diagnose(&snapshot(vec![l], vec![namespace(NETNS, 128)])),
+        "backlog_maybe_clamped",
+    );
+    assert_eq!(f.severity, Severity::Info);
+    assert_eq!(
+        f.summary,
+        "app on 0.0.0.0:8080 was granted 128, net.core.somaxconn: it may have asked for more \
+         and been cut"
+    );
+    assert!(
+        f.remedy
+            .starts_with("to find out, restart app while backlogd runs"),
+        "{}",
+        f.remedy
+    );
+    // A known program whose figure backlogd could not read names its setting.
+    let l = owned_by(
+        listener(1, 8080, "haproxy", None, 128),
+        128,
+        known("haproxy", Asks::Configured, "haproxy's default"),
+    );
+    let f = only(
+        diagnose(&snapshot(vec![l], vec![namespace(NETNS, 128)])),
+        "backlog_maybe_clamped",
+    );
+    assert!(
+        f.evidence[3].contains("`backlog N` in the frontend"),
+        "{f:#?}"
+    );
+    // Granted less than somaxconn: most likely what it asked for; nothing to say.
+    let l = owned_by(listener(1, 8080, "app", None, 64), 128, None);
+    assert!(diagnose(&snapshot(vec![l], vec![namespace(NETNS, 128)])).is_empty());
+}
+
+#[test]
+fn a_clamp_in_a_container_namespace_is_fixed_there_not_on_the_host() {
+    const POD: u32 = NETNS + 7;
+    let mut l = listener(1, 6379, "redis-server", Some(511), 128);
+    l.listener.netns = POD;
+    let f = only(
+        diagnose(&snapshot(vec![l], vec![namespace(POD, 128)])),
+        "backlog_clamped",
+    );
+    for part in [
+        "per network namespace",
+        "--sysctl net.core.somaxconn=511",
+        "securityContext.sysctls",
+        "--allowed-unsafe-sysctls=net.core.somaxconn",
+        "restart redis-server",
+    ] {
+        assert!(f.remedy.contains(part), "{part}: {}", f.remedy);
+    }
+    assert!(!f.remedy.contains("/etc/sysctl.d"), "{}", f.remedy);
+}
+
+#[test]
+fn a_clamp_that_somaxconn_already_allows_asks_only_for_a_restart() {
+    let l = listener(1, 80, "nginx", Some(511), 128);
+    let f = only(
+        diagnose(&snapshot(vec![l], vec![namespace(NETNS, 4096)])),
+        "backlog_clamped",
+    );
+    assert!(
+        f.remedy.starts_with(
+            "net.core.somaxconn is already 4096 in that namespace, so 511 fits now: restart \
+             nginx"
+        ),
+        "{}",
+        f.remedy
     );
 }
 

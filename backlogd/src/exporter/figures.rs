@@ -105,6 +105,10 @@ impl Metrics {
             stats,
             queues,
         } = self.gather();
+        // Before the table is locked: reading a namespace's sysctls may lock it too.
+        let sysctls = self.shared.netns_sysctls();
+        let somaxconn: HashMap<u32, u32> =
+            sysctls.iter().map(|(ns, s)| (*ns, s.somaxconn)).collect();
         let mut listeners: Vec<ListenerSnapshot> = self
             .shared
             .listeners()
@@ -114,15 +118,19 @@ impl Metrics {
                     l.clone(),
                     stats.get(&l.inode).copied().unwrap_or_default(),
                     queues.get(&l.inode).copied().unwrap_or_default(),
+                    somaxconn.get(&l.netns).copied(),
                 )
             })
             .collect();
         listeners.sort_by_key(|l| (l.listener.netns, l.listener.port, l.listener.inode));
-        let namespaces = self
-            .shared
-            .netns_sysctls()
+        let host = crate::sampling::netns::host();
+        let namespaces = sysctls
             .into_iter()
-            .map(|(netns, sysctls)| NamespaceSnapshot { netns, sysctls })
+            .map(|(netns, sysctls)| NamespaceSnapshot {
+                netns,
+                host: host == Some(netns),
+                sysctls,
+            })
             .collect();
         Snapshot {
             namespaces,

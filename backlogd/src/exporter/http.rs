@@ -19,7 +19,7 @@ use axum::{
 use super::{figures::Metrics, page, text};
 use crate::{
     api::Snapshot,
-    doctor::findings::{self, Finding},
+    doctor::{finding::Finding, findings},
     listeners::Listener,
     state::Shared,
 };

@@ -43,6 +43,14 @@ pub fn all() -> Vec<Netns> {
         .collect()
 }
 
+/// The host's network namespace: PID 1's (the daemon's own may be another, e.g. a pod
+/// without hostNetwork).
+pub fn host() -> Option<u32> {
+    std::fs::metadata("/proc/1/ns/net")
+        .ok()
+        .map(|m| m.ino() as u32)
+}
+
 fn numeric_entries(dir: &Path) -> Vec<String> {
     std::fs::read_dir(dir)
         .map(|rd| {

@@ -31,11 +31,12 @@ impl Row {
         self.drops_per_s.iter().sum()
     }
 
+    /// Granted less than it asked for (seen), or than its program asks for.
     pub fn clamped(&self) -> bool {
         self.l
-            .listener
-            .requested
-            .is_some_and(|r| r > 0 && r as u32 > self.l.listener.granted)
+            .request
+            .wanted()
+            .is_some_and(|w| w > self.l.listener.granted)
     }
 
     pub fn group(&self) -> (u32, String, u16) {
@@ -110,7 +111,7 @@ pub struct App {
     /// Why the view is stale, if it is.
     pub status: Option<String>,
     /// `backlogd doctor`'s findings on the latest snapshot.
-    pub findings: Vec<crate::doctor::findings::Finding>,
+    pub findings: Vec<crate::doctor::finding::Finding>,
     previous: Option<Snapshot>,
 }
 

@@ -11,6 +11,7 @@ use ratatui::{
 };
 
 use super::app::{App, Line, Row};
+use crate::api::Request;
 
 /// Widths at or above this get the extra columns (netns, per-reason drops, rates, waits).
 const WIDE: u16 = 120;
@@ -174,13 +175,27 @@ fn draw_table(frame: &mut Frame, app: &App, area: Rect) {
     frame.render_stateful_widget(table, area, &mut state);
 }
 
+/// The request as the detail pane says it.
+fn request_detail(request: &Request) -> String {
+    match request {
+        Request::Seen { backlog } => backlog.to_string(),
+        Request::Program {
+            program,
+            backlog,
+            source,
+        } => format!("{backlog} ({program}: {source})"),
+        Request::Somaxconn { program } => format!("net.core.somaxconn ({program})"),
+        Request::AtLeast { backlog } => {
+            format!(">= {backlog} (not seen; granted = somaxconn: may be cut)")
+        }
+        Request::Unknown => "? (not seen)".to_owned(),
+    }
+}
+
 fn listener_row(r: &Row, wide: bool) -> TableRow<'static> {
     let l = &r.l.listener;
     let q = &r.l.queues;
-    let backlog = match l.requested {
-        Some(req) => format!("{req}/{}", l.granted),
-        None => format!("?/{}", l.granted),
-    };
+    let backlog = format!("{}/{}", r.l.request.short(), l.granted);
     let drops = r.drops_total_per_s();
     let mut cells = vec![
         Cell::from(format!("{}:{}", l.addr, l.port)),
@@ -265,7 +280,7 @@ fn draw_detail(frame: &mut Frame, app: &App, area: Rect) {
                 )),
                 TextLine::raw(format!(
                     "backlog requested {}  granted {}{}",
-                    l.listener.requested.map_or("?".into(), |r| r.to_string()),
+                    request_detail(&l.request),
                     l.listener.granted,
                     if r.clamped() {
                         "  CLAMPED by net.core.somaxconn"
@@ -301,7 +316,7 @@ fn draw_detail(frame: &mut Frame, app: &App, area: Rect) {
             .chain(
                 app.findings
                     .iter()
-                    .filter(|f| f.subject == crate::doctor::findings::subject(l))
+                    .filter(|f| f.subject == crate::doctor::finding::subject(l))
                     .map(|f| {
                         TextLine::styled(
                             format!("doctor: {} ({:?}): {}", f.kind, f.severity, f.summary),
@@ -375,7 +390,7 @@ pub fn plain(app: &App) -> String {
             format!("{}[{}]", l.comm, l.pid),
             format!(
                 "{}/{}{}",
-                l.requested.map_or("?".into(), |r| r.to_string()),
+                r.l.request.short(),
                 l.granted,
                 if r.clamped() { "!" } else { "" }
             ),

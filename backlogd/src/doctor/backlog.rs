@@ -1,0 +1,145 @@
+//! The somaxconn clamp: a listener granted less than it wants, whether backlogd saw it
+//! ask (`listen()` while the daemon ran) or knows what its program asks for
+//! (`programs.rs`), and the "may be clamped" case where neither is known.
+
+use super::finding::{Finding, Severity, subject};
+use crate::{
+    api::{ListenerSnapshot, NamespaceSnapshot, Request},
+    programs,
+};
+
+/// The clamp finding for `l`, if any; `ns` is its namespace's snapshot.
+pub fn finding(l: &ListenerSnapshot, ns: Option<&NamespaceSnapshot>) -> Option<Finding> {
+    let granted = l.listener.granted;
+    let comm = &l.listener.comm;
+    let at = format!("{}:{}", l.listener.addr, l.listener.port);
+    let somaxconn_line = match ns {
+        Some(n) => format!(
+            "net.core.somaxconn = {} in netns {}",
+            n.sysctls.somaxconn, l.listener.netns
+        ),
+        None => format!("net.core.somaxconn of netns {} unknown", l.listener.netns),
+    };
+    let program = l
+        .listener
+        .program
+        .as_ref()
+        .and_then(|k| programs::by_id(&k.program));
+    match &l.request {
+        Request::Seen { backlog } => {
+            let wanted = l.request.wanted().filter(|&w| w > granted)?;
+            Some(Finding {
+                severity: Severity::Warning,
+                kind: "backlog_clamped",
+                subject: subject(l),
+                summary: format!(
+                    "{comm} asked for backlog {backlog} on {at}, the kernel granted {granted}"
+                ),
+                evidence: vec![
+                    format!("listen() backlog {backlog}, sk_max_ack_backlog {granted}"),
+                    somaxconn_line,
+                ],
+                remedy: remedy(wanted, l, ns, program),
+            })
+        }
+        Request::Program {
+            program: id,
+            backlog,
+            source,
+        } => {
+            let wanted = Some(*backlog).filter(|&w| w > granted)?;
+            Some(Finding {
+                severity: Severity::Warning,
+                kind: "backlog_clamped",
+                subject: subject(l),
+                summary: format!(
+                    "{comm} asks for backlog {backlog} on {at}, the kernel granted {granted}"
+                ),
+                evidence: vec![
+                    format!("{id} asks for {backlog}: {source}"),
+                    format!(
+                        "sk_max_ack_backlog {granted} (it listened before backlogd started: \
+                         the request is {id}'s, not a seen listen() call)"
+                    ),
+                    somaxconn_line,
+                ],
+                remedy: remedy(wanted, l, ns, program),
+            })
+        }
+        Request::AtLeast { .. } => {
+            let mut evidence = vec![
+                format!(
+                    "sk_max_ack_backlog {granted} equals net.core.somaxconn: it asked for \
+                     {granted} or more"
+                ),
+                "it listened before backlogd started, so the request itself was not seen"
+                    .to_owned(),
+                somaxconn_line,
+            ];
+            if let Some(p) = program {
+                evidence.push(format!(
+                    "{comm} is {}, which sets its request with {}; backlogd could not read \
+                     the figure",
+                    p.id, p.knob
+                ));
+            }
+            let setting = program.map_or(String::new(), |p| {
+                format!(" (or look at {} in its configuration)", p.knob)
+            });
+            Some(Finding {
+                severity: Severity::Info,
+                kind: "backlog_maybe_clamped",
+                subject: subject(l),
+                summary: format!(
+                    "{comm} on {at} was granted {granted}, net.core.somaxconn: it may have \
+                     asked for more and been cut"
+                ),
+                evidence,
+                remedy: format!(
+                    "to find out, restart {comm} while backlogd runs: its listen() call is \
+                     then seen and this becomes exact{setting}. If it asks for more than \
+                     {granted}, raise net.core.somaxconn in its namespace and restart it"
+                ),
+            })
+        }
+        Request::Somaxconn { .. } | Request::Unknown => None,
+    }
+}
+
+/// What to change so that `l` gets `wanted`: the sysctl where it applies (the host's, or
+/// the container's namespace), the restart that makes it take effect, and the program's
+/// own setting.
+fn remedy(
+    wanted: u32,
+    l: &ListenerSnapshot,
+    ns: Option<&NamespaceSnapshot>,
+    program: Option<&programs::Program>,
+) -> String {
+    let comm = &l.listener.comm;
+    let reopen =
+        format!("restart {comm}: a socket keeps the backlog it was granted when it was opened");
+    let mut out = match ns {
+        Some(n) if n.sysctls.somaxconn >= wanted => format!(
+            "net.core.somaxconn is already {} in that namespace, so {wanted} fits now: {reopen}",
+            n.sysctls.somaxconn
+        ),
+        Some(n) if !n.host => format!(
+            "net.core.somaxconn is per network namespace and this listener is not in the \
+             host's, so the host's sysctl does not reach it: set it to at least {wanted} \
+             in its namespace (docker/podman: `--sysctl net.core.somaxconn={wanted}` on \
+             run; a Kubernetes pod: `securityContext.sysctls` in the pod spec, which the \
+             kubelet allows with `--allowed-unsafe-sysctls=net.core.somaxconn`; a named \
+             namespace: `ip netns exec NAME sysctl -w net.core.somaxconn={wanted}`), \
+             then {reopen}"
+        ),
+        _ => format!(
+            "raise net.core.somaxconn to at least {wanted} in that namespace (`sysctl -w \
+             net.core.somaxconn={wanted}`, and persistently in \
+             /etc/sysctl.d/90-listen-backlog.conf), then {reopen}"
+        ),
+    };
+    if let Some(p) = program {
+        out.push_str(&format!(". {}'s own setting: {}", p.id, p.knob));
+    }
+    out
+}

@@ -1,0 +1,36 @@
+//! What the doctor says about one subject: severity, a stable kind, evidence, the fix.
+//! Its own module so that the checks (`findings.rs`, `backlog.rs`) share it without
+//! depending on each other.
+
+use serde::Serialize;
+
+use crate::api::ListenerSnapshot;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Severity {
+    Info,
+    Warning,
+    Critical,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Finding {
+    pub severity: Severity,
+    /// Stable identifier for automation.
+    pub kind: &'static str,
+    /// `comm[pid] address:port (netns N)` the finding is about.
+    pub subject: String,
+    pub summary: String,
+    pub evidence: Vec<String>,
+    pub remedy: String,
+}
+
+/// How findings name a listener.
+pub fn subject(l: &ListenerSnapshot) -> String {
+    let l = &l.listener;
+    format!(
+        "{}[{}] {}:{} (netns {})",
+        l.comm, l.pid, l.addr, l.port, l.netns
+    )
+}

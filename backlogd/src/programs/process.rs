@@ -1,0 +1,117 @@
+//! A process as /proc shows it: enough to tell which program it is and to read its
+//! configuration files through its own root (a container's files, not the host's).
+
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, Clone, Default)]
+pub struct Process {
+    pub pid: u32,
+    pub comm: String,
+    /// Target of `/proc/PID/exe` (may end in " (deleted)" after an upgrade).
+    pub exe: Option<PathBuf>,
+    pub cmdline: Vec<String>,
+    /// Where the process's `/` and working directory are, as seen from here
+    /// (`/proc/PID/root`, `/proc/PID/cwd`); tests point them at a directory.
+    pub root: PathBuf,
+    pub cwd: PathBuf,
+}
+
+impl Process {
+    /// Reads what /proc says about `pid`; None once it has exited.
+    pub fn of(pid: u32) -> Option<Self> {
+        let dir = PathBuf::from(format!("/proc/{pid}"));
+        let comm = std::fs::read_to_string(dir.join("comm")).ok()?;
+        let cmdline = std::fs::read(dir.join("cmdline")).unwrap_or_default();
+        Some(Self {
+            pid,
+            comm: comm.trim_end().to_owned(),
+            exe: std::fs::read_link(dir.join("exe")).ok(),
+            cmdline: cmdline
+                .split(|&b| b == 0)
+                .filter(|a| !a.is_empty())
+                .map(|a| String::from_utf8_lossy(a).into_owned())
+                .collect(),
+            root: dir.join("root"),
+            cwd: dir.join("cwd"),
+        })
+    }
+
+    /// File name of the executable, without a " (deleted)" suffix.
+    pub fn exe_name(&self) -> Option<String> {
+        let name = self.exe.as_ref()?.file_name()?.to_str()?;
+        Some(name.strip_suffix(" (deleted)").unwrap_or(name).to_owned())
+    }
+
+    /// A path the process names, as this process can open it: absolute paths under its
+    /// root, relative ones under `base` (itself a path in the process's view, or its
+    /// working directory when None).
+    pub fn resolve(&self, path: &str, base: Option<&str>) -> PathBuf {
+        let inside = |p: &str| self.root.join(p.trim_start_matches('/'));
+        if path.starts_with('/') {
+            inside(path)
+        } else {
+            match base {
+                Some(base) => inside(base).join(path),
+                None => self.cwd.join(path),
+            }
+        }
+    }
+
+    /// A file the process names (see [`Process::resolve`]), as text.
+    pub fn read(&self, path: &str, base: Option<&str>) -> Option<String> {
+        std::fs::read_to_string(self.resolve(path, base)).ok()
+    }
+
+    /// The files a glob the process names (`conf.d/*.conf`, as nginx and apache include
+    /// them) matches, in name order, with their paths in the process's view.
+    pub fn glob(&self, pattern: &str, base: Option<&str>) -> Vec<(String, String)> {
+        let full = self.resolve(pattern, base);
+        let Some(prefix) = self.root.to_str() else {
+            return Vec::new();
+        };
+        let Ok(paths) = glob::glob(&full.to_string_lossy()) else {
+            return Vec::new();
+        };
+        let mut out: Vec<(String, String)> = paths
+            .flatten()
+            .filter_map(|p| {
+                let text = std::fs::read_to_string(&p).ok()?;
+                let shown = p
+                    .to_str()?
+                    .strip_prefix(prefix)
+                    .map_or_else(|| p.display().to_string(), str::to_owned);
+                Some((shown, text))
+            })
+            .collect();
+        out.sort();
+        out
+    }
+
+    /// Whether the executable is a Go program: Go's linker always writes a
+    /// `.go.buildinfo` section (since Go 1.13), stripped binaries included.
+    pub fn is_go(&self) -> bool {
+        self.exe.as_deref().is_some_and(|exe| {
+            // Read through /proc/PID/exe: the path may be another mount namespace's.
+            let path = if self.pid == 0 {
+                exe.to_path_buf()
+            } else {
+                PathBuf::from(format!("/proc/{}/exe", self.pid))
+            };
+            has_go_buildinfo(&path)
+        })
+    }
+}
+
+/// Whether the ELF file at `path` has a `.go.buildinfo` section. Reads the headers only.
+pub fn has_go_buildinfo(path: &Path) -> bool {
+    use object::{Object as _, ObjectSection as _, read::ReadCache};
+    let Ok(file) = std::fs::File::open(path) else {
+        return false;
+    };
+    let cache = ReadCache::new(file);
+    let Ok(elf) = object::File::parse(&cache) else {
+        return false;
+    };
+    elf.sections()
+        .any(|s| s.name().is_ok_and(|n| n == ".go.buildinfo"))
+}

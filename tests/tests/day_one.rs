@@ -1,0 +1,358 @@
+//! Day one on a running host: servers from Debian packages, each started BEFORE `backlogd
+//! run` in its own namespace at net.core.somaxconn 128, so backlogd never sees them call
+//! listen(). doctor must still name each listener, its program, the backlog that program
+//! asks for, the program's own setting and the sysctl; a Go server (Go asks for somaxconn
+//! itself) gets no clamp finding; `top --once` and the JSON API say what is known.
+
+use std::{
+    os::unix::process::CommandExt as _,
+    path::PathBuf,
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use backlogd_tests::{
+    Daemon, Netns,
+    daemon::binary,
+    doctor::{Doctor, evidence, kinds, set},
+    tempdir::TempDir,
+    tools,
+};
+
+/// A server process (and whatever it forks: one process group) in its own namespace.
+struct Server {
+    child: Child,
+    ns: Netns,
+    port: u16,
+    _dir: TempDir,
+}
+
+impl Server {
+    /// Starts `program args` in a new namespace at somaxconn 128 and waits until it
+    /// listens on 127.0.0.1:`port`.
+    fn start(name: &str, port: u16, program: &str, args: &[String], dir: TempDir) -> Self {
+        let ns = Netns::new();
+        ns.sysctl("net.core.somaxconn", "128");
+        let (program_owned, args_owned) = (program.to_owned(), args.to_vec());
+        let log = dir.path().join("stderr.log");
+        let child = ns.run(move || {
+            Command::new(&program_owned)
+                .args(&args_owned)
+                // The server and its workers in one new process group, so Drop ends all.
+                .process_group(0)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(std::fs::File::create(&log).expect("server log"))
+                .spawn()
+                .unwrap_or_else(|e| panic!("starting {program_owned}: {e}"))
+        });
+        let mut server = Self {
+            child,
+            ns,
+            port,
+            _dir: dir,
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !server.listening() {
+            if let Ok(Some(status)) = server.child.try_wait() {
+                panic!(
+                    "{name} exited ({status}) before listening on {port}: {}",
+                    std::fs::read_to_string(server._dir.path().join("stderr.log"))
+                        .unwrap_or_default()
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{name} not listening on {port} within 20 s"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        server
+    }
+
+    fn listening(&self) -> bool {
+        let out = self
+            .ns
+            .command("ss", &["-Hltn", &format!("sport = :{}", self.port)]);
+        !out.trim().is_empty()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        // SAFETY: kill(2) on our own child's process group.
+        unsafe { libc::kill(-(self.child.id() as i32), libc::SIGKILL) };
+        self.child.wait().ok();
+    }
+}
+
+fn nginx(port: u16) -> Server {
+    let dir = TempDir::new(&format!("dayone-nginx-{port}"));
+    let d = dir.path().display().to_string();
+    let conf = dir.write(
+        "nginx.conf",
+        &format!(
+            "worker_processes 1;\npid {d}/nginx.pid;\nerror_log {d}/error.log;\n\
+             events {{ worker_connections 64; }}\n\
+             http {{\n  access_log off;\n  client_body_temp_path {d}; proxy_temp_path {d};\n  \
+             fastcgi_temp_path {d}; uwsgi_temp_path {d}; scgi_temp_path {d};\n  \
+             server {{ listen 127.0.0.1:{port} backlog=511; return 200; }}\n}}\n"
+        ),
+    );
+    let args = [
+        "-c".to_owned(),
+        conf.display().to_string(),
+        "-g".to_owned(),
+        "daemon off;".to_owned(),
+    ];
+    Server::start("nginx", port, "nginx", &args, dir)
+}
+
+fn redis(port: u16) -> Server {
+    let dir = TempDir::new(&format!("dayone-redis-{port}"));
+    let conf = dir.write(
+        "redis.conf",
+        &format!(
+            "bind 127.0.0.1\nport {port}\ntcp-backlog 511\ndaemonize no\nsave \"\"\n\
+             appendonly no\ndir {}\n",
+            dir.path().display()
+        ),
+    );
+    Server::start(
+        "redis-server",
+        port,
+        "redis-server",
+        &[conf.display().to_string()],
+        dir,
+    )
+}
+
+fn apache(port: u16) -> Server {
+    let dir = TempDir::new(&format!("dayone-apache-{port}"));
+    let d = dir.path().display().to_string();
+    let conf = dir.write(
+        "apache2.conf",
+        &format!(
+            "ServerName localhost\nDefaultRuntimeDir {d}\nPidFile {d}/apache2.pid\n\
+             ErrorLog {d}/error.log\nMutex file:{d} default\n\
+             LoadModule mpm_event_module /usr/lib/apache2/modules/mod_mpm_event.so\n\
+             LoadModule authz_core_module /usr/lib/apache2/modules/mod_authz_core.so\n\
+             User www-data\nGroup www-data\nDocumentRoot {d}\n\
+             Listen 127.0.0.1:{port}\nListenBacklog 511\n"
+        ),
+    );
+    let args = [
+        "-f".to_owned(),
+        conf.display().to_string(),
+        "-DFOREGROUND".to_owned(),
+    ];
+    Server::start("apache2", port, "/usr/sbin/apache2", &args, dir)
+}
+
+fn haproxy(port: u16) -> Server {
+    let dir = TempDir::new(&format!("dayone-haproxy-{port}"));
+    let conf = dir.write(
+        "haproxy.cfg",
+        &format!(
+            "global\n  maxconn 4000\n\
+             defaults\n  mode tcp\n  timeout connect 1s\n  timeout client 1s\n  \
+             timeout server 1s\n\
+             frontend fe\n  bind 127.0.0.1:{port}\n  backlog 1000\n  default_backend be\n\
+             backend be\n  server s1 127.0.0.1:9\n"
+        ),
+    );
+    let args = [
+        "-db".to_owned(),
+        "-f".to_owned(),
+        conf.display().to_string(),
+    ];
+    Server::start("haproxy", port, "haproxy", &args, dir)
+}
+
+fn memcached(port: u16) -> Server {
+    let dir = TempDir::new(&format!("dayone-memcached-{port}"));
+    let args = [
+        "-u",
+        "nobody",
+        "-l",
+        "127.0.0.1",
+        "-p",
+        &port.to_string(),
+        "-U",
+        "0",
+        "-b",
+        "1024",
+    ]
+    .map(str::to_owned);
+    Server::start("memcached", port, "memcached", &args, dir)
+}
+
+/// The Go toolchain: `go` on PATH, else the usual /usr/local/go.
+fn go() -> String {
+    if Command::new("go").arg("version").output().is_ok() {
+        "go".to_owned()
+    } else {
+        "/usr/local/go/bin/go".to_owned()
+    }
+}
+
+/// A Go server that only listens (Go's net package passes net.core.somaxconn), built here.
+fn go_server(port: u16) -> Server {
+    let dir = TempDir::new(&format!("dayone-go-{port}"));
+    let src = dir.write(
+        "main.go",
+        "package main\n\nimport (\n\t\"net\"\n\t\"os\"\n)\n\n\
+         func main() {\n\tl, err := net.Listen(\"tcp\", os.Args[1])\n\tif err != nil {\n\t\t\
+         panic(err)\n\t}\n\tfor {\n\t\tif c, err := l.Accept(); err == nil {\n\t\t\tc.Close()\n\t\t}\n\t}\n}\n",
+    );
+    let exe = dir.path().join("listen-only");
+    let cache = |sub: &str| -> PathBuf { dir.path().join(sub) };
+    let out = Command::new(go())
+        .args(["build", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .env("GOCACHE", cache("gocache"))
+        .env("GOPATH", cache("gopath"))
+        .env("HOME", dir.path())
+        .env("GOFLAGS", "-mod=mod")
+        .env("GOTOOLCHAIN", "local")
+        .output()
+        .expect("go build");
+    assert!(
+        out.status.success(),
+        "go build: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let exe = exe.display().to_string();
+    Server::start("go", port, &exe, &[format!("127.0.0.1:{port}")], dir)
+}
+
+fn require(test: &str, tools: &[(&str, &[&str], &str)]) -> bool {
+    tools
+        .iter()
+        .all(|(program, probe, package)| tools::available(test, program, probe, package))
+}
+
+/// The listener of `server` in the daemon's snapshot.
+fn snapshot_of(daemon: &Daemon, server: &Server) -> serde_json::Value {
+    let (status, body) = daemon.get("/api/v1/snapshot");
+    assert_eq!(status, 200, "{body}");
+    let snapshot: serde_json::Value = serde_json::from_str(&body).expect("snapshot JSON");
+    snapshot["listeners"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| {
+            l["netns"].as_u64() == Some(server.ns.inode())
+                && l["port"].as_u64() == Some(u64::from(server.port))
+        })
+        .unwrap_or_else(|| {
+            panic!(
+                "no listener on {} in netns {}",
+                server.port,
+                server.ns.inode()
+            )
+        })
+        .clone()
+}
+
+#[test]
+fn servers_started_before_the_daemon_get_their_programs_request_knob_and_sysctl() {
+    let test = "servers_started_before_the_daemon_get_their_programs_request_knob_and_sysctl";
+    if !require(
+        test,
+        &[
+            ("nginx", &["-v"], "nginx-light"),
+            ("redis-server", &["--version"], "redis-server"),
+            ("/usr/sbin/apache2", &["-v"], "apache2"),
+            ("haproxy", &["-v"], "haproxy"),
+            ("memcached", &["-h"], "memcached"),
+            (&go(), &["version"], "golang-go"),
+        ],
+    ) {
+        return;
+    }
+    // (server, program id, what it asks for, a fragment of its own setting's name)
+    let servers: Vec<(Server, &str, u32, &str)> = vec![
+        (
+            nginx(18080),
+            "nginx",
+            511,
+            "`backlog=N` on the `listen` directive",
+        ),
+        (redis(16379), "redis", 511, "`tcp-backlog N` in redis.conf"),
+        (apache(18082), "apache", 511, "`ListenBacklog N`"),
+        (
+            haproxy(18083),
+            "haproxy",
+            1000,
+            "`backlog N` in the frontend",
+        ),
+        (memcached(11211), "memcached", 1024, "`-b N`"),
+    ];
+    let go = go_server(18084);
+    let daemon = Daemon::start();
+    let doctor = Doctor::run(&daemon, &["--fail-on", "critical"]);
+    for (server, program, asks, knob) in &servers {
+        let found = doctor.about(&server.ns);
+        assert_eq!(
+            kinds(&found),
+            set(&["backlog_clamped"]),
+            "{program}: {found:#?}"
+        );
+        let f = found[0];
+        let summary = f["summary"].as_str().unwrap();
+        assert!(
+            summary.ends_with(&format!(
+                "asks for backlog {asks} on 127.0.0.1:{}, the kernel granted 128",
+                server.port
+            )),
+            "{program}: {summary}"
+        );
+        let ev = evidence(f);
+        assert!(ev.contains(&format!("{program} asks for {asks}: ")), "{ev}");
+        assert!(ev.contains("net.core.somaxconn = 128"), "{ev}");
+        let remedy = f["remedy"].as_str().unwrap();
+        assert!(
+            remedy.contains(&format!("net.core.somaxconn={asks}")),
+            "{remedy}"
+        );
+        assert!(remedy.contains(knob), "{program}: {remedy}");
+        // The JSON API carries the same knowledge.
+        let l = snapshot_of(&daemon, server);
+        assert_eq!(l["requested"], serde_json::Value::Null, "{l}");
+        assert_eq!(l["request"]["known"], "program", "{l}");
+        assert_eq!(l["request"]["program"], *program, "{l}");
+        assert_eq!(l["request"]["backlog"], *asks, "{l}");
+    }
+    // Where the figure came from, for the two read from files.
+    let nginx_ev = evidence(doctor.about(&servers[0].0.ns)[0]);
+    assert!(nginx_ev.contains("nginx.conf:"), "{nginx_ev}");
+    assert!(nginx_ev.contains("backlog=511"), "{nginx_ev}");
+    let haproxy_ev = evidence(doctor.about(&servers[3].0.ns)[0]);
+    assert!(haproxy_ev.contains("haproxy.cfg:"), "{haproxy_ev}");
+    // Go asks for somaxconn itself: nothing to say.
+    assert_eq!(
+        kinds(&doctor.about(&go.ns)),
+        set(&[]),
+        "{:#?}",
+        doctor.about(&go.ns)
+    );
+    let l = snapshot_of(&daemon, &go);
+    assert_eq!(l["request"]["known"], "somaxconn", "{l}");
+    assert_eq!(l["request"]["program"], "go", "{l}");
+    // top shows the figure the program asks for, marked as not seen.
+    let top = Command::new(binary())
+        .args(["top", "--once", "--api", &daemon.addr.to_string()])
+        .output()
+        .expect("backlogd top --once");
+    let top = String::from_utf8_lossy(&top.stdout);
+    let row = |port: u16| {
+        top.lines()
+            .find(|l| l.starts_with(&format!("127.0.0.1:{port} ")))
+            .unwrap_or_else(|| panic!("no row for {port}:\n{top}"))
+            .to_owned()
+    };
+    assert!(row(18080).contains(" 511*/128!"), "{}", row(18080));
+    assert!(row(18084).contains(" =max/128 "), "{}", row(18084));
+}
