@@ -39,9 +39,22 @@ pub struct Listener {
     /// Whether the owner has been looked up since the entry was made.
     #[serde(skip)]
     identified: bool,
+    /// Accept-queue length (`ss` Recv-Q) at the last scan: the queue's figure while the
+    /// kernel side has not observed it, e.g. a queue that filled before the daemon started
+    /// and has only met drops since (a drop changes no queue, so none is observed).
+    #[serde(skip)]
+    scanned_queue: Option<u32>,
     /// Scan generation current when the entry was made (see [`ListenerTable::begin_scan`]).
     #[serde(skip)]
     generation: u64,
+}
+
+impl Listener {
+    /// The accept-queue length the last scan saw (see
+    /// [`crate::queues::QueueWindows::figures`]).
+    pub fn scanned_queue(&self) -> Option<u32> {
+        self.scanned_queue
+    }
 }
 
 /// Live listeners keyed by socket inode.
@@ -108,7 +121,11 @@ impl ListenerTable {
         let removed = before - self.by_inode.len();
         let mut added = 0;
         for d in found {
-            if self.by_inode.contains_key(&d.inode) || self.closed_during_scan.contains(&d.inode) {
+            if let Some(known) = self.by_inode.get_mut(&d.inode) {
+                known.scanned_queue = Some(d.accept_queue);
+                continue;
+            }
+            if self.closed_during_scan.contains(&d.inode) {
                 continue;
             }
             let owner = owners.get(&d.inode);
@@ -125,6 +142,7 @@ impl ListenerTable {
                     granted: d.granted,
                     program: None,
                     identified: false,
+                    scanned_queue: Some(d.accept_queue),
                     generation,
                 },
             );
@@ -171,6 +189,7 @@ impl ListenerTable {
             granted: e.granted,
             program: None,
             identified: false,
+            scanned_queue: None,
             generation: self.generation,
         }
     }

@@ -122,16 +122,28 @@ impl QueueWindows {
         }
     }
 
-    /// Figures for a listener given the kernel's current (not yet sampled) state.
-    pub fn figures(&self, ino: u64, current: Option<QueueState>) -> QueueFigures {
-        let current = current.unwrap_or_default();
-        let (mut accept_max, mut syn_max) = (current.accept_hwm, current.syn_hwm);
+    /// Figures for a listener given the kernel's current (not yet sampled) state, or,
+    /// while the kernel side has never observed its queues, the accept-queue length a
+    /// sock_diag scan saw (`scanned`). Everything that changes a queue is observed (a
+    /// queued handshake, an accept), so a queue without an observation is still what the
+    /// scan saw: one that filled before the daemon started and has met only drops since.
+    pub fn figures(
+        &self,
+        ino: u64,
+        current: Option<QueueState>,
+        scanned: Option<u32>,
+    ) -> QueueFigures {
+        let (current, seed) = match current {
+            Some(c) => (c, 0),
+            None => (QueueState::default(), scanned.unwrap_or(0)),
+        };
+        let (mut accept_max, mut syn_max) = (current.accept_hwm.max(seed), current.syn_hwm);
         for (_, a, s) in self.samples.get(&ino).into_iter().flatten() {
             accept_max = accept_max.max(*a);
             syn_max = syn_max.max(*s);
         }
         QueueFigures {
-            accept_depth: current.accept_depth,
+            accept_depth: current.accept_depth.max(seed),
             accept_max,
             syn_max,
         }
@@ -155,10 +167,10 @@ mod tests {
         w.record(1, peak, t0);
         let quiet = QueueState::default();
         w.record(1, quiet, t0 + Duration::from_secs(10));
-        let f = w.figures(1, Some(quiet));
+        let f = w.figures(1, Some(quiet), None);
         assert_eq!((f.accept_depth, f.accept_max, f.syn_max), (0, 129, 40));
         w.record(1, quiet, t0 + Duration::from_secs(16));
-        assert_eq!(w.figures(1, Some(quiet)).accept_max, 0);
+        assert_eq!(w.figures(1, Some(quiet), None).accept_max, 0);
     }
 
     #[test]
@@ -171,13 +183,30 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(
-            w.figures(9, Some(now)),
+            w.figures(9, Some(now), None),
             QueueFigures {
                 accept_depth: 3,
                 accept_max: 7,
                 syn_max: 2
             }
         );
+    }
+
+    #[test]
+    fn a_queue_the_kernel_never_observed_is_what_the_scan_saw() {
+        let w = QueueWindows::new(Duration::from_secs(15));
+        let f = w.figures(1, None, Some(9));
+        assert_eq!((f.accept_depth, f.accept_max), (9, 9));
+        // Once observed, the kernel's figures are the truth, whatever the last scan saw.
+        let observed = QueueState {
+            accept_depth: 2,
+            accept_hwm: 5,
+            observed_ns: 1,
+            ..Default::default()
+        };
+        let f = w.figures(1, Some(observed), Some(9));
+        assert_eq!((f.accept_depth, f.accept_max), (2, 5));
+        assert_eq!(w.figures(1, None, None), QueueFigures::default());
     }
 
     fn cpu(depth: u32, hwm: u32, syn: u32, epoch: u32, at: u64) -> QueueState {

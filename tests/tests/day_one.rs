@@ -15,6 +15,7 @@ use backlogd_tests::{
     Daemon, Netns,
     daemon::binary,
     doctor::{Doctor, evidence, kinds, set},
+    sockets::{Listener, connect_burst, fill_accept_queue, kernel_queue},
     tempdir::TempDir,
     tools,
 };
@@ -24,50 +25,81 @@ struct Server {
     child: Child,
     ns: Netns,
     port: u16,
-    _dir: TempDir,
+    program: String,
+    args: Vec<String>,
+    dir: TempDir,
 }
 
 impl Server {
     /// Starts `program args` in a new namespace at somaxconn 128 and waits until it
     /// listens on 127.0.0.1:`port`.
-    fn start(name: &str, port: u16, program: &str, args: &[String], dir: TempDir) -> Self {
+    fn start(port: u16, program: &str, args: &[String], dir: TempDir) -> Self {
         let ns = Netns::new();
         ns.sysctl("net.core.somaxconn", "128");
-        let (program_owned, args_owned) = (program.to_owned(), args.to_vec());
+        let child = Self::spawn(&ns, program, args, &dir);
+        let server = Self {
+            child,
+            ns,
+            port,
+            program: program.to_owned(),
+            args: args.to_vec(),
+            dir,
+        };
+        server.wait_listening();
+        server
+    }
+
+    fn spawn(ns: &Netns, program: &str, args: &[String], dir: &TempDir) -> Child {
+        let (program, args) = (program.to_owned(), args.to_vec());
         let log = dir.path().join("stderr.log");
-        let child = ns.run(move || {
-            Command::new(&program_owned)
-                .args(&args_owned)
+        ns.run(move || {
+            Command::new(&program)
+                .args(&args)
                 // The server and its workers in one new process group, so Drop ends all.
                 .process_group(0)
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
                 .stderr(std::fs::File::create(&log).expect("server log"))
                 .spawn()
-                .unwrap_or_else(|e| panic!("starting {program_owned}: {e}"))
-        });
-        let mut server = Self {
-            child,
-            ns,
-            port,
-            _dir: dir,
-        };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while !server.listening() {
-            if let Ok(Some(status)) = server.child.try_wait() {
-                panic!(
-                    "{name} exited ({status}) before listening on {port}: {}",
-                    std::fs::read_to_string(server._dir.path().join("stderr.log"))
-                        .unwrap_or_default()
-                );
-            }
+                .unwrap_or_else(|e| panic!("starting {program}: {e}"))
+        })
+    }
+
+    /// Stops it and starts it again in the same namespace: it calls listen() anew.
+    fn restart(&mut self) {
+        self.kill();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.listening() {
             assert!(
                 Instant::now() < deadline,
-                "{name} not listening on {port} within 20 s"
+                "{} still listening",
+                self.program
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.child = Self::spawn(&self.ns, &self.program, &self.args, &self.dir);
+        self.wait_listening();
+    }
+
+    fn kill(&mut self) {
+        // SAFETY: kill(2) on our own child's process group.
+        unsafe { libc::kill(-(self.child.id() as i32), libc::SIGKILL) };
+        self.child.wait().ok();
+    }
+
+    fn wait_listening(&self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !self.listening() {
+            // A server that exited says why in its log.
+            assert!(
+                Instant::now() < deadline,
+                "{} not listening on {} within 20 s: {}",
+                self.program,
+                self.port,
+                std::fs::read_to_string(self.dir.path().join("stderr.log")).unwrap_or_default()
             );
             std::thread::sleep(Duration::from_millis(50));
         }
-        server
     }
 
     fn listening(&self) -> bool {
@@ -80,9 +112,7 @@ impl Server {
 
 impl Drop for Server {
     fn drop(&mut self) {
-        // SAFETY: kill(2) on our own child's process group.
-        unsafe { libc::kill(-(self.child.id() as i32), libc::SIGKILL) };
-        self.child.wait().ok();
+        self.kill();
     }
 }
 
@@ -105,7 +135,7 @@ fn nginx(port: u16) -> Server {
         "-g".to_owned(),
         "daemon off;".to_owned(),
     ];
-    Server::start("nginx", port, "nginx", &args, dir)
+    Server::start(port, "nginx", &args, dir)
 }
 
 fn redis(port: u16) -> Server {
@@ -118,13 +148,7 @@ fn redis(port: u16) -> Server {
             dir.path().display()
         ),
     );
-    Server::start(
-        "redis-server",
-        port,
-        "redis-server",
-        &[conf.display().to_string()],
-        dir,
-    )
+    Server::start(port, "redis-server", &[conf.display().to_string()], dir)
 }
 
 fn apache(port: u16) -> Server {
@@ -146,7 +170,7 @@ fn apache(port: u16) -> Server {
         conf.display().to_string(),
         "-DFOREGROUND".to_owned(),
     ];
-    Server::start("apache2", port, "/usr/sbin/apache2", &args, dir)
+    Server::start(port, "/usr/sbin/apache2", &args, dir)
 }
 
 fn haproxy(port: u16) -> Server {
@@ -166,7 +190,7 @@ fn haproxy(port: u16) -> Server {
         "-f".to_owned(),
         conf.display().to_string(),
     ];
-    Server::start("haproxy", port, "haproxy", &args, dir)
+    Server::start(port, "haproxy", &args, dir)
 }
 
 fn memcached(port: u16) -> Server {
@@ -184,7 +208,7 @@ fn memcached(port: u16) -> Server {
         "1024",
     ]
     .map(str::to_owned);
-    Server::start("memcached", port, "memcached", &args, dir)
+    Server::start(port, "memcached", &args, dir)
 }
 
 /// The Go toolchain: `go` on PATH, else the usual /usr/local/go.
@@ -224,7 +248,7 @@ fn go_server(port: u16) -> Server {
         String::from_utf8_lossy(&out.stderr)
     );
     let exe = exe.display().to_string();
-    Server::start("go", port, &exe, &[format!("127.0.0.1:{port}")], dir)
+    Server::start(port, &exe, &[format!("127.0.0.1:{port}")], dir)
 }
 
 fn require(test: &str, tools: &[(&str, &[&str], &str)]) -> bool {
@@ -233,8 +257,8 @@ fn require(test: &str, tools: &[(&str, &[&str], &str)]) -> bool {
         .all(|(program, probe, package)| tools::available(test, program, probe, package))
 }
 
-/// The listener of `server` in the daemon's snapshot.
-fn snapshot_of(daemon: &Daemon, server: &Server) -> serde_json::Value {
+/// The listener of `server` in the daemon's snapshot, if the daemon has it.
+fn try_snapshot_of(daemon: &Daemon, server: &Server) -> Option<serde_json::Value> {
     let (status, body) = daemon.get("/api/v1/snapshot");
     assert_eq!(status, 200, "{body}");
     let snapshot: serde_json::Value = serde_json::from_str(&body).expect("snapshot JSON");
@@ -246,14 +270,17 @@ fn snapshot_of(daemon: &Daemon, server: &Server) -> serde_json::Value {
             l["netns"].as_u64() == Some(server.ns.inode())
                 && l["port"].as_u64() == Some(u64::from(server.port))
         })
-        .unwrap_or_else(|| {
-            panic!(
-                "no listener on {} in netns {}",
-                server.port,
-                server.ns.inode()
-            )
-        })
-        .clone()
+        .cloned()
+}
+
+fn snapshot_of(daemon: &Daemon, server: &Server) -> serde_json::Value {
+    try_snapshot_of(daemon, server).unwrap_or_else(|| {
+        panic!(
+            "no listener on {} in netns {}",
+            server.port,
+            server.ns.inode()
+        )
+    })
 }
 
 #[test]
@@ -273,7 +300,7 @@ fn servers_started_before_the_daemon_get_their_programs_request_knob_and_sysctl(
         return;
     }
     // (server, program id, what it asks for, a fragment of its own setting's name)
-    let servers: Vec<(Server, &str, u32, &str)> = vec![
+    let mut servers: Vec<(Server, &str, u32, &str)> = vec![
         (
             nginx(18080),
             "nginx",
@@ -341,6 +368,28 @@ fn servers_started_before_the_daemon_get_their_programs_request_knob_and_sysctl(
     let l = snapshot_of(&daemon, &go);
     assert_eq!(l["request"]["known"], "somaxconn", "{l}");
     assert_eq!(l["request"]["program"], "go", "{l}");
+    // nginx restarted while backlogd runs: its listen() is seen, the finding is exact.
+    let nginx = &mut servers[0].0;
+    nginx.restart();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while try_snapshot_of(&daemon, nginx).is_none_or(|l| l["request"]["known"] != "seen") {
+        assert!(
+            Instant::now() < deadline,
+            "nginx's new listen() not seen within 10 s"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let after = Doctor::run(&daemon, &[]);
+    let found = after.about(&nginx.ns);
+    assert_eq!(kinds(&found), set(&["backlog_clamped"]), "{found:#?}");
+    let ev = evidence(found[0]);
+    assert!(
+        ev.contains("listen() backlog 511, sk_max_ack_backlog 128"),
+        "{ev}"
+    );
+    let l = snapshot_of(&daemon, nginx);
+    assert_eq!(l["requested"], 511, "{l}");
+    assert_eq!(l["request"]["known"], "seen", "{l}");
     // top shows the figure the program asks for, marked as not seen.
     let top = Command::new(binary())
         .args(["top", "--once", "--api", &daemon.addr.to_string()])
@@ -353,6 +402,76 @@ fn servers_started_before_the_daemon_get_their_programs_request_knob_and_sysctl(
             .unwrap_or_else(|| panic!("no row for {port}:\n{top}"))
             .to_owned()
     };
-    assert!(row(18080).contains(" 511*/128!"), "{}", row(18080));
+    assert!(row(18082).contains(" 511*/128!"), "{}", row(18082));
+    assert!(row(18080).contains(" 511/128!"), "{}", row(18080));
     assert!(row(18084).contains(" =max/128 "), "{}", row(18084));
+}
+
+#[test]
+fn a_queue_that_filled_before_the_daemon_started_shows_from_the_first_scrape() {
+    // The classic incident, already under way: the application stopped accepting, its
+    // queue (backlog 8) is full, new clients' SYNs are dropped.
+    let ns = Netns::new();
+    let l = Listener::open(&ns, "127.0.0.1:0", 8);
+    let _queued = fill_accept_queue(&ns, &l, l.addr, 9);
+    let _early = connect_burst(&ns, l.addr, 5);
+    let before = kernel_queue(&ns, &l);
+    assert_eq!((before.recv_q, before.send_q), (9, 8), "the queue is full");
+    let daemon = Daemon::start();
+    let inode = l.inode.to_string();
+    let socket = [("socket", inode.as_str())];
+    let scrape = daemon.scrape();
+    let figure = |name: &str| {
+        scrape
+            .value(name, &socket)
+            .unwrap_or_else(|| panic!("no {name} for socket {inode}:\n{}", scrape.text))
+    };
+    assert_eq!(figure("backlogd_listen_accept_queue_length"), 9.0);
+    assert_eq!(figure("backlogd_listen_accept_queue_max_length"), 9.0);
+    // More clients while nobody accepts: each SYN is dropped and changes nothing, and
+    // the figures stay the kernel's.
+    let drops_before = daemon
+        .scrape()
+        .value(
+            "backlogd_listen_drops_total",
+            &[("socket", &inode), ("reason", "accept_queue_full")],
+        )
+        .unwrap_or(0.0);
+    let _late = connect_burst(&ns, l.addr, 4);
+    let dropped = daemon.wait_for("4 more accept-queue drops", |s| {
+        let n = s.value(
+            "backlogd_listen_drops_total",
+            &[("socket", &inode), ("reason", "accept_queue_full")],
+        )?;
+        (n >= drops_before + 4.0).then_some(n)
+    });
+    let now = kernel_queue(&ns, &l);
+    let scrape = daemon.scrape();
+    assert_eq!(
+        scrape.value("backlogd_listen_accept_queue_length", &socket),
+        Some(now.recv_q as f64),
+        "ss: {now:?}"
+    );
+    assert_eq!(
+        scrape.value("backlogd_listen_accept_queue_max_length", &socket),
+        Some(9.0)
+    );
+    // doctor quotes the same queue as its drop evidence.
+    let doctor = Doctor::run(&daemon, &[]);
+    let found = doctor.about(&ns);
+    let overflow = found
+        .iter()
+        .find(|f| f["kind"] == "accept_queue_overflow")
+        .unwrap_or_else(|| panic!("no accept_queue_overflow: {found:#?}"));
+    let ev = evidence(overflow);
+    assert!(
+        ev.contains(&format!(
+            "{dropped} connections dropped with the accept queue full"
+        )),
+        "{ev}"
+    );
+    assert!(
+        ev.contains("accept queue peak 9 of capacity 8 (now 9)"),
+        "{ev}"
+    );
 }

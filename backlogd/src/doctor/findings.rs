@@ -45,11 +45,23 @@ pub fn diagnose(snapshot: &Snapshot) -> Vec<Finding> {
         // 2. Accept queue overflowing, or hovering near full.
         let overflows = l.drops.accept_queue_full + l.drops.final_ack_overflow;
         let peak = l.queues.accept_max;
-        let mut queue_evidence = vec![
+        // A drop for a full accept queue means it held more than its capacity then; a
+        // peak that says otherwise has left the high-water-mark window since, and is not
+        // quoted as if it were the peak of those drops.
+        let peak_line = if overflows > 0 && peak <= granted {
+            format!(
+                "accept queue above its capacity {granted} at those drops (now {}; none \
+                 above it in the current peak window)",
+                l.queues.accept_depth
+            )
+        } else {
             format!(
                 "accept queue peak {peak} of capacity {granted} (now {})",
                 l.queues.accept_depth
-            ),
+            )
+        };
+        let mut queue_evidence = vec![
+            peak_line,
             format!("{} accepted of {} queued", l.accepted, l.queued),
         ];
         if let Some(p99) = wait_quantile(l, 0.99) {

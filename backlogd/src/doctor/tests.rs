@@ -251,6 +251,23 @@ fn accept_queue_overflow_counts_drops_at_syn_and_at_the_final_ack() {
 }
 
 #[test]
+fn overflow_evidence_never_quotes_a_peak_below_the_capacity_its_drops_exceeded() {
+    // The drops are counted since the daemon started; the peak covers its window only.
+    let mut l = listener(1, 8080, "app", Some(8), 8);
+    l.drops.accept_queue_full = 5;
+    l.queues = queues(0, 3, 0);
+    let f = only(
+        diagnose(&snapshot(vec![l], vec![])),
+        "accept_queue_overflow",
+    );
+    assert_eq!(
+        f.evidence[1],
+        "accept queue above its capacity 8 at those drops (now 0; none above it in the \
+         current peak window)"
+    );
+}
+
+#[test]
 fn accept_wait_p99_joins_the_queue_evidence() {
     let mut l = listener(1, 8080, "app", Some(8), 8);
     l.drops.accept_queue_full = 1;

@@ -85,7 +85,10 @@ impl Metrics {
                 .iter()
                 .map(|l| {
                     let current = queue_states.get(&l.inode).copied();
-                    (l.inode, windows.figures(l.inode, current))
+                    (
+                        l.inode,
+                        windows.figures(l.inode, current, l.scanned_queue()),
+                    )
                 })
                 .collect()
         };
