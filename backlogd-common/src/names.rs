@@ -19,15 +19,18 @@ pub mod map {
     pub const LISTENER_QUEUES: &str = "LISTENER_QUEUES";
     /// Sampling epoch of the queue maxima.
     pub const QUEUE_EPOCH: &str = "QUEUE_EPOCH";
+    /// The LISTEN event of every live listener, by socket inode.
+    pub const LISTENS_SEEN: &str = "LISTENS_SEEN";
 
     /// Every map the daemon uses, in the order it pins them.
-    pub const DAEMON: [&str; 6] = [
+    pub const DAEMON: [&str; 7] = [
         LISTENER_EVENTS,
         LISTENER_EVENTS_LOST,
         LISTENER_STATS,
         LISTENER_STATS_FULL,
         LISTENER_QUEUES,
         QUEUE_EPOCH,
+        LISTENS_SEEN,
     ];
 
     /// The global the daemon fills with the running kernel's struct offsets.

@@ -19,8 +19,8 @@ use aya_ebpf::{
     programs::{RawTracePointContext, TracePointContext},
 };
 use backlogd_common::{
-    AF_INET, AF_INET6, IPPROTO_TCP, LISTENER_EVENTS_BYTES, ListenerEvent, PENDING_LISTEN_ENTRIES,
-    PendingListen, TCP_LISTEN, event_kind,
+    AF_INET, AF_INET6, IPPROTO_TCP, LISTENER_EVENTS_BYTES, LISTENER_STATS_ENTRIES, ListenerEvent,
+    PENDING_LISTEN_ENTRIES, PendingListen, TCP_LISTEN, event_kind,
 };
 
 use crate::kernel::{KPtr, Result, offset, socket_of_fd, take_pending, tp_field};
@@ -40,6 +40,15 @@ static LISTENER_EVENTS: RingBuf = RingBuf::with_byte_size(LISTENER_EVENTS_BYTES,
 /// Events that did not fit in `LISTENER_EVENTS`; the daemon exports the sum and rescans.
 #[map]
 static LISTENER_EVENTS_LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+
+/// The last LISTEN event of every live listener, by socket inode (sized by the daemon's
+/// `max_listeners`), removed when it closes. Pinned with the other maps, so a restarted
+/// daemon still knows what each listener asked for and who asked, though the events
+/// themselves were read by the daemon before it. LRU: past `max_listeners` the oldest is
+/// forgotten, and that listener's request is unknown again.
+#[map]
+static LISTENS_SEEN: LruHashMap<u64, ListenerEvent> =
+    LruHashMap::with_max_entries(LISTENER_STATS_ENTRIES, 0);
 
 #[tracepoint]
 pub fn listen_enter(ctx: TracePointContext) -> u32 {
@@ -109,6 +118,7 @@ fn try_listen_exit(ctx: &TracePointContext) -> Result<()> {
         comm: bpf_get_current_comm().unwrap_or_default(),
     };
     emit(&event);
+    let _ = LISTENS_SEEN.insert(event.ino, event, 0);
     Ok(())
 }
 
@@ -145,6 +155,7 @@ fn listener_closed(sk: KPtr) -> Result<()> {
         .and_then(|socket| socket.read(offset(|o| &o.socket_ino)))
         .unwrap_or(0);
     crate::listener::forget(ino);
+    let _ = LISTENS_SEEN.remove(ino);
     emit(&ListenerEvent {
         kind: event_kind::CLOSE,
         sk: sk.0,

@@ -56,7 +56,8 @@ pub struct Layer {
     /// still listed, but its counter updates and queue observations are lost and counted
     /// (backlogd_listener_stats_full_total, backlogd_listener_queue_observations_lost_total;
     /// logged once). Each slot costs about 300 bytes per CPU, both maps together (a 280-byte
-    /// counter set and a 24-byte queue state) [default: 16384].
+    /// counter set and a 24-byte queue state), plus about 100 bytes once for the listener's
+    /// last listen() event [default: 16384].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=MAX_LISTENERS_LIMIT))]
     pub max_listeners: Option<u64>,
     /// Log filter. On the command line this is the global `--log` flag (or BACKLOGD_LOG).

@@ -125,11 +125,11 @@ async fn serve(
         probes.listener_events,
         shared.clone(),
     ));
+    let maps = Arc::new(Mutex::new(probes.maps));
     // Events are flowing, so a listener cannot slip between the scan and them; after this
     // first scan the table also holds what was listening before we started.
-    rescan(&shared).await;
+    rescan(&shared, &maps).await;
     let heartbeats = Arc::new(Heartbeats::new());
-    let maps = Arc::new(Mutex::new(probes.maps));
     let rescans = tokio::spawn(rescan_periodically(
         shared.clone(),
         maps.clone(),
@@ -461,7 +461,7 @@ async fn identify_programs(shared: Arc<Shared>) {
 }
 
 /// Reconciles the table with the kernel's own list of listeners.
-async fn rescan(shared: &Arc<Shared>) {
+async fn rescan(shared: &Arc<Shared>, maps: &SharedMaps) {
     let generation = shared.write_listeners().begin_scan();
     let Ok(scan) = tokio::task::spawn_blocking(sampling::scan).await else {
         tracing::warn!("sock_diag scan panicked");
@@ -478,6 +478,22 @@ async fn rescan(shared: &Arc<Shared>) {
             .filter(|&i| !table.contains(i))
             .collect()
     };
+    // Listeners a daemon before this one saw listen() (the kernel keeps their events in a
+    // pinned map): as exact as if this daemon had seen them.
+    let seen = maps
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .listens_seen(&unknown);
+    if !seen.is_empty() {
+        let mut table = shared.write_listeners();
+        for event in &seen {
+            table.restore(event);
+        }
+    }
+    let unknown: HashSet<u64> = unknown
+        .into_iter()
+        .filter(|ino| !seen.iter().any(|e| e.ino == *ino))
+        .collect();
     let owners = tokio::task::spawn_blocking(move || sampling::owners::find(&unknown))
         .await
         .unwrap_or_default();
@@ -574,7 +590,7 @@ async fn rescan_periodically(
         loop {
             tokio::select! {
                 _ = tick.tick() => {
-                    rescan(&shared).await;
+                    rescan(&shared, &maps).await;
                     orphans = remove_orphans(&shared, &maps, orphans);
                     heartbeats.scanned();
                 }

@@ -11,10 +11,10 @@ use std::{
 
 use aya::{
     Pod,
-    maps::{Array, IterableMap as _, MapData, PerCpuArray, PerCpuHashMap},
+    maps::{Array, HashMap as BpfHashMap, IterableMap as _, MapData, PerCpuArray, PerCpuHashMap},
     programs::ProgramFd,
 };
-use backlogd_common::{ListenerStats, QueueState, map_full, names::map};
+use backlogd_common::{ListenerEvent, ListenerStats, QueueState, map_full, names::map};
 
 use crate::{
     loader::syscall::{self, BatchCursor},
@@ -34,6 +34,9 @@ pub struct KernelMaps {
     pub listener_queues: PerCpuHashMap<MapData, u64, QueueState>,
     /// Sampling epoch the kernel tags queue maxima with.
     pub queue_epoch: Array<MapData, u32>,
+    /// The last LISTEN event of every live listener, by socket inode: what a listener
+    /// older than this daemon asked for, if a daemon before it (with pins) saw it.
+    pub listens_seen: BpfHashMap<MapData, u64, ListenerEvent>,
     /// backlogd's attached programs, for the runs the kernel skipped.
     pub programs: Vec<ProgramFd>,
 }
@@ -46,6 +49,15 @@ impl KernelMaps {
         let stats = self.listener_stats.keys().filter_map(Result::ok);
         stats
             .chain(self.listener_queues.keys().filter_map(Result::ok))
+            .chain(self.listens_seen.keys().filter_map(Result::ok))
+            .collect()
+    }
+
+    /// The LISTEN events the kernel kept for `inodes` (see `listens_seen`).
+    pub fn listens_seen(&self, inodes: &HashSet<u64>) -> Vec<ListenerEvent> {
+        inodes
+            .iter()
+            .filter_map(|ino| self.listens_seen.get(ino, 0).ok())
             .collect()
     }
 
@@ -109,6 +121,7 @@ impl KernelMaps {
         for ino in inodes {
             removed += u64::from(self.listener_stats.remove(ino).is_ok());
             removed += u64::from(self.listener_queues.remove(ino).is_ok());
+            removed += u64::from(self.listens_seen.remove(ino).is_ok());
         }
         removed
     }

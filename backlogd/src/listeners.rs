@@ -81,6 +81,19 @@ impl ListenerTable {
         }
     }
 
+    /// A LISTEN event a daemon before this one saw (kept by the kernel), for a listener
+    /// the current scan found and no event of ours announced; ignored if it closed
+    /// meanwhile.
+    pub fn restore(&mut self, event: &ListenerEvent) {
+        if event.kind == event_kind::LISTEN
+            && !self.by_inode.contains_key(&event.ino)
+            && !self.closed_during_scan.contains(&event.ino)
+        {
+            let listener = self.listener_of(event);
+            self.by_inode.insert(event.ino, listener);
+        }
+    }
+
     #[cfg(test)]
     pub fn len(&self) -> usize {
         self.by_inode.len()
@@ -280,6 +293,33 @@ mod tests {
         assert_eq!(
             (l.addr, l.requested),
             (IpAddr::V6(Ipv6Addr::LOCALHOST), Some(-1))
+        );
+    }
+
+    #[test]
+    fn a_listen_seen_by_an_earlier_daemon_is_restored_unless_it_closed_meanwhile() {
+        let mut t = ListenerTable::default();
+        let g = t.begin_scan();
+        t.apply(&ListenerEvent {
+            kind: event_kind::CLOSE,
+            ino: 2,
+            ..ListenerEvent::default()
+        });
+        t.restore(&listen(1, 511, 128));
+        t.restore(&listen(2, 64, 64));
+        assert_eq!(
+            t.finish_scan(g, &[diag(1), diag(2)], &listed(), &HashMap::new()),
+            (0, 0)
+        );
+        let l = t.iter().find(|l| l.inode == 1).unwrap();
+        assert_eq!((l.requested, l.granted), (Some(511), 128));
+        assert!(!t.contains(2), "closed during the scan");
+        // An entry our own events made is not replaced by an older record.
+        t.apply(&listen(3, 1024, 128));
+        t.restore(&listen(3, 16, 16));
+        assert_eq!(
+            t.iter().find(|l| l.inode == 3).unwrap().requested,
+            Some(1024)
         );
     }
 

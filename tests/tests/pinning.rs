@@ -11,6 +11,7 @@ use std::{
 use backlogd_tests::{
     Daemon, Exact, Netns,
     daemon::run_to_end,
+    doctor::{Doctor, evidence, kinds, set},
     kernel::{ListenCounters, tcp_ext},
     sockets::{Listener, connect_burst, fill_accept_queue, kernel_queue},
 };
@@ -219,6 +220,44 @@ fn counts_continue_across_kill_9_and_restart_during_a_burst() {
     assert!(
         alive.is_empty(),
         "links still attached after unpin: {alive:?}"
+    );
+}
+
+#[test]
+fn a_request_the_previous_daemon_saw_stays_exact_after_a_restart() {
+    let pins = PinDir::new("requests");
+    let ns = Netns::new();
+    ns.sysctl("net.core.somaxconn", "128");
+    let first = Daemon::start_with(&["--pin-dir", pins.arg()]);
+    let l = Listener::open(&ns, "127.0.0.1:0", 511);
+    first.wait_for_listener(l.inode);
+    first.kill_hard();
+    // The first daemon read the LISTEN event; for the second the listener is older than
+    // itself, and what it asked for comes from the kernel's pinned record of it.
+    let second = Daemon::start_with(&["--pin-dir", pins.arg()]);
+    let inode = l.inode.to_string();
+    assert_eq!(
+        second
+            .scrape()
+            .value("backlogd_listen_backlog_requested", &[("socket", &inode)]),
+        Some(511.0)
+    );
+    let doctor = Doctor::run(&second, &[]);
+    let found = doctor.about(&ns);
+    assert_eq!(kinds(&found), set(&["backlog_clamped"]), "{found:#?}");
+    let ev = evidence(found[0]);
+    assert!(
+        ev.contains("listen() backlog 511, sk_max_ack_backlog 128"),
+        "{ev}"
+    );
+    // A daemon stopped normally leaves its pins too: the next one knows it as well.
+    drop(second);
+    let third = Daemon::start_with(&["--pin-dir", pins.arg()]);
+    assert_eq!(
+        third
+            .scrape()
+            .value("backlogd_listen_backlog_requested", &[("socket", &inode)]),
+        Some(511.0)
     );
 }
 

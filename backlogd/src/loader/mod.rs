@@ -138,7 +138,8 @@ pub fn load(opts: &LoadOptions) -> Result<Probes, LoadError> {
         .btf(Some(&kernel_btf))
         .override_global(map::OFFSETS, &offsets, true)
         .map_max_entries(map::LISTENER_STATS, opts.max_listeners)
-        .map_max_entries(map::LISTENER_QUEUES, opts.max_listeners);
+        .map_max_entries(map::LISTENER_QUEUES, opts.max_listeners)
+        .map_max_entries(map::LISTENS_SEEN, opts.max_listeners);
 
     let attempts = modes::attempts(opts.hook_mode, mode, kernel);
     let mut attempts = attempts.iter().peekable();
@@ -209,7 +210,7 @@ fn adopt(pins: &PinDir, mode: HookMode) -> Result<Probes, LoadError> {
         HookMode::Tracepoint => has_sk_data_ready()?,
         HookMode::Fentry | HookMode::Kprobe => true,
     };
-    let [events, events_lost, stats, stats_full, queues, epoch] =
+    let [events, events_lost, stats, stats_full, queues, epoch, seen] =
         DAEMON.map(|name| pins.open_map(mode, name).map(|map| (name, map)));
     let listener_stats = typed(stats?)?;
     let probes = Probes {
@@ -222,6 +223,7 @@ fn adopt(pins: &PinDir, mode: HookMode) -> Result<Probes, LoadError> {
             listener_stats_full: typed(stats_full?)?,
             listener_queues: typed(queues?)?,
             queue_epoch: start_epochs(typed(epoch?)?)?,
+            listens_seen: typed(seen?)?,
         },
         _cgroup_ingress: None,
         mode,
@@ -285,6 +287,7 @@ fn load_mode(
     let listener_stats = typed_map(&mut ebpf, map::LISTENER_STATS, pinning)?;
     let listener_stats_full = typed_map(&mut ebpf, map::LISTENER_STATS_FULL, pinning)?;
     let listener_queues = typed_map(&mut ebpf, map::LISTENER_QUEUES, pinning)?;
+    let listens_seen = typed_map(&mut ebpf, map::LISTENS_SEEN, pinning)?;
     if let Some(pinning) = pinning.take() {
         pinning.complete()?;
     }
@@ -296,6 +299,7 @@ fn load_mode(
             listener_stats_full,
             listener_queues,
             queue_epoch,
+            listens_seen,
         },
         enqueue_events,
         adopted: false,
