@@ -35,6 +35,23 @@ pub fn hook_mode() -> Option<String> {
         .filter(|m| !m.is_empty())
 }
 
+/// `backlogd run EXTRA...` as the suite and the benchmarks start it: on a free loopback
+/// port unless `extra` gives `--listen` (or a `--config` file that may), and never with
+/// the host's /etc/backlogd/backlogd.toml: with its pin_dir a daemon of another build
+/// would clear a production daemon's pins and detach its programs.
+pub fn run_command(extra: &[&str]) -> Command {
+    let mut command = Command::new(binary());
+    command.arg("run");
+    if !extra.contains(&"--listen") && !extra.contains(&"--config") {
+        command.args(["--listen", "127.0.0.1:0"]);
+    }
+    if !extra.contains(&"--config") {
+        command.args(["--config", "/dev/null"]);
+    }
+    command.args(extra);
+    command
+}
+
 /// Runs `backlogd ARGS` to completion (for CLI and error-path tests).
 pub fn run_to_end(args: &[&str]) -> Output {
     Command::new(binary())
@@ -62,17 +79,8 @@ impl Daemon {
     /// `backlogd run` with `extra` arguments (plus `--listen 127.0.0.1:0` unless they
     /// give one or a `--config` file that may) and environment, waiting until it serves.
     pub fn start_env(extra: &[&str], env: &[(&str, &str)]) -> Self {
-        let mut command = Command::new(binary());
-        command.arg("run");
-        if !extra.contains(&"--listen") && !extra.contains(&"--config") {
-            command.args(["--listen", "127.0.0.1:0"]);
-        }
-        // Never the host's /etc/backlogd/backlogd.toml: with its pin_dir a test daemon of
-        // another build would clear a production daemon's pins and detach its programs.
-        if !extra.contains(&"--config") {
-            command.args(["--config", "/dev/null"]);
-        }
-        command.args(extra).envs(env.iter().copied());
+        let mut command = run_command(extra);
+        command.envs(env.iter().copied());
         if let Some(mode) = hook_mode().filter(|_| !extra.contains(&"--hook-mode")) {
             command.args(["--hook-mode", &mode]);
         }

@@ -23,6 +23,10 @@ use socket2::{Domain, Protocol, Socket, Type};
 
 use crate::setup::output;
 
+/// A named namespace (`ip netns add`), unlike the suite's thread-owned one
+/// (`backlogd_tests::Netns`): the benchmark polls it with `ss -N`/`nstat` the way an
+/// operator would, runs its load threads in it with setns(2) on borrowed closures, and
+/// reports errors instead of panicking mid-report.
 pub struct Netns {
     name: String,
     file: File,
@@ -108,20 +112,10 @@ impl Drop for Netns {
 /// A TcpExt counter of the calling thread's namespace.
 pub fn tcp_ext_here(field: &str) -> Result<u64> {
     let text = std::fs::read_to_string("/proc/thread-self/net/netstat")?;
-    let mut lines = text.lines();
-    while let (Some(names), Some(values)) = (lines.next(), lines.next()) {
-        if !names.starts_with("TcpExt:") {
-            continue;
-        }
-        if let Some((_, v)) = names
-            .split_whitespace()
-            .zip(values.split_whitespace())
-            .find(|(n, _)| *n == field)
-        {
-            return v.parse().with_context(|| format!("TcpExt {field} = {v:?}"));
-        }
-    }
-    bail!("no TcpExt {field} in /proc/net/netstat")
+    backlogd_common::netstat::tcp_ext(&text)
+        .and_then(|mut pairs| pairs.find(|(name, _)| *name == field))
+        .map(|(_, value)| value)
+        .with_context(|| format!("no TcpExt {field} in /proc/thread-self/net/netstat"))
 }
 
 fn tcp_socket() -> Result<Socket> {

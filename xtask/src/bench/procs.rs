@@ -3,8 +3,8 @@
 
 use std::{
     collections::BTreeMap,
-    io::{BufRead as _, BufReader, Read as _, Write as _},
-    net::{SocketAddr, TcpStream},
+    io::{BufRead as _, BufReader},
+    net::SocketAddr,
     path::Path,
     process::{Child, Command, Stdio},
     sync::{Arc, Mutex, mpsc},
@@ -164,11 +164,12 @@ impl Daemon {
     /// serves. Err(the daemon's own words) when it refuses to start (e.g. a hook mode this
     /// kernel lacks).
     pub fn start(mode: &str, extra: &[&str]) -> Result<std::result::Result<Self, String>> {
-        let bin = crate::workspace_root().join("target/release/backlogd");
-        let mut cmd = Command::new(&bin);
-        cmd.args(["run", "--listen", "127.0.0.1:0", "--hook-mode", mode])
-            .args(extra)
-            .env("NO_COLOR", "1");
+        // The suite's command line (its binary, a free port, never the host's config);
+        // the benchmark keeps its own process handling: it measures the daemon's CPU and
+        // memory and reports a refused mode instead of failing.
+        let args: Vec<&str> = ["--hook-mode", mode].iter().chain(extra).copied().collect();
+        let mut cmd = backlogd_tests::daemon::run_command(&args);
+        cmd.env("NO_COLOR", "1");
         let mut proc = Watched::spawn(&mut cmd, false)?;
         let ready = proc.wait_for(Duration::from_secs(60), |line| {
             let rest = line.split("serving metrics on http://").nth(1)?;
@@ -331,23 +332,17 @@ impl Drop for BpfStats {
     }
 }
 
-/// GET over HTTP/1.0 (no chunked encoding to undo); returns the wall time from connect to
-/// the last byte, and the body.
+/// GET with the suite's client; returns the wall time from connect to the last byte, and
+/// the body of a 200.
 pub fn http_get(addr: SocketAddr, path: &str) -> Result<(Duration, String)> {
     let start = Instant::now();
-    let mut s = TcpStream::connect(addr).with_context(|| format!("connecting to {addr}"))?;
-    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n")?;
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw)?;
+    let (status, body) = backlogd_tests::http::try_get(addr, path)
+        .with_context(|| format!("GET http://{addr}{path}"))?;
     let took = start.elapsed();
-    let text = String::from_utf8(raw).context("non-UTF-8 response")?;
-    let (head, body) = text
-        .split_once("\r\n\r\n")
-        .with_context(|| format!("GET {path}: no header end"))?;
-    if !head.starts_with("HTTP/1.0 200") && !head.starts_with("HTTP/1.1 200") {
-        bail!("GET {path}: {}", head.lines().next().unwrap_or(""));
+    if status != 200 {
+        bail!("GET {path}: status {status}");
     }
-    Ok((took, body.to_owned()))
+    Ok((took, body))
 }
 
 /// Pids of other backlogd daemons on the machine: their programs run on the same hooks

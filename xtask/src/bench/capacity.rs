@@ -1,0 +1,88 @@
+//! Handshake capacity with and without the daemon, in alternating pairs.
+
+use super::*;
+
+/// Alternating runs without and with what `attach` starts (dropped to detach); returns
+/// the table rows and the ratios with/without in percent.
+pub(super) fn capacity_pairs<T>(
+    p: &Params,
+    ns: &Netns,
+    mut attach: impl FnMut() -> Result<T>,
+) -> Result<(Vec<Vec<String>>, Vec<f64>)> {
+    let secs = Duration::from_secs_f64(p.capacity_secs);
+    let mut without = Vec::new();
+    // Warm-up: the first run after namespace creation is slower.
+    load::handshakes(ns, CLIENTS, secs, None)?;
+    let (mut rows, mut pct) = (Vec::new(), Vec::new());
+    for i in 0..p.capacity_pairs {
+        let mut pair = [0.0; 2];
+        // Alternate which half goes first so drift in the machine's load cancels out.
+        let order = if i % 2 == 0 {
+            [false, true]
+        } else {
+            [true, false]
+        };
+        for with in order {
+            let attached = if with { Some(attach()?) } else { None };
+            let (n, took) = load::handshakes(ns, CLIENTS, secs, None)?;
+            pair[usize::from(with)] = n as f64 / took;
+            drop(attached);
+        }
+        let ratio = pair[1] / pair[0] * 100.0;
+        pct.push(ratio);
+        without.push(pair[0]);
+        rows.push(vec![
+            format!("{}", i + 1),
+            format!("{:.0}", pair[0]),
+            format!("{:.0}", pair[1]),
+            format!("{ratio:.1}%"),
+        ]);
+    }
+    // The runs without are the same load every time: if they differ much, something else
+    // took the CPUs during the section, and the report must say so.
+    let drift = max(&without) / min(&without);
+    if drift > 1.1 {
+        rows.push(vec![
+            format!(
+                "**note**: the runs without differ by {:.0}%: other work competed for the \
+                 CPUs; treat these ratios with care",
+                (drift - 1.0) * 100.0
+            ),
+            String::new(),
+            String::new(),
+            String::new(),
+        ]);
+    }
+    Ok((rows, pct))
+}
+
+pub(super) fn capacity(p: &Params, ns: &Netns, r: &mut Report) -> Result<()> {
+    let mut mode = String::new();
+    let (rows, pct) = capacity_pairs(p, ns, || {
+        let d = Daemon::start("auto", &[])?.map_err(|e| anyhow!("backlogd did not start: {e}"))?;
+        mode = hook_mode(&d).unwrap_or_default();
+        // Let the startup scan finish before measuring.
+        thread::sleep(Duration::from_millis(500));
+        Ok(d)
+    })?;
+    r.line(format!(
+        "Handshakes per second on loopback in a fresh network namespace: one thread accepts \
+         and closes, {CLIENTS} threads connect and close (RST), {} s per run, {} pairs \
+         alternating without/with backlogd (`--hook-mode auto`: {mode}), order swapped \
+         every other pair. bpf_stats as before the benchmark.\n",
+        p.capacity_secs, p.capacity_pairs
+    ));
+    r.table(
+        &["pair", "without (handshakes/s)", "with", "with / without"],
+        &rows,
+    );
+    r.line(format!("Ratio with/without: {}.\n", spread(&pct, "%")));
+    r.targets.capacity = Some((median(&pct), min(&pct), max(&pct)));
+    Ok(())
+}
+
+pub(super) fn hook_mode(d: &Daemon) -> Result<String> {
+    let (_, body) = d.get("/api/v1/snapshot")?;
+    let v: serde_json::Value = serde_json::from_str(&body)?;
+    Ok(v["hook_mode"].as_str().unwrap_or("?").to_owned())
+}

@@ -1,0 +1,250 @@
+//! The guest: an initramfs with backlogd, the suites, the tools they drive and the modules
+//! they need, and the init script that runs each suite once per mode.
+
+use super::*;
+
+/// Host tools the suites run, copied into the guest with their shared libraries.
+/// (bpftrace and iperf3: the stress suite's other tracer and background traffic.)
+pub(super) const GUEST_TOOLS: &[&str] = &[
+    "ip", "ss", "nft", "bpftool", "setpriv", "bpftrace", "iperf3",
+];
+
+/// Kernel modules the suites need: nf_tables for `Netns::drop_incoming`, nft_reject_inet
+/// for `Netns::reject_outgoing_synacks`; tcp_diag (and inet_diag) for sock_diag, which
+/// backlogd's scans and `ss` use. (A production host's modprobe autoloads them; the guest
+/// has no modprobe.)
+pub(super) const GUEST_MODULES: &[&str] = &["nf_tables", "nft_reject_inet", "tcp_diag"];
+
+/// What goes into every guest: backlogd and the suites' test executables.
+pub(super) struct Payload {
+    pub(super) backlogd: PathBuf,
+    pub(super) suites: Vec<(String, PathBuf)>,
+}
+
+pub(super) fn build_payload() -> Result<Payload> {
+    crate::cargo(&["build", "--release", "--package", "backlogd"])?;
+    let mut cmd = Command::new("cargo");
+    cmd.args([
+        "test",
+        "--release",
+        "--package",
+        "backlogd-tests",
+        "--no-run",
+        "--message-format=json",
+    ]);
+    for (suite, _) in GUEST_SUITES {
+        cmd.args(["--test", suite]);
+    }
+    let out = cmd
+        .current_dir(crate::workspace_root())
+        .stderr(Stdio::inherit())
+        .output()
+        .context("building the integration suites")?;
+    if !out.status.success() {
+        bail!("building the integration suites failed: {}", out.status);
+    }
+    let mut suites = Vec::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        if msg["reason"] != "compiler-artifact" || msg["target"]["kind"][0] != "test" {
+            continue;
+        }
+        if let (Some(name), Some(exe)) =
+            (msg["target"]["name"].as_str(), msg["executable"].as_str())
+        {
+            suites.push((name.to_owned(), PathBuf::from(exe)));
+        }
+    }
+    for (suite, _) in GUEST_SUITES {
+        if !suites.iter().any(|(n, _)| n == suite) {
+            bail!("cargo built no executable for integration suite `{suite}`");
+        }
+    }
+    Ok(Payload {
+        backlogd: crate::workspace_root().join("target/release/backlogd"),
+        suites,
+    })
+}
+
+/// Stages the guest's root file system under `work/root` and packs it as a newc cpio.
+pub(super) fn build_initramfs(
+    work: &Path,
+    kernel: &Kernel,
+    payload: &Payload,
+    runs: &str,
+) -> Result<PathBuf> {
+    let root = work.join("root");
+    let _ = std::fs::remove_dir_all(&root);
+    for dir in [
+        "bin",
+        "sbin",
+        "dev",
+        "proc",
+        "sys",
+        "tmp",
+        "run",
+        "etc",
+        "backlogd/tests",
+    ] {
+        std::fs::create_dir_all(root.join(dir))?;
+    }
+    copy_file(Path::new("/bin/busybox"), &root.join("bin/busybox"))
+        .context("busybox-static is required for the guest (Debian package busybox-static)")?;
+    for f in ["/etc/protocols", "/etc/services"] {
+        if Path::new(f).exists() {
+            copy_file(Path::new(f), &root.join(&f[1..]))?;
+        }
+    }
+    std::fs::write(root.join("etc/passwd"), "root:x:0:0:root:/:/bin/sh\n")?;
+    std::fs::write(root.join("etc/group"), "root:x:0:\n")?;
+
+    let mut binaries = vec![(payload.backlogd.clone(), PathBuf::from("backlogd/backlogd"))];
+    for (suite, exe) in &payload.suites {
+        binaries.push((exe.clone(), PathBuf::from("backlogd/tests").join(suite)));
+    }
+    for tool in GUEST_TOOLS {
+        let path = output(Command::new("sh").args(["-c", &format!("command -v {tool}")]))
+            .with_context(|| format!("host tool `{tool}` not found (run `cargo xtask setup`)"))?;
+        let path = PathBuf::from(path.trim());
+        let canonical = path.canonicalize()?;
+        binaries.push((canonical, path.strip_prefix("/")?.to_path_buf()));
+    }
+    let mut libs = BTreeSet::new();
+    for (src, dst) in &binaries {
+        copy_file(src, &root.join(dst))?;
+        libs.extend(shared_libraries(src)?);
+    }
+    for lib in &libs {
+        copy_file(&lib.canonicalize()?, &root.join(lib.strip_prefix("/")?))?;
+    }
+
+    let modules = module_load_order(kernel)?;
+    let mut insmods = String::new();
+    for (i, module) in modules.iter().enumerate() {
+        let dst = format!("modules/{i:02}.ko");
+        decompress_module(module, &root.join(&dst))?;
+        writeln!(
+            insmods,
+            "insmod /{dst} || echo \"{MARK} insmod {} failed\"",
+            module.display()
+        )?;
+    }
+
+    let init = INIT_TEMPLATE
+        .replace("@MARK@", MARK)
+        .replace("@RELEASE@", &kernel.release)
+        .replace("@INSMODS@", &insmods)
+        .replace("@RUNS@", runs);
+    let init_path = root.join("init");
+    std::fs::write(&init_path, init)?;
+    set_executable(&init_path)?;
+
+    let cpio = work.join("initramfs.cpio");
+    let status = Command::new("sh")
+        .args([
+            "-c",
+            "find . -print0 | cpio --null --quiet -o -H newc -R 0:0 > \"$0\"",
+        ])
+        .arg(&cpio)
+        .current_dir(&root)
+        .status()
+        .context("starting cpio (Debian package cpio)")?;
+    if !status.success() {
+        bail!("packing the initramfs with cpio failed: {status}");
+    }
+    Ok(cpio)
+}
+
+/// The guest's /init: mounts what backlogd and the suites need, loads modules, runs every
+/// suite per mode with markers the host parses, and powers off.
+pub(super) const INIT_TEMPLATE: &str = r#"#!/bin/busybox sh
+/bin/busybox --install -s /bin
+export PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/ TMPDIR=/tmp
+mount -t proc proc /proc
+mount -t sysfs sys /sys
+mount -t devtmpfs dev /dev
+mount -t tmpfs tmp /tmp
+mount -t tracefs tracefs /sys/kernel/tracing
+mount -t bpf bpf /sys/fs/bpf
+mount -t cgroup2 cgroup2 /sys/fs/cgroup
+ip link set lo up
+@INSMODS@
+echo "@MARK@ kernel $(uname -r) expected @RELEASE@ cpus $(nproc)"
+export BACKLOGD_BIN=/backlogd/backlogd RUST_BACKTRACE=1 NO_COLOR=1
+run_suite() {
+    mode=$1 suite=$2
+    shift 2
+    echo "@MARK@ begin mode=$mode suite=$suite"
+    BACKLOGD_HOOK_MODE=$mode /backlogd/tests/$suite --test-threads=1 "$@" 2>&1
+    echo "@MARK@ end mode=$mode suite=$suite rc=$?"
+}
+@RUNS@
+echo "@MARK@ done"
+poweroff -f
+"#;
+
+/// The init script's `run_suite` lines: every suite in every mode, `repeat` times, less the
+/// skipped tests of (mode, suite, test).
+pub(super) fn suite_runs(
+    modes: &[&str],
+    suites: &[(&str, Option<&str>)],
+    repeat: u32,
+    skips: &[(&str, &str, &str)],
+) -> Vec<String> {
+    let mut runs = Vec::new();
+    for mode in modes {
+        for (suite, filter) in suites {
+            let mut args = filter.unwrap_or("").to_owned();
+            for (_, _, test) in skips.iter().filter(|s| s.0 == *mode && s.1 == *suite) {
+                args.push_str(&format!(" --skip {test}"));
+            }
+            for _ in 0..repeat {
+                runs.push(format!("run_suite {mode} {suite} {args}\n"));
+            }
+        }
+    }
+    runs
+}
+
+/// Shared libraries `binary` loads (ldd), the dynamic loader included.
+pub(super) fn shared_libraries(binary: &Path) -> Result<Vec<PathBuf>> {
+    let out = Command::new("ldd").arg(binary).output()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    if text.contains("not a dynamic executable") || !out.status.success() {
+        return Ok(Vec::new());
+    }
+    let mut libs = Vec::new();
+    for line in text.lines() {
+        if line.contains("not found") {
+            bail!("{}: {}", binary.display(), line.trim());
+        }
+        let path = line
+            .split("=>")
+            .nth(1)
+            .unwrap_or(line)
+            .split_whitespace()
+            .next()
+            .unwrap_or("");
+        if path.starts_with('/') {
+            libs.push(PathBuf::from(path));
+        }
+    }
+    Ok(libs)
+}
+
+pub(super) fn copy_file(src: &Path, dst: &Path) -> Result<()> {
+    if let Some(parent) = dst.parent() {
+        std::fs::create_dir_all(parent)?;
+    }
+    std::fs::copy(src, dst)
+        .with_context(|| format!("copying {} to {}", src.display(), dst.display()))?;
+    Ok(())
+}
+
+pub(super) fn set_executable(path: &Path) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755))?;
+    Ok(())
+}
