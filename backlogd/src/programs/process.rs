@@ -59,7 +59,7 @@ impl Process {
 
     /// A file the process names (see [`Process::resolve`]), as text.
     pub fn read(&self, path: &str, base: Option<&str>) -> Option<String> {
-        std::fs::read_to_string(self.resolve(path, base)).ok()
+        read_config(&self.resolve(path, base))
     }
 
     /// The files a glob the process names (`conf.d/*.conf`, as nginx and apache include
@@ -75,7 +75,7 @@ impl Process {
         let mut out: Vec<(String, String)> = paths
             .flatten()
             .filter_map(|p| {
-                let text = std::fs::read_to_string(&p).ok()?;
+                let text = read_config(&p)?;
                 let shown = p
                     .to_str()?
                     .strip_prefix(prefix)
@@ -100,6 +100,23 @@ impl Process {
             has_go_buildinfo(&path)
         })
     }
+}
+
+/// Largest configuration file read: any process can name any file on its command line
+/// (`-c /dev/zero`), so only regular files, and only this much of them.
+const CONFIG_LIMIT: u64 = 1 << 20;
+
+/// A regular file of at most [`CONFIG_LIMIT`] bytes, as text.
+fn read_config(path: &Path) -> Option<String> {
+    use std::io::Read as _;
+    let file = std::fs::File::open(path).ok()?;
+    let meta = file.metadata().ok()?;
+    if !meta.is_file() || meta.len() > CONFIG_LIMIT {
+        return None;
+    }
+    let mut text = String::new();
+    file.take(CONFIG_LIMIT).read_to_string(&mut text).ok()?;
+    Some(text)
 }
 
 /// Whether the ELF file at `path` has a `.go.buildinfo` section. Reads the headers only.

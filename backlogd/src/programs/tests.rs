@@ -270,6 +270,18 @@ fn an_unknown_program_is_not_guessed_from_its_port() {
     let root = Root::new("unknown");
     let p = root.process("/opt/app/bin/server", &["server", "--port", "80"]);
     assert_eq!(identify(&p, 80), None);
+    // A process may name any file: devices and the like are not read.
+    let zero = root.process("/usr/sbin/nginx", &["nginx", "-c", "/dev/zero"]);
+    std::os::unix::fs::symlink("/dev/zero", root.0.join("dev-zero")).unwrap();
+    let via_link = root.process("/usr/sbin/nginx", &["nginx", "-c", "/dev-zero"]);
+    assert_eq!(
+        asks(&identify(&zero, 80)),
+        Some(("nginx", Asks::Backlog(511)))
+    );
+    assert_eq!(
+        asks(&identify(&via_link, 80)),
+        Some(("nginx", Asks::Backlog(511)))
+    );
     // A deleted executable (after an upgrade) keeps its name.
     let old = root.process("/usr/sbin/nginx (deleted)", &["nginx"]);
     assert_eq!(old.exe_name().as_deref(), Some("nginx"));
