@@ -2,16 +2,13 @@
 //!
 //! Everything runs in a namespace made for the benchmark, so its sysctls (port range,
 //! somaxconn), its 100k sockets and its TIME_WAITs never touch the host or the other
-//! engineers' tests running beside it; deleting the namespace frees them all.
+//! engineers' tests running beside it; the kernel frees them all with the namespace.
 
 use std::{
     fs::File,
     io::{BufRead as _, BufReader, Write as _},
     net::{Ipv4Addr, SocketAddr, SocketAddrV4},
-    os::{
-        fd::AsRawFd as _,
-        unix::{fs::MetadataExt as _, process::CommandExt as _},
-    },
+    os::{fd::AsRawFd as _, unix::process::CommandExt as _},
     process::{Child, Command, Stdio},
     sync::atomic::{AtomicBool, Ordering},
     thread,
@@ -21,39 +18,31 @@ use std::{
 use anyhow::{Context as _, Result, anyhow, bail};
 use socket2::{Domain, Protocol, Socket, Type};
 
-use crate::setup::output;
-
-/// A named namespace (`ip netns add`), unlike the suite's thread-owned one
-/// (`backlogd_tests::Netns`): the benchmark polls it with `ss -N`/`nstat` the way an
-/// operator would, runs its load threads in it with setns(2) on borrowed closures, and
-/// reports errors instead of panicking mid-report.
+/// The suite's namespace ([`backlogd_tests::Netns`]: unshared by its helper thread,
+/// loopback up, freed by the kernel when the last socket in it closes, so nothing is left
+/// behind even when the benchmark is killed), plus an fd of it: the benchmark's load
+/// threads (on borrowed closures, many at once, where the suite runs `'static` jobs on its
+/// one thread) and the processes it polls with (`ss`, `nstat`, the connection holders) join
+/// it with setns(2).
 pub struct Netns {
-    name: String,
+    suite: backlogd_tests::Netns,
     file: File,
 }
 
 impl Netns {
-    /// `ip netns add`, so each load thread can join it with setns(2) and `ss`/`nstat` can
-    /// run in it.
-    pub fn new(tag: &str) -> Result<Self> {
-        let name = format!("backlogd-bench-{}-{tag}", std::process::id());
-        output(Command::new("ip").args(["netns", "add", &name]))?;
-        let path = format!("/run/netns/{name}");
-        let file = match File::open(&path) {
-            Ok(f) => f,
-            Err(e) => {
-                let _ = output(Command::new("ip").args(["netns", "del", &name]));
-                return Err(e).with_context(|| format!("opening {path}"));
-            }
-        };
-        let ns = Self { name, file };
-        output(Command::new("ip").args(["-n", &ns.name, "link", "set", "lo", "up"]))?;
-        Ok(ns)
+    /// A fresh namespace with loopback up. (The suite's constructor panics if it cannot
+    /// make one; `bench::section` reports a panic as the section's failure.)
+    pub fn new() -> Result<Self> {
+        let suite = backlogd_tests::Netns::new();
+        let file = suite
+            .run(|| File::open("/proc/thread-self/ns/net"))
+            .context("opening the benchmark's network namespace")?;
+        Ok(Self { suite, file })
     }
 
     /// Inode of the namespace, as backlogd's `netns` label shows it.
-    pub fn inode(&self) -> Result<u64> {
-        Ok(self.file.metadata()?.ino())
+    pub fn inode(&self) -> u64 {
+        self.suite.inode()
     }
 
     /// Moves the calling thread into the namespace.
@@ -61,7 +50,7 @@ impl Netns {
         // SAFETY: plain syscall on a valid fd; affects only the calling thread.
         if unsafe { libc::setns(self.file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
             return Err(std::io::Error::last_os_error())
-                .with_context(|| format!("setns into {}", self.name));
+                .context("setns into the benchmark's network namespace");
         }
         Ok(())
     }
@@ -74,17 +63,17 @@ impl Netns {
                 f()
             })
             .join()
-            .map_err(|_| anyhow!("a thread in netns {} panicked", self.name))?
+            .map_err(|_| anyhow!("a thread in the benchmark's network namespace panicked"))?
         })
     }
 
-    pub fn sysctl(&self, key: &str, value: &str) -> Result<()> {
-        let path = format!("/proc/sys/{}", key.replace('.', "/"));
-        self.scoped(|| std::fs::write(&path, value).with_context(|| format!("writing {path}")))
+    /// Sets a namespaced sysctl, e.g. `net.core.somaxconn` (the suite's; panics on failure).
+    pub fn sysctl(&self, key: &str, value: &str) {
+        self.suite.sysctl(key, value);
     }
 
-    /// A command that runs inside the namespace (without `ip netns exec`'s mount setup,
-    /// so polling it costs what polling costs on a host).
+    /// A command that runs inside the namespace (joined with setns(2) before exec, without
+    /// `ip netns exec`'s mount setup, so polling it costs what polling costs on a host).
     pub fn command(&self, program: &str) -> Command {
         let fd = self.file.as_raw_fd();
         let mut cmd = Command::new(program);
@@ -101,15 +90,9 @@ impl Netns {
     }
 }
 
-impl Drop for Netns {
-    fn drop(&mut self) {
-        if let Err(e) = output(Command::new("ip").args(["netns", "del", &self.name])) {
-            eprintln!("bench: {e:#}");
-        }
-    }
-}
-
-/// A TcpExt counter of the calling thread's namespace.
+/// A TcpExt counter of the calling thread's namespace, with the parser the daemon and the
+/// suite use. (The suite's `backlogd_tests::kernel::tcp_ext` reads it on the namespace's
+/// helper thread; the drop-latency loop polls from the thread that sent the SYN.)
 pub fn tcp_ext_here(field: &str) -> Result<u64> {
     let text = std::fs::read_to_string("/proc/thread-self/net/netstat")?;
     backlogd_common::netstat::tcp_ext(&text)

@@ -141,8 +141,8 @@ pub fn run(quick: bool) -> Result<()> {
     let mut r = Report::default();
     machine(&mut r, quick)?;
 
-    let ns = Netns::new("load")?;
-    ns.sysctl("net.ipv4.ip_local_port_range", "1024 65535")?;
+    let ns = Netns::new()?;
+    ns.sysctl("net.ipv4.ip_local_port_range", "1024 65535");
     section(&mut r, "Per-event cost of the eBPF programs", |r| {
         program_cost(p, &ns, r)
     });
@@ -179,7 +179,9 @@ pub fn run(quick: bool) -> Result<()> {
     Ok(())
 }
 
-/// Runs one section; a failure is reported in its place and the run goes on.
+/// Runs one section; a failure is reported in its place and the run goes on. A panic
+/// counts as a failure: the suite's helpers the benchmark uses (`backlogd_tests`) panic
+/// with context instead of returning errors.
 fn section(r: &mut Report, title: &str, f: impl FnOnce(&mut Report) -> Result<()>) {
     eprintln!("bench: {title} (load {})", loadavg());
     r.line(format!("### {title}\n"));
@@ -188,10 +190,20 @@ fn section(r: &mut Report, title: &str, f: impl FnOnce(&mut Report) -> Result<()
         loadavg(),
         procs::other_daemons(&[])
     ));
-    if let Err(e) = f(r) {
-        eprintln!("bench: {title}: {e:#}");
-        r.line(format!("**Failed:** {e:#}\n"));
-    }
+    let failure = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(r))) {
+        Ok(Ok(())) => return,
+        Ok(Err(e)) => format!("{e:#}"),
+        Err(panic) => {
+            let said = panic
+                .downcast_ref::<String>()
+                .map(String::as_str)
+                .or_else(|| panic.downcast_ref::<&str>().copied())
+                .unwrap_or("(no message)");
+            format!("panicked: {said}")
+        }
+    };
+    eprintln!("bench: {title}: {failure}");
+    r.line(format!("**Failed:** {failure}\n"));
 }
 
 fn loadavg() -> String {
@@ -221,6 +233,12 @@ fn machine(r: &mut Report, quick: bool) -> Result<()> {
     )
     .unwrap_or_default();
     let date = output(Command::new("date").args(["-u", "+%Y-%m-%d %H:%M UTC"])).unwrap_or_default();
+    // The daemon is the suite's binary (`backlogd_tests::daemon::binary`): the release
+    // build `cargo xtask bench` has just made, unless BACKLOGD_BIN names another.
+    let backlogd = match std::env::var_os("BACKLOGD_BIN") {
+        Some(bin) => format!("`{}` (BACKLOGD_BIN)", std::path::Path::new(&bin).display()),
+        None => format!("{} (release build)", commit.trim()),
+    };
     r.line(format!(
         "## `cargo xtask bench{}` results\n",
         if quick { " --quick" } else { "" }
@@ -232,10 +250,7 @@ fn machine(r: &mut Report, quick: bool) -> Result<()> {
             vec!["memory".into(), format!("{mem_gib:.0} GiB")],
             vec!["kernel".into(), kernel.trim().into()],
             vec!["load average at start".into(), loadavg()],
-            vec![
-                "backlogd".into(),
-                format!("{} (release build)", commit.trim()),
-            ],
+            vec!["backlogd".into(), backlogd],
             vec!["date".into(), date.trim().into()],
         ],
     );

@@ -153,20 +153,21 @@ fn strip_ansi(s: &str) -> String {
     out
 }
 
-/// A running backlogd.
+/// A running backlogd, started with the suite's command line
+/// ([`backlogd_tests::daemon::run_command`]) but not as the suite's
+/// [`backlogd_tests::Daemon`], which panics when the daemon does not start: here a hook
+/// mode this kernel refuses is a row of the report, not a failure. The process is watched
+/// as bpftrace's is ([`Watched`]: CPU, memory, BPF run statistics, warnings it logs).
 pub struct Daemon {
     pub proc: Watched,
     pub addr: SocketAddr,
 }
 
 impl Daemon {
-    /// Starts `target/release/backlogd run` with `--hook-mode mode` and waits until it
-    /// serves. Err(the daemon's own words) when it refuses to start (e.g. a hook mode this
-    /// kernel lacks).
+    /// Starts `backlogd run --hook-mode mode EXTRA...` (the suite's binary, on a free
+    /// port, never the host's config) and waits until it serves. Err(the daemon's own
+    /// words) when it refuses to start (e.g. a hook mode this kernel lacks).
     pub fn start(mode: &str, extra: &[&str]) -> Result<std::result::Result<Self, String>> {
-        // The suite's command line (its binary, a free port, never the host's config);
-        // the benchmark keeps its own process handling: it measures the daemon's CPU and
-        // memory and reports a refused mode instead of failing.
         let args: Vec<&str> = ["--hook-mode", mode].iter().chain(extra).copied().collect();
         let mut cmd = backlogd_tests::daemon::run_command(&args);
         cmd.env("NO_COLOR", "1");
