@@ -72,6 +72,7 @@ pub fn run(config: RunConfig) -> anyhow::Result<()> {
         kernel_fentry = probes.kernel.fentry,
         kernel_kprobe = probes.kernel.kprobe,
         adopted = probes.adopted,
+        pinned = probes.pinned,
         "probes attached: listener lifecycle via tracepoints; SYN path in {} mode",
         probes.mode.name()
     );
@@ -151,6 +152,7 @@ async fn serve(
         windows.clone(),
         probes.mode,
         probes.kernel,
+        probes.pinned,
         probes.enqueue_events,
     );
     let listener =

@@ -5,6 +5,7 @@
 //! Tests panic with context rather than return errors (as aya's own suite does).
 
 pub mod bpf;
+pub mod caps;
 pub mod daemon;
 pub mod doctor;
 pub mod exact;

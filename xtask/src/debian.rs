@@ -59,13 +59,9 @@ impl SuiteApt {
         ]
     }
 
-    /// Package names starting with `prefix` in this suite.
-    pub fn pkgnames(&self, prefix: &str) -> Result<String> {
-        output(
-            Command::new("apt-cache")
-                .args(self.options())
-                .args(["pkgnames", prefix]),
-        )
+    /// `apt-cache ARGS` on this suite's index.
+    pub fn cache(&self, args: &[&str]) -> Result<String> {
+        output(Command::new("apt-cache").args(self.options()).args(args))
     }
 
     /// `apt-get download package` into `into`.
@@ -128,6 +124,10 @@ fn sources_from_policy(policy: &str, host: &str, suite: &str) -> Vec<String> {
         if !(rest.is_empty() || rest.starts_with('-')) {
             continue;
         }
+        // sid and the backports suites have no -updates or -security of their own.
+        if !rest.is_empty() && (suite == "sid" || suite.ends_with("-backports")) {
+            continue;
+        }
         let deb = format!(
             "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] {uri} {suite}{rest} main"
         );
@@ -156,5 +156,10 @@ mod tests {
         );
         assert!(lines[1].ends_with("http://archive.example/debian bullseye-updates main"));
         assert!(lines[2].ends_with("http://archive.example/debian bullseye main"));
+        for suite in ["sid", "trixie-backports"] {
+            let lines = sources_from_policy(policy, "bookworm", suite);
+            assert_eq!(lines.len(), 1, "{lines:?}");
+            assert!(lines[0].ends_with(&format!("http://archive.example/debian {suite} main")));
+        }
     }
 }

@@ -39,8 +39,9 @@ enum Cmd {
     },
     /// Boot Debian kernels under qemu and run the hook-mode suites in each mode.
     Vm {
-        /// Kernels to boot: debian-6.1, debian-6.12 (the default), debian-5.10 (bullseye,
-        /// fetched from the same Debian archive; not in the default matrix).
+        /// Kernels to boot (default: those `cargo xtask test` boots): debian-5.10
+        /// (bullseye), debian-6.1, trixie, trixie-backports; also debian-6.12 (bookworm's
+        /// 6.12) and sid. Other suites' kernels come from the host's Debian archive.
         #[arg(long = "kernel")]
         kernels: Vec<String>,
         /// Hook modes to run: fentry, kprobe, tracepoint (default: all).

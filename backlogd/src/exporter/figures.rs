@@ -26,6 +26,8 @@ pub struct Metrics {
     pub windows: Arc<Mutex<QueueWindows>>,
     pub mode: HookMode,
     pub kernel: KernelSupport,
+    /// The kernel state survives a daemon restart (pinned).
+    pub pinned: bool,
     /// Queued counts and accept waits are only exported when enqueue events are seen.
     pub enqueue_events: bool,
     /// What closed members contributed to the group and process counters.
@@ -49,6 +51,7 @@ impl Metrics {
         windows: Arc<Mutex<QueueWindows>>,
         mode: HookMode,
         kernel: KernelSupport,
+        pinned: bool,
         enqueue_events: bool,
     ) -> Self {
         Self {
@@ -57,6 +60,7 @@ impl Metrics {
             windows,
             mode,
             kernel,
+            pinned,
             enqueue_events,
             retired: Arc::default(),
         }

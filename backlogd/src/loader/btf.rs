@@ -195,21 +195,32 @@ impl KernelBtf {
     /// Byte offset in `struct linux_mib` of counter `name` (an enum linux_mib_field
     /// enumerator; their values shift between kernels).
     fn mib_offset(&self, name: &str) -> Result<u32, BtfError> {
-        let not_found = || BtfError::NoField {
-            ty: "enum linux_mib_field".into(),
-            field: name.into(),
-        };
+        self.enumerator(name)
+            .map(|v| v * 8)
+            .ok_or_else(|| BtfError::NoField {
+                ty: "enum linux_mib_field".into(),
+                field: name.into(),
+            })
+    }
+
+    /// Whether any enum of the kernel has an enumerator `name` (e.g. a helper of
+    /// `enum bpf_func_id`: the kernel knows that helper).
+    pub fn has_enumerator(&self, name: &str) -> bool {
+        self.enumerator(name).is_some()
+    }
+
+    fn enumerator(&self, name: &str) -> Option<u32> {
         let mut iter = self.btf.type_iter();
         while let Ok(Some(t)) = iter.next() {
             if let Type::Enum(e) = t {
                 for m in &e.members {
                     if self.btf.resolve_name(m).is_ok_and(|n| n == name) {
-                        return Ok(m.val() * 8);
+                        return Some(m.val());
                     }
                 }
             }
         }
-        Err(not_found())
+        None
     }
 
     fn named_struct(&self, name: &str) -> Option<Type> {
@@ -282,6 +293,15 @@ mod tests {
     // kernel types (anonymous unions, typedef chains, bitfields).
     fn kernel() -> KernelBtf {
         KernelBtf::open(Path::new(KERNEL_BTF)).expect("kernel BTF")
+    }
+
+    /// The CI kernel (6.18) knows both; nothing knows a made-up name.
+    #[test]
+    fn enumerators_say_which_helpers_and_links_the_kernel_has() {
+        let k = kernel();
+        assert!(k.has_enumerator("BPF_FUNC_get_func_ret"));
+        assert!(k.has_enumerator("BPF_LINK_TYPE_PERF_EVENT"));
+        assert!(!k.has_enumerator("BPF_FUNC_backlogd_does_not_exist"));
     }
 
     #[test]

@@ -14,7 +14,7 @@ pub mod privileges;
 pub mod syscall;
 pub mod tracefs;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use aya::{
     Ebpf, EbpfLoader,
@@ -66,6 +66,8 @@ pub struct Probes {
     pub enqueue_events: bool,
     /// The programs were already attached and counting: adopted from pinned state.
     pub adopted: bool,
+    /// The kernel state is pinned under pin_dir: it survives a restart of the daemon.
+    pub pinned: bool,
 }
 
 /// Every loaded program that uses `stats`: backlogd's own, whether this process loaded
@@ -90,7 +92,12 @@ fn counting_programs(stats: &PerCpuHashMap<MapData, u64, ListenerStats>) -> Vec<
 pub fn load(opts: &LoadOptions) -> Result<Probes, LoadError> {
     privileges::check()?;
     warn_if_realtime();
-    let kernel = KernelSupport::probe();
+    // Each parse of the kernel's BTF takes tens of MiB: never hold two at once. The
+    // btf-rs parse is only needed for the offsets and the kernel's features.
+    let (kernel, mut offsets) = {
+        let btf = KernelBtf::open(&opts.btf)?;
+        (KernelSupport::probe(&btf), btf.kernel_offsets()?)
+    };
     let pins = match &opts.pin_dir {
         // The maps' capacity is part of what a pinned state is: a daemon configured for
         // another one does not adopt it.
@@ -119,9 +126,6 @@ pub fn load(opts: &LoadOptions) -> Result<Probes, LoadError> {
         }
     }
     let mode = modes::choose(opts.hook_mode, kernel)?;
-    // Each parse of the kernel's BTF takes tens of MiB: never hold two at once. The
-    // btf-rs parse is only needed for the offsets.
-    let mut offsets = KernelBtf::open(&opts.btf)?.kernel_offsets()?;
     tracepoint_offsets(&mut offsets)?;
     tracing::debug!(?offsets, "kernel layout resolved");
     // EbpfLoader::new() parses /sys/kernel/btf/vmlinux itself: drop that parse at once and
@@ -145,9 +149,24 @@ pub fn load(opts: &LoadOptions) -> Result<Probes, LoadError> {
     let mut attempts = attempts.iter().peekable();
     loop {
         let mode = *attempts.next().expect("at least the chosen mode");
-        match load_mode(mode, &mut loader, &kernel_btf, pins.as_ref()) {
+        let pins = pins.as_ref().filter(|_| {
+            let can = kernel.can_pin(mode);
+            if !can {
+                tracing::warn!(
+                    pin_dir = %opts.pin_dir.as_deref().unwrap_or(Path::new("")).display(),
+                    "pin_dir is set, but this kernel cannot pin {} mode's links (pinning \
+                     kprobe and tracepoint links needs Linux 5.15+): running unpinned, so \
+                     counters restart from zero when the daemon restarts and drops during \
+                     a restart are not counted",
+                    mode.name()
+                );
+            }
+            can
+        });
+        match load_mode(mode, &mut loader, &kernel_btf, pins) {
             Ok(mut probes) => {
                 probes.kernel = kernel;
+                probes.pinned = pins.is_some();
                 return Ok(probes);
             }
             Err(e) if attempts.peek().is_some() => {
@@ -230,6 +249,7 @@ fn adopt(pins: &PinDir, mode: HookMode) -> Result<Probes, LoadError> {
         kernel: KernelSupport::default(),
         enqueue_events,
         adopted: true,
+        pinned: true,
     };
     tracing::info!(
         mode = mode.name(),
@@ -303,6 +323,7 @@ fn load_mode(
         },
         enqueue_events,
         adopted: false,
+        pinned: false,
         mode,
         kernel: KernelSupport::default(),
         _ebpf: Some(ebpf),

@@ -8,6 +8,8 @@ use std::path::Path;
 
 use aya::programs::ProgramType;
 
+use super::btf::KernelBtf;
+
 /// `--hook-mode`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum HookModeArg {
@@ -49,23 +51,70 @@ impl HookMode {
     }
 }
 
-/// What the running kernel allows, as found by trying.
+/// What the running kernel allows, as found by trying (program types) and by reading its
+/// BTF (helpers and link types it knows: features are not backported, and the enums in
+/// the kernel's own BTF say exactly what this build has).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct KernelSupport {
-    /// A BPF_PROG_TYPE_TRACING program loads (BPF trampolines work).
+    /// fentry mode can run: BPF trampolines work and fexit programs can read the traced
+    /// function's return value (`bpf_get_func_ret`, Linux 5.17).
     pub fentry: bool,
     /// The kprobe PMU exists (CONFIG_KPROBES), so kprobes can be attached.
     pub kprobe: bool,
+    /// A BPF_PROG_TYPE_TRACING program loads (BPF trampolines work, Linux 5.5).
+    #[serde(default)]
+    pub trampolines: bool,
+    /// Links of kprobes and classic tracepoints can be pinned (BPF_LINK_TYPE_PERF_EVENT,
+    /// Linux 5.15): kprobe and tracepoint modes keep counting across a restart.
+    #[serde(default)]
+    pub perf_link_pinning: bool,
 }
 
+/// `enum bpf_func_id` names every helper the kernel knows.
+const FUNC_RET_HELPER: &str = "BPF_FUNC_get_func_ret";
+/// `enum bpf_link_type` names every kind of link the kernel can create.
+const PERF_EVENT_LINK: &str = "BPF_LINK_TYPE_PERF_EVENT";
+
 impl KernelSupport {
-    pub fn probe() -> Self {
+    pub fn probe(btf: &KernelBtf) -> Self {
+        let trampolines = matches!(
+            aya::sys::is_program_supported(ProgramType::Tracing),
+            Ok(true)
+        );
+        Self::from_facts(
+            trampolines,
+            btf.has_enumerator(FUNC_RET_HELPER),
+            Path::new("/sys/bus/event_source/devices/kprobe").exists(),
+            btf.has_enumerator(PERF_EVENT_LINK),
+        )
+    }
+
+    fn from_facts(trampolines: bool, func_ret: bool, kprobe: bool, perf_link: bool) -> Self {
         Self {
-            fentry: matches!(
-                aya::sys::is_program_supported(ProgramType::Tracing),
-                Ok(true)
-            ),
-            kprobe: Path::new("/sys/bus/event_source/devices/kprobe").exists(),
+            fentry: trampolines && func_ret,
+            kprobe,
+            trampolines,
+            perf_link_pinning: perf_link,
+        }
+    }
+
+    /// Whether `mode`'s kernel state can be pinned (survive a daemon restart) here.
+    pub fn can_pin(self, mode: HookMode) -> bool {
+        match mode {
+            // Tracing and cgroup links are pinnable since 5.7/5.8, before any kernel
+            // that runs fentry mode (5.17).
+            HookMode::Fentry => true,
+            HookMode::Kprobe | HookMode::Tracepoint => self.perf_link_pinning,
+        }
+    }
+
+    /// Why fentry mode cannot run here (when it cannot).
+    fn fentry_lacks(self) -> &'static str {
+        if self.trampolines {
+            "its fexit programs read the traced function's return value with \
+             bpf_get_func_ret, which this kernel's BPF lacks (Linux 5.17+)"
+        } else {
+            "loading a BPF tracing program fails: no BPF trampoline support"
         }
     }
 }
@@ -97,7 +146,7 @@ pub fn choose(requested: HookModeArg, kernel: KernelSupport) -> Result<HookMode,
         HookModeArg::Tracepoint => Ok(HookMode::Tracepoint),
         HookModeArg::Fentry if !kernel.fentry => Err(ModeError::KernelLacks {
             mode: "fentry",
-            why: "loading a BPF tracing program fails: no BPF trampoline support",
+            why: kernel.fentry_lacks(),
             best: best.name(),
         }),
         HookModeArg::Kprobe if !kernel.kprobe => Err(ModeError::KernelLacks {
@@ -135,15 +184,21 @@ mod tests {
     const NONE: KernelSupport = KernelSupport {
         fentry: false,
         kprobe: false,
+        trampolines: false,
+        perf_link_pinning: false,
     };
     const ALL: KernelSupport = KernelSupport {
         fentry: true,
         kprobe: true,
+        trampolines: true,
+        perf_link_pinning: true,
     };
 
     const KPROBE_ONLY: KernelSupport = KernelSupport {
         fentry: false,
         kprobe: true,
+        trampolines: false,
+        perf_link_pinning: true,
     };
 
     #[test]
@@ -188,8 +243,8 @@ mod tests {
             [Fentry, Kprobe, Tracepoint]
         );
         let fentry_only = KernelSupport {
-            fentry: true,
             kprobe: false,
+            ..ALL
         };
         assert_eq!(
             attempts(HookModeArg::Auto, Fentry, fentry_only),
@@ -197,5 +252,25 @@ mod tests {
         );
         assert_eq!(attempts(HookModeArg::Auto, Tracepoint, NONE), [Tracepoint]);
         assert_eq!(attempts(HookModeArg::Fentry, Fentry, ALL), [Fentry]);
+    }
+
+    /// Debian 11's 5.10: trampolines, no bpf_get_func_ret, no perf-event link pinning.
+    #[test]
+    fn a_kernel_with_trampolines_but_no_func_ret_refuses_fentry_and_auto_takes_kprobe() {
+        let k = KernelSupport::from_facts(true, false, true, false);
+        assert!(!k.fentry && k.trampolines);
+        assert_eq!(choose(HookModeArg::Auto, k), Ok(HookMode::Kprobe));
+        assert_eq!(
+            attempts(HookModeArg::Auto, HookMode::Kprobe, k),
+            [HookMode::Kprobe, HookMode::Tracepoint]
+        );
+        let e = choose(HookModeArg::Fentry, k).unwrap_err().to_string();
+        assert!(
+            e.contains("bpf_get_func_ret") && e.contains("5.17") && e.contains("(kprobe here)"),
+            "{e}"
+        );
+        assert!(!k.can_pin(HookMode::Kprobe) && !k.can_pin(HookMode::Tracepoint));
+        let new = KernelSupport::from_facts(true, true, true, true);
+        assert!(new.fentry && new.can_pin(HookMode::Kprobe));
     }
 }

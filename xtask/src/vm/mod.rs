@@ -44,6 +44,9 @@ const GUEST_SUITES: &[(&str, Option<&str>)] = &[
     ("stress", None),
 ];
 
+/// What runs in a mode the kernel cannot run: the refusal test.
+const REFUSAL_SUITE: &[(&str, Option<&str>)] = &[("cli", Some("hook_mode"))];
+
 /// A guest that has not powered off by then is killed and its rows fail.
 const GUEST_TIMEOUT: Duration = Duration::from_secs(30 * 60);
 
@@ -135,6 +138,7 @@ pub fn run(opts: &Options) -> Result<()> {
     let mut rows = Vec::new();
     let mut excerpts = String::new();
     let mut crashes = Vec::new();
+    let mut notes = Vec::new();
     for spec in kernels {
         let kernel = fetch_kernel(spec)?;
         let work = crate::workspace_root().join("target/vm").join(spec.label);
@@ -143,12 +147,34 @@ pub fn run(opts: &Options) -> Result<()> {
             .filter(|s| opts.ci && s.0 == spec.label)
             .map(|s| (s.1, s.2, s.3))
             .collect();
-        let runs = suite_runs(&modes, &suites, opts.repeat.max(1), &skips);
+        // A mode the kernel cannot run gets the test that proves backlogd refuses it
+        // (and what `auto` picks instead), not suites that need a daemon in that mode.
+        let mut runs = Vec::new();
+        for mode in &modes {
+            let suites: &[(&str, Option<&str>)] = if spec.caps.runs(mode) {
+                &suites
+            } else {
+                notes.push(format!(
+                    "{} x {mode}: refused by backlogd on this kernel, as the capability \
+                     table expects; the row is cli[hook_mode], which proves the refusal, \
+                     its cause and auto's choice",
+                    spec.label
+                ));
+                REFUSAL_SUITE
+            };
+            runs.extend(suite_runs(&[mode], suites, opts.repeat.max(1), &skips));
+        }
+        let caps = format!("export BACKLOGD_KERNEL_CAPS=\"{}\"\n", spec.caps.env());
         // Runs finished in earlier boots, and their console output.
         let mut done = 0;
         let mut transcript = String::new();
         for boot_no in 0..=GUEST_CRASH_REBOOTS {
-            let initrd = build_initramfs(&work, &kernel, &payload, &runs[done..].concat())?;
+            let initrd = build_initramfs(
+                &work,
+                &kernel,
+                &payload,
+                &(caps.clone() + &runs[done..].concat()),
+            )?;
             let log = work.join(match boot_no {
                 0 => "console.log".to_owned(),
                 n => format!("console-{n}.log"),
@@ -218,6 +244,9 @@ pub fn run(opts: &Options) -> Result<()> {
     let mut table = render_table(&rows, &suites, opts.repeat);
     for crash in &crashes {
         let _ = writeln!(table, "GUEST CRASH: {crash}");
+    }
+    for note in &notes {
+        let _ = writeln!(table, "NOTE: {note}");
     }
     for (kernel, mode, suite, test, why) in CI_SKIPS.iter().filter(|_| opts.ci) {
         let _ = writeln!(

@@ -68,6 +68,7 @@ fn render_into(metrics: &Metrics, e: &mut Exposition<'_>) {
             missed_runs,
             mode: metrics.mode,
             kernel: metrics.kernel,
+            pinned: metrics.pinned,
         },
     );
 }

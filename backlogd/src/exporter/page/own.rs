@@ -16,6 +16,7 @@ pub struct Own {
     pub missed_runs: Option<u64>,
     pub mode: HookMode,
     pub kernel: KernelSupport,
+    pub pinned: bool,
 }
 
 pub fn render(e: &mut Exposition<'_>, own: &Own) {
@@ -48,6 +49,9 @@ pub fn render(e: &mut Exposition<'_>, own: &Own) {
             u8::from(supported),
         );
     }
+
+    Metric::Pinned.open(e);
+    e.sample(Metric::Pinned.name(), &[], u8::from(own.pinned));
 
     Metric::BuildInfo.open(e);
     e.sample(

@@ -1,0 +1,75 @@
+//! What the kernel under test can do. In the kernel matrix, `cargo xtask vm` states it per
+//! Debian kernel (`BACKLOGD_KERNEL_CAPS`, from its capability table), and the suites compare
+//! backlogd's own probe with that statement; on the host, the kernel's version says what
+//! is a fact of the version alone.
+
+/// The matrix's statement for this kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Caps {
+    pub fentry: bool,
+    pub kprobe: bool,
+    pub perf_link_pinning: bool,
+}
+
+/// `BACKLOGD_KERNEL_CAPS="fentry=no kprobe=yes perf_link_pinning=no"`, when set.
+pub fn stated() -> Option<Caps> {
+    let text = std::env::var("BACKLOGD_KERNEL_CAPS").ok()?;
+    Some(parse(&text))
+}
+
+fn parse(text: &str) -> Caps {
+    let get = |name: &str| {
+        text.split_whitespace()
+            .find_map(|w| w.strip_prefix(name)?.strip_prefix('='))
+            .map(|v| match v {
+                "yes" => true,
+                "no" => false,
+                other => panic!("BACKLOGD_KERNEL_CAPS: {name}={other}: expected yes or no"),
+            })
+            .unwrap_or_else(|| panic!("BACKLOGD_KERNEL_CAPS={text:?} does not state {name}"))
+    };
+    Caps {
+        fentry: get("fentry"),
+        kprobe: get("kprobe"),
+        perf_link_pinning: get("perf_link_pinning"),
+    }
+}
+
+/// Whether the kernel can pin kprobe and tracepoint links (BPF_LINK_TYPE_PERF_EVENT came in
+/// Linux 5.15 and was not backported): the matrix's statement, else the running version.
+pub fn perf_link_pinning() -> bool {
+    stated().map_or_else(|| release_at_least(5, 15), |c| c.perf_link_pinning)
+}
+
+/// Whether a daemon in `mode` keeps its kernel state across a restart (fentry's tracing
+/// links are pinnable on every kernel that runs fentry mode).
+pub fn can_pin(mode: &str) -> bool {
+    mode == "fentry" || perf_link_pinning()
+}
+
+fn release_at_least(major: u32, minor: u32) -> bool {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").expect("osrelease");
+    let mut parts = release
+        .trim()
+        .split(|c: char| !c.is_ascii_digit())
+        .map(|p| p.parse::<u32>().unwrap_or(0));
+    let version = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+    version >= (major, minor)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_matrixs_words_are_read() {
+        assert_eq!(
+            parse("fentry=no kprobe=yes perf_link_pinning=no"),
+            Caps {
+                fentry: false,
+                kprobe: true,
+                perf_link_pinning: false
+            }
+        );
+    }
+}
