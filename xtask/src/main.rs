@@ -8,6 +8,7 @@ mod debian;
 mod install;
 mod modgraph;
 mod setup;
+mod sysguest;
 mod vm;
 
 use std::process::Command;
@@ -83,6 +84,19 @@ enum Cmd {
     /// Build a Debian package in target/debian/ (binary in /usr/bin, unit in
     /// /lib/systemd/system, config as a conffile).
     Deb,
+    /// Build the .deb, boot a Debian guest with systemd as PID 1 under qemu, install the
+    /// package and check the service from systemd's own state (start after READY=1,
+    /// reload, watchdog, restart with pins, hardening, removal).
+    SystemdGuest {
+        /// Debian kernel package to install in the guest and boot (default
+        /// linux-image-cloud-amd64).
+        #[arg(long)]
+        kernel_package: Option<String>,
+        /// Another Debian suite the guest may take packages from (e.g. bullseye, for
+        /// `--kernel-package linux-image-5.10.0-32-cloud-amd64`).
+        #[arg(long)]
+        extra_suite: Option<String>,
+    },
 }
 
 fn main() -> Result<()> {
@@ -174,6 +188,16 @@ fn main() -> Result<()> {
             run(Command::new("dpkg-deb").arg("--info").arg(&deb))?;
             eprintln!("xtask: built {}", deb.display());
             Ok(())
+        }
+        Cmd::SystemdGuest {
+            kernel_package,
+            extra_suite,
+        } => {
+            setup::run()?;
+            sysguest::run(&sysguest::Options {
+                kernel_package,
+                extra_suite,
+            })
         }
     }
 }

@@ -15,7 +15,8 @@ use anyhow::{Context as _, Result, bail};
 /// are .ko.xz); `bpftrace` (the benchmark's comparison with a hand-written script, and the
 /// stress suite's other tracer); procps (`pgrep` finds nginx's workers); `iperf3` (the
 /// stress suite's background traffic); redis-server, memcached, apache2 and haproxy (servers
-/// started before the daemon, whose backlog requests backlogd must know: tests/tests/day_one.rs).
+/// started before the daemon, whose backlog requests backlogd must know: tests/tests/day_one.rs);
+/// mmdebstrap and e2fsprogs (`mke2fs -d`) build the systemd guest's root file system.
 const DEBIAN_PACKAGES: &[&str] = &[
     "iproute2",
     "util-linux",
@@ -41,6 +42,8 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "memcached",
     "apache2",
     "haproxy",
+    "mmdebstrap",
+    "e2fsprogs",
 ];
 
 const BPF_LINKER_VERSION: &str = "0.13.0";

@@ -1,0 +1,533 @@
+#!/usr/bin/python3
+"""The systemd guest's checks (`cargo xtask systemd-guest`): runs as a oneshot unit after
+multi-user.target in a Debian guest whose PID 1 is systemd, installs the backlogd package
+and proves the service's behaviour from systemd's own state (`systemctl show`, the
+journal) and the kernel's (/proc, bpftool, TcpExt).
+
+Every line for the host starts with MARK: `check N NAME PASS|FAIL (...)`, `evidence N: ...`,
+and `done passed=P failed=F`. The host fails the run unless every check passed.
+"""
+
+import http.client
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import traceback
+
+MARK = "@@backlogd-systemd"
+UNIT = "backlogd.service"
+PAYLOAD = os.path.dirname(os.path.abspath(__file__))
+DEB = os.path.join(PAYLOAD, "backlogd.deb")
+CONFIG = "/etc/backlogd/backlogd.toml"
+PIN_DIR = "/sys/fs/bpf/backlogd"
+METRICS_PORT = 9851
+NETNS = "sgdrops"
+# The bounding set the unit names, and what the daemon keeps after attaching:
+# CAP_DAC_READ_SEARCH (2), CAP_SYS_PTRACE (19), CAP_SYS_ADMIN (21).
+RUNTIME_CAPS = (1 << 2) | (1 << 19) | (1 << 21)
+# Shortened from the unit's 30 s so the watchdog check costs seconds, not a minute.
+WATCHDOG_SEC = 8
+
+
+def say(text):
+    print(f"{MARK} {text}", flush=True)
+
+
+def now_usec():
+    """CLOCK_MONOTONIC in µs: the clock of systemd's *TimestampMonotonic properties and of
+    the journal's __MONOTONIC_TIMESTAMP (one boot)."""
+    return time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
+
+
+class CheckFailed(Exception):
+    pass
+
+
+def expect(cond, what):
+    if not cond:
+        raise CheckFailed(what)
+
+
+def sh(*cmd, ok=True, stdin=None):
+    p = subprocess.run(cmd, input=stdin, capture_output=True, text=True)
+    if ok and p.returncode != 0:
+        raise CheckFailed(f"{' '.join(cmd)} failed ({p.returncode}): {p.stderr.strip()}")
+    return p
+
+
+def show(*props):
+    out = sh("systemctl", "show", UNIT, "-p", ",".join(props)).stdout
+    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+
+def wait_for(what, fn, timeout=60.0, every=0.2):
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = fn()
+        if last:
+            return last
+        time.sleep(every)
+    raise CheckFailed(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def journal(since_usec=0):
+    """backlogd's journal entries (the daemon's lines and systemd's about the unit) at or
+    after `since_usec` on the monotonic clock: (monotonic µs, pid, message, raw message)."""
+    out = sh("journalctl", "-b", "-u", UNIT, "-o", "json", "--no-pager").stdout
+    entries = []
+    for line in out.splitlines():
+        e = json.loads(line)
+        mono = int(e["__MONOTONIC_TIMESTAMP"])
+        if mono < since_usec:
+            continue
+        raw = e.get("MESSAGE", "")
+        # journald stores a message holding control characters (ANSI colours) as bytes.
+        text = bytes(raw).decode("utf-8", "replace") if isinstance(raw, list) else raw
+        entries.append((mono, int(e.get("_PID", 0)), ANSI.sub("", text), raw))
+    return entries
+
+
+def first(entries, needle, pid=None):
+    for e in entries:
+        if needle in e[2] and (pid is None or e[1] == pid):
+            return e
+    return None
+
+
+def http_get(path, headers=None, timeout=10):
+    c = http.client.HTTPConnection("127.0.0.1", METRICS_PORT, timeout=timeout)
+    try:
+        c.request("GET", path, headers=headers or {})
+        r = c.getresponse()
+        return r.status, r.read().decode("utf-8", "replace")
+    finally:
+        c.close()
+
+
+LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+def metric_sum(text, name, **labels):
+    """Sum of the samples of `name` whose labels include `labels`; None if there is none."""
+    total = None
+    for line in text.splitlines():
+        if not line.startswith(name + "{"):
+            continue
+        head, value = line.rsplit(" ", 1)
+        got = dict(LABEL.findall(head[len(name):]))
+        if all(got.get(k) == str(v) for k, v in labels.items()):
+            total = (total or 0) + float(value)
+    return total
+
+
+def main_pid():
+    return int(show("MainPID")["MainPID"])
+
+
+def bpf_progs():
+    out = sh("bpftool", "-j", "prog", "list").stdout
+    return {p["id"]: p.get("name", "") for p in json.loads(out or "[]")}
+
+
+def pin_files():
+    found = []
+    for root, dirs, files in os.walk(PIN_DIR):
+        found.extend(os.path.join(root, f) for f in files + dirs)
+    return found
+
+
+state = {}
+
+
+# ---- 1 ------------------------------------------------------------------------------------
+def start_becomes_active_only_after_ready():
+    ev = []
+    props = show("ActiveState", "UnitFileState", "FragmentPath")
+    ev.append(f"after install: {props}")
+    expect(props["UnitFileState"] == "enabled", "the package did not enable the unit")
+    if props["ActiveState"] != "inactive":
+        ev.append("NOTE: the package started the unit on install; stopped it for this check")
+        sh("systemctl", "stop", UNIT)
+    t0 = now_usec()
+    sh("systemctl", "start", "--no-block", UNIT)
+    # Poll systemd's view while the daemon loads its probes.
+    seen = []
+    running_not_active = None
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        p = show("ActiveState", "SubState", "MainPID")
+        key = (p["ActiveState"], p["SubState"])
+        if not seen or seen[-1] != key:
+            seen.append(key)
+        if p["ActiveState"] == "activating" and int(p["MainPID"]) > 0:
+            running_not_active = running_not_active or (now_usec(), int(p["MainPID"]))
+        if p["ActiveState"] in ("active", "failed") or (
+            p["ActiveState"] == "inactive" and len(seen) > 1
+        ):
+            break
+        time.sleep(0.05)
+    ev.append(f"ActiveState/SubState as polled: {seen}")
+    p = show(
+        "ActiveState", "SubState", "MainPID", "ExecMainStartTimestampMonotonic",
+        "ActiveEnterTimestampMonotonic", "StatusText", "NRestarts", "Type", "NotifyAccess",
+        "WatchdogUSec",
+    )
+    ev.append(f"systemctl show: {p}")
+    expect(p["ActiveState"] == "active", f"the unit did not become active: {p}")
+    pid = int(p["MainPID"])
+    exec_start = int(p["ExecMainStartTimestampMonotonic"])
+    active = int(p["ActiveEnterTimestampMonotonic"])
+    expect(running_not_active is not None,
+           "never saw the daemon running while the unit was still activating")
+    ev.append(f"daemon pid {running_not_active[1]} running while the unit was activating "
+              f"at +{(running_not_active[0] - exec_start) / 1e6:.3f} s after ExecMainStart")
+    entries = journal(t0)
+    attached = first(entries, "probes attached", pid)
+    serving = first(entries, "serving metrics on", pid)
+    started = first(entries, "Started backlogd.service")
+    for what, e in (("probes attached", attached), ("serving metrics", serving),
+                    ("systemd: Started", started)):
+        expect(e is not None, f"no journal line {what!r} for pid {pid}")
+        ev.append(f"journal {what}: +{(e[0] - exec_start) / 1e6:.3f} s after ExecMainStart: "
+                  f"{e[2][:160]}")
+    ev.append(f"ActiveEnterTimestampMonotonic: +{(active - exec_start) / 1e6:.3f} s after "
+              "ExecMainStart")
+    expect(exec_start < attached[0] < active,
+           "systemd called the unit active before the daemon logged that its probes were "
+           f"attached (exec {exec_start}, attached {attached[0]}, active {active})")
+    # journald timestamps a line when it reads it; systemd stamps READY when it receives
+    # it: the daemon logs "serving metrics" before it sends READY=1, but the two arrive
+    # through different sockets, so only their order in the journal is reported here.
+    ev.append(f"'serving metrics' journal time minus ActiveEnter: "
+              f"{(serving[0] - active) / 1e3:+.1f} ms (informative: two sockets)")
+    expect(p["StatusText"] == "probes attached, serving metrics",
+           f"StatusText is {p['StatusText']!r}, not the STATUS sent with READY=1")
+    status, body = http_get("/metrics")
+    expect(status == 200 and "backlogd_hook_mode" in body, f"/metrics answered {status}")
+    mode = [l for l in body.splitlines() if l.startswith("backlogd_hook_mode{")]
+    ev.append(f"/metrics 200 once active; {mode}")
+    # The journal as an operator reads it (journalctl without -a shows [blob data] for a
+    # line holding control characters).
+    blobs = sum(1 for e in entries if isinstance(e[3], list))
+    ev.append(f"journal lines of the daemon stored as blobs (control characters): {blobs} "
+              f"of {len(entries)}")
+    plain = sh("journalctl", "-b", "-u", UNIT, "--no-pager", "-n", "3").stdout
+    for line in plain.splitlines():
+        ev.append(f"journalctl -u backlogd: {line[:200]}")
+    warn = [e[2][:200] for e in entries if e[1] == pid and " WARN " in e[2]]
+    for w in warn:
+        ev.append(f"daemon warning at start (what it left out, if anything): {w}")
+    state["pid"] = pid
+    return ev
+
+
+# ---- 2 ------------------------------------------------------------------------------------
+def reload_applies_a_changed_setting():
+    ev = []
+    pid = main_pid()
+    # A 12 KiB request head: within the default http.max_header_bytes (16384), over 8192.
+    pad = {"X-Pad": "a" * 12 * 1024}
+    status, _ = http_get("/metrics", pad)
+    ev.append(f"before: GET /metrics with a 12 KiB head -> {status}")
+    expect(status == 200, f"12 KiB head before the reload: {status}, want 200")
+    text = open(CONFIG).read()
+    new, n = re.subn(r"(?m)^#?max_header_bytes = \d+$", "max_header_bytes = 8192", text)
+    expect(n == 1, f"{CONFIG} has {n} max_header_bytes lines, want 1")
+    with open(CONFIG, "w") as f:
+        f.write(new)
+    t0 = now_usec()
+    sh("systemctl", "reload", UNIT)
+    def applied():
+        try:
+            s, _ = http_get("/metrics", pad)
+        except OSError:
+            return None
+        return s if s == 431 else None
+    status = wait_for("a 431 for a 12 KiB head after the reload", applied, timeout=30)
+    ev.append(f"after `systemctl reload`: the same request -> {status}")
+    p = show("ActiveState", "SubState", "MainPID", "StatusText")
+    ev.append(f"systemctl show: {p}")
+    expect(p["ActiveState"] == "active" and int(p["MainPID"]) == pid,
+           f"the reload restarted or stopped the daemon: {p}")
+    entries = journal(t0)
+    for needle in ("Reloading backlogd", "configuration reloaded", "Reloaded backlogd"):
+        e = first(entries, needle)
+        expect(e is not None, f"no journal line {needle!r} after the reload")
+        ev.append(f"journal: {e[2][:200]}")
+    expect("max_header_bytes" in first(entries, "configuration reloaded")[2],
+           "the reload's log line does not name http.max_header_bytes")
+    return ev
+
+
+# ---- 5 ------------------------------------------------------------------------------------
+def mountinfo_options(pid, path):
+    """(mount point, per-mount options) of the mount that holds `path` in pid's namespace."""
+    best = None
+    for line in open(f"/proc/{pid}/mountinfo"):
+        fields = line.split()
+        point, opts = fields[4], fields[5]
+        if path == point or path.startswith(point.rstrip("/") + "/") or point == "/":
+            if best is None or len(point) >= len(best[0]):
+                best = (point, opts)
+    return best
+
+
+def hardening_in_force():
+    ev = []
+    pid = main_pid()
+    status = {}
+    for line in open(f"/proc/{pid}/status"):
+        k, _, v = line.partition(":")
+        status[k] = v.strip()
+    keys = ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb", "NoNewPrivs", "Seccomp")
+    ev.append("/proc/%d/status: %s" % (pid, " ".join(f"{k}={status.get(k)}" for k in keys)))
+    want = f"{RUNTIME_CAPS:016x}"
+    for k in ("CapPrm", "CapEff", "CapBnd"):
+        expect(status[k] == want, f"{k} {status[k]}, want {want} (SYS_ADMIN SYS_PTRACE "
+               "DAC_READ_SEARCH)")
+    for k in ("CapInh", "CapAmb"):
+        expect(int(status[k], 16) == 0, f"{k} {status[k]}, want none")
+    expect(status["NoNewPrivs"] == "1", "NoNewPrivs is not set")
+    expect(status["Seccomp"] == "2", "no seccomp filter (SystemCallFilter=)")
+    for path, mode in (("/usr", "ro"), ("/etc", "ro"), ("/boot", "ro"), (PIN_DIR, "rw")):
+        point, opts = mountinfo_options(pid, path)
+        ev.append(f"mountinfo of {pid}: {path} is on {point} ({opts})")
+        expect(opts.split(",")[0] == mode, f"{path} is not {mode} in the daemon's mount "
+               f"namespace: {point} {opts}")
+    # Root with every capability, in the daemon's mount namespace only: the mount refuses.
+    p = sh("nsenter", "-t", str(pid), "-m", "touch", "/usr/lib/backlogd-sg-probe", ok=False)
+    ev.append(f"nsenter -t {pid} -m touch /usr/lib/...: rc={p.returncode} "
+              f"{p.stderr.strip()}")
+    expect(p.returncode != 0 and "Read-only file system" in p.stderr,
+           "/usr is writable in the daemon's mount namespace")
+    # PrivateTmp and ProtectHome: the host's /tmp and /root are not what the daemon sees.
+    open("/tmp/sg-host-marker", "w").close()
+    os.makedirs("/root", exist_ok=True)
+    open("/root/sg-host-marker", "w").close()
+    for d in ("/tmp", "/root"):
+        p = sh("nsenter", "-t", str(pid), "-m", "ls", "-A", d, ok=False)
+        ev.append(f"in the daemon's namespace `ls -A {d}`: rc={p.returncode} "
+                  f"{(p.stdout + p.stderr).split()}")
+        expect("sg-host-marker" not in p.stdout, f"the daemon sees the host's {d}")
+    return ev
+
+
+# ---- 4 ------------------------------------------------------------------------------------
+def list_overflows():
+    out = sh("ip", "netns", "exec", NETNS, "cat", "/proc/net/netstat").stdout.splitlines()
+    for names, values in zip(out[0::2], out[1::2]):
+        if names.startswith("TcpExt:"):
+            return int(dict(zip(names.split()[1:], values.split()[1:]))["ListenOverflows"])
+    raise CheckFailed("no TcpExt in the namespace's /proc/net/netstat")
+
+
+class Actor:
+    def __init__(self):
+        self.p = subprocess.Popen(
+            ["ip", "netns", "exec", NETNS, "python3", os.path.join(PAYLOAD, "actor.py")],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        words = self.p.stdout.readline().split()
+        if not words or words[0] != "ready":
+            raise CheckFailed(f"the namespace's listener did not start: {words}")
+        self.port, self.inode = int(words[1]), int(words[2])
+
+    def cmd(self, line):
+        self.p.stdin.write(line + "\n")
+        self.p.stdin.flush()
+        answer = self.p.stdout.readline().strip()
+        if answer != "ok":
+            raise CheckFailed(f"actor `{line}`: {answer!r}")
+
+
+def sigkill_restarts_and_counters_continue_from_the_pins():
+    ev = []
+    sh("ip", "netns", "add", NETNS)
+    sh("ip", "-n", NETNS, "link", "set", "lo", "up")
+    netns = os.stat(f"/run/netns/{NETNS}").st_ino
+    base = list_overflows()
+    actor = Actor()
+    state["actor"] = actor
+    labels = {"netns": netns, "port": actor.port}
+
+    def drops():
+        _, text = http_get("/metrics")
+        return metric_sum(text, "backlogd_listen_drops_total", reason="accept_queue_full",
+                          **labels)
+
+    wait_for("the namespace's listener in /metrics", lambda: drops() is not None)
+    actor.cmd("fill 2")
+    actor.cmd("drop 5")
+    kernel1 = list_overflows() - base
+    got = wait_for(f"backlogd's accept-queue drops to equal the kernel's {kernel1}",
+                   lambda: (lambda d: d if d == kernel1 else None)(drops()), timeout=20)
+    ev.append(f"before the kill: backlogd accept_queue_full {got:.0f}, namespace "
+              f"ListenOverflows delta {kernel1}")
+    expect(kernel1 >= 5, f"only {kernel1} ListenOverflows for 5 SYNs at a full queue")
+    before = show("MainPID", "NRestarts")
+    old_pid = int(before["MainPID"])
+    pins = pin_files()
+    ev.append(f"pins under {PIN_DIR}: {len(pins)} entries, e.g. {sorted(pins)[:3]}")
+    t_kill = now_usec()
+    os.kill(old_pid, signal.SIGKILL)
+    # Drops while no daemon runs: only the pinned programs can count them.
+    wait_for("the daemon's death", lambda: not os.path.exists(f"/proc/{old_pid}"), 10, 0.01)
+    actor.cmd("drop 7")
+    dead = show("ActiveState", "SubState", "MainPID")
+    ev.append(f"7 more SYNs dropped right after SIGKILL; systemd then: {dead}")
+    expect(dead["ActiveState"] != "active" or int(dead["MainPID"]) == 0,
+           f"a daemon was already running when the drops happened: {dead}")
+    after = wait_for(
+        "systemd to restart the daemon",
+        lambda: (lambda p: p if p["ActiveState"] == "active" and int(p["MainPID"]) not in
+                 (0, old_pid) else None)(show("ActiveState", "MainPID", "NRestarts",
+                                              "ExecMainStartTimestampMonotonic")),
+        timeout=120)
+    ev.append(f"before: {before}; after: {after}")
+    expect(int(after["NRestarts"]) == int(before["NRestarts"]) + 1,
+           f"NRestarts {before['NRestarts']} -> {after['NRestarts']}, want +1")
+    kernel2 = list_overflows() - base
+    got = wait_for(f"backlogd's accept-queue drops to equal the kernel's {kernel2}",
+                   lambda: (lambda d: d if d == kernel2 else None)(drops()), timeout=20)
+    ev.append(f"after the restart: backlogd accept_queue_full {got:.0f}, namespace "
+              f"ListenOverflows delta {kernel2} ({kernel2 - kernel1} while no daemon ran)")
+    expect(kernel2 >= kernel1 + 7, f"the kernel counted {kernel2 - kernel1} of 7 drops")
+    entries = journal(t_kill)
+    for needle in ("Main process exited", "Scheduled restart job", "probes attached"):
+        e = first(entries, needle)
+        expect(e is not None, f"no journal line {needle!r} after the SIGKILL")
+        ev.append(f"journal: {e[2][:220]}")
+    expect("adopted=true" in first(entries, "probes attached")[2],
+           "the restarted daemon did not adopt the pinned programs")
+    return ev
+
+
+# ---- 3 ------------------------------------------------------------------------------------
+def watchdog_kills_a_stopped_daemon():
+    ev = []
+    dropin = "/etc/systemd/system/backlogd.service.d"
+    os.makedirs(dropin, exist_ok=True)
+    with open(f"{dropin}/sg-watchdog.conf", "w") as f:
+        f.write(f"[Service]\nWatchdogSec={WATCHDOG_SEC}s\n")
+    sh("systemctl", "daemon-reload")
+    sh("systemctl", "restart", UNIT)
+    before = show("MainPID", "NRestarts", "WatchdogUSec", "ActiveState")
+    ev.append(f"with a drop-in WatchdogSec={WATCHDOG_SEC}s, restarted: {before}")
+    expect(before["ActiveState"] == "active", f"not active after the restart: {before}")
+    pid = int(before["MainPID"])
+    t0 = now_usec()
+    os.kill(pid, signal.SIGSTOP)
+    after = wait_for(
+        "the watchdog to kill the stopped daemon and systemd to restart it",
+        lambda: (lambda p: p if p["ActiveState"] == "active" and int(p["MainPID"]) not in
+                 (0, pid) else None)(show("ActiveState", "MainPID", "NRestarts")),
+        timeout=WATCHDOG_SEC + 120)
+    took = (now_usec() - t0) / 1e6
+    ev.append(f"after SIGSTOP of {pid}: {after}, {took:.1f} s later")
+    expect(int(after["NRestarts"]) == int(before["NRestarts"]) + 1,
+           f"NRestarts {before['NRestarts']} -> {after['NRestarts']}, want +1")
+    entries = journal(t0)
+    for needle in ("Watchdog timeout", "Main process exited", "Scheduled restart job"):
+        e = first(entries, needle)
+        expect(e is not None, f"no journal line {needle!r} after the SIGSTOP")
+        ev.append(f"journal +{(e[0] - t0) / 1e6:.1f} s: {e[2][:200]}")
+    expect(first(entries, "Watchdog timeout")[0] - t0 >= (WATCHDOG_SEC - 1) * 1_000_000,
+           "the watchdog fired before WatchdogSec could have passed")
+    pinger = first(journal(0), "systemd watchdog on", pid)
+    if pinger:
+        ev.append(f"the stopped daemon had logged: {pinger[2][:160]}")
+    os.remove(f"{dropin}/sg-watchdog.conf")
+    sh("systemctl", "daemon-reload")
+    return ev
+
+
+# ---- 6 ------------------------------------------------------------------------------------
+def remove_and_purge_leave_nothing_attached():
+    ev = []
+    baseline = state.get("baseline_progs", {})
+    running = {i: n for i, n in bpf_progs().items() if i not in baseline}
+    ev.append(f"programs loaded since before the install: {len(running)}: "
+              f"{sorted(set(running.values()))}")
+    expect(running, "no backlogd programs loaded before the removal")
+    pins = pin_files()
+    expect(pins, f"nothing pinned under {PIN_DIR} before the removal")
+    p = sh("apt-get", "remove", "-y", "backlogd")
+    ev.append(f"apt-get remove: rc 0, {len(p.stdout.splitlines())} lines")
+    left = {i: n for i, n in bpf_progs().items() if i in running}
+    ev.append(f"after apt-get remove: programs left {left}; {PIN_DIR}: "
+              f"{pin_files() if os.path.exists(PIN_DIR) else 'absent'}")
+    expect(not left, f"programs still loaded after apt-get remove: {left}")
+    expect(not pin_files(), f"pins left after apt-get remove: {pin_files()}")
+    links = json.loads(sh("bpftool", "-j", "link", "list").stdout or "[]")
+    stale = [l for l in links if l.get("prog_id") in running]
+    expect(not stale, f"links left: {stale}")
+    p = show("ActiveState", "LoadState")
+    ev.append(f"systemctl show after remove: {p}")
+    expect(p["ActiveState"] == "inactive", f"the unit is still {p['ActiveState']}")
+    sh("dpkg", "--purge", "backlogd")
+    gone = not os.path.exists("/etc/backlogd")
+    ev.append(f"after dpkg --purge: /etc/backlogd {'absent' if gone else 'still there'}; "
+              f"dpkg -s rc {sh('dpkg', '-s', 'backlogd', ok=False).returncode}")
+    expect(gone, "/etc/backlogd survived the purge")
+    return ev
+
+
+CHECKS = [
+    # (number in issue 20's list, name, function), in the order they run.
+    (1, "start-becomes-active-only-after-READY", start_becomes_active_only_after_ready),
+    (2, "reload-applies-a-changed-setting", reload_applies_a_changed_setting),
+    (5, "hardening-in-force-in-the-running-process", hardening_in_force),
+    (4, "SIGKILL-restart-counts-continue-from-pins-equal-kernel",
+     sigkill_restarts_and_counters_continue_from_the_pins),
+    (3, "watchdog-kills-a-SIGSTOPped-daemon-and-it-restarts", watchdog_kills_a_stopped_daemon),
+    (6, "remove-and-purge-leave-no-program-attached", remove_and_purge_leave_nothing_attached),
+]
+
+
+def main():
+    t_start = time.monotonic()
+    say(f"kernel {os.uname().release} systemd "
+        f"{sh('systemctl', '--version').stdout.split()[1]} up {time.clock_gettime(time.CLOCK_BOOTTIME):.1f} s")
+    state["baseline_progs"] = bpf_progs()
+    t = time.monotonic()
+    p = sh("apt-get", "install", "-y", "--no-install-recommends", DEB, ok=False)
+    say(f"install: apt-get install {os.path.basename(DEB)}: rc {p.returncode} "
+        f"({time.monotonic() - t:.1f} s)")
+    if p.returncode != 0:
+        print(p.stdout + p.stderr, flush=True)
+    passed = failed = 0
+    for n, name, fn in CHECKS:
+        say(f"begin {n} {name}")
+        t = time.monotonic()
+        try:
+            if p.returncode != 0:
+                raise CheckFailed("the package did not install")
+            if n != 1 and n != 6 and state.get("pid") is None:
+                raise CheckFailed("not run: the service never became active (check 1)")
+            for line in fn():
+                say(f"evidence {n}: {line}")
+            say(f"check {n} {name} PASS ({time.monotonic() - t:.1f} s)")
+            passed += 1
+        except Exception as e:
+            traceback.print_exc(file=sys.stdout)
+            say(f"check {n} {name} FAIL ({time.monotonic() - t:.1f} s): {e}")
+            failed += 1
+            # What systemd and the daemon said, for the host's log.
+            out = sh("journalctl", "-b", "-u", UNIT, "-a", "--no-pager", "-n", "60", ok=False)
+            print(out.stdout, flush=True)
+    actor = state.get("actor")
+    if actor:
+        actor.p.kill()
+    say(f"done passed={passed} failed={failed} ({time.monotonic() - t_start:.1f} s)")
+    return 0 if failed == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
