@@ -145,11 +145,13 @@ def pin_files():
 
 
 state = {}
+# What the running check found so far: printed after it, whether it passed or not.
+EVIDENCE = []
 
 
 # ---- 1 ------------------------------------------------------------------------------------
 def start_becomes_active_only_after_ready():
-    ev = []
+    ev = EVIDENCE
     props = show("ActiveState", "UnitFileState", "FragmentPath")
     ev.append(f"after install: {props}")
     expect(props["UnitFileState"] == "enabled", "the package did not enable the unit")
@@ -231,7 +233,7 @@ def start_becomes_active_only_after_ready():
 
 # ---- 2 ------------------------------------------------------------------------------------
 def reload_applies_a_changed_setting():
-    ev = []
+    ev = EVIDENCE
     pid = main_pid()
     # A 12 KiB request head: within the default http.max_header_bytes (16384), over 8192.
     pad = {"X-Pad": "a" * 12 * 1024}
@@ -262,8 +264,8 @@ def reload_applies_a_changed_setting():
         e = first(entries, needle)
         expect(e is not None, f"no journal line {needle!r} after the reload")
         ev.append(f"journal: {e[2][:200]}")
-    expect("max_header_bytes" in first(entries, "configuration reloaded")[2],
-           "the reload's log line does not name http.max_header_bytes")
+    expect("changed: http" in first(entries, "configuration reloaded")[2],
+           "the reload's log line does not name [http] among the changed settings")
     return ev
 
 
@@ -281,7 +283,7 @@ def mountinfo_options(pid, path):
 
 
 def hardening_in_force():
-    ev = []
+    ev = EVIDENCE
     pid = main_pid()
     status = {}
     for line in open(f"/proc/{pid}/status"):
@@ -348,7 +350,7 @@ class Actor:
 
 
 def sigkill_restarts_and_counters_continue_from_the_pins():
-    ev = []
+    ev = EVIDENCE
     sh("ip", "netns", "add", NETNS)
     sh("ip", "-n", NETNS, "link", "set", "lo", "up")
     netns = os.stat(f"/run/netns/{NETNS}").st_ino
@@ -411,7 +413,7 @@ def sigkill_restarts_and_counters_continue_from_the_pins():
 
 # ---- 3 ------------------------------------------------------------------------------------
 def watchdog_kills_a_stopped_daemon():
-    ev = []
+    ev = EVIDENCE
     dropin = "/etc/systemd/system/backlogd.service.d"
     os.makedirs(dropin, exist_ok=True)
     with open(f"{dropin}/sg-watchdog.conf", "w") as f:
@@ -450,7 +452,7 @@ def watchdog_kills_a_stopped_daemon():
 
 # ---- 6 ------------------------------------------------------------------------------------
 def remove_and_purge_leave_nothing_attached():
-    ev = []
+    ev = EVIDENCE
     baseline = state.get("baseline_progs", {})
     running = {i: n for i, n in bpf_progs().items() if i not in baseline}
     ev.append(f"programs loaded since before the install: {len(running)}: "
@@ -479,8 +481,61 @@ def remove_and_purge_leave_nothing_attached():
     return ev
 
 
+# ---- 8 ------------------------------------------------------------------------------------
+def package_depends(pkg):
+    out = sh("dpkg-query", "-W", "-f=${Depends}, ${Pre-Depends}", pkg).stdout
+    names = set()
+    for dep in out.split(","):
+        for alt in dep.split("|"):
+            name = alt.strip().split(" ")[0].split(":")[0]
+            if name:
+                names.add(name)
+    return names
+
+
+def owner(path):
+    """The package that ships `path` (merged /usr: dpkg may know it by the other name)."""
+    candidates = [path, os.path.realpath(path)]
+    if path.startswith("/usr/"):
+        candidates.append(path[len("/usr"):])
+    else:
+        candidates.append("/usr" + path)
+    for c in candidates:
+        p = sh("dpkg-query", "-S", c, ok=False)
+        if p.returncode == 0:
+            return p.stdout.split(":")[0].split(",")[0].strip()
+    return None
+
+
+def unit_commands_come_from_declared_dependencies():
+    """A minimal Debian (debootstrap's minbase, a container image) has only Essential
+    packages: every program the unit runs must come from one of them, from the package
+    itself, or from a package it depends on, or that part of the unit fails there."""
+    ev = EVIDENCE
+    depends = package_depends("backlogd")
+    ev.append(f"backlogd Depends/Pre-Depends: {sorted(depends)}")
+    props = ("ExecStartPre", "ExecStart", "ExecStartPost", "ExecReload", "ExecStop",
+             "ExecStopPost")
+    undeclared = []
+    for prop, value in show(*props).items():
+        for path in re.findall(r"path=(\S+)", value):
+            pkg = owner(path)
+            essential = pkg is not None and sh(
+                "dpkg-query", "-W", "-f=${Essential}", pkg).stdout.strip() == "yes"
+            ok = pkg == "backlogd" or essential or pkg in depends
+            ev.append(f"{prop} runs {path}: package {pkg}"
+                      f"{' (Essential)' if essential else ''}: {'ok' if ok else 'UNDECLARED'}")
+            if not ok:
+                undeclared.append(f"{prop} runs {path} from {pkg}, which backlogd neither "
+                                  "is nor depends on (not Essential either)")
+    expect(not undeclared, "; ".join(undeclared))
+    return ev
+
+
 CHECKS = [
     # (number in issue 20's list, name, function), in the order they run.
+    (8, "unit-commands-come-from-declared-dependencies",
+     unit_commands_come_from_declared_dependencies),
     (1, "start-becomes-active-only-after-READY", start_becomes_active_only_after_ready),
     (2, "reload-applies-a-changed-setting", reload_applies_a_changed_setting),
     (5, "hardening-in-force-in-the-running-process", hardening_in_force),
@@ -504,19 +559,23 @@ def main():
         print(p.stdout + p.stderr, flush=True)
     passed = failed = 0
     for n, name, fn in CHECKS:
+        EVIDENCE.clear()
         say(f"begin {n} {name}")
         t = time.monotonic()
         try:
             if p.returncode != 0:
                 raise CheckFailed("the package did not install")
-            if n != 1 and n != 6 and state.get("pid") is None:
+            if n in (2, 3, 4, 5) and state.get("pid") is None:
                 raise CheckFailed("not run: the service never became active (check 1)")
-            for line in fn():
+            fn()
+            for line in EVIDENCE:
                 say(f"evidence {n}: {line}")
             say(f"check {n} {name} PASS ({time.monotonic() - t:.1f} s)")
             passed += 1
         except Exception as e:
             traceback.print_exc(file=sys.stdout)
+            for line in EVIDENCE:
+                say(f"evidence {n}: {line}")
             say(f"check {n} {name} FAIL ({time.monotonic() - t:.1f} s): {e}")
             failed += 1
             # What systemd and the daemon said, for the host's log.

@@ -14,7 +14,9 @@ use super::Options;
 /// The guest's packages. systemd-sysv makes systemd PID 1; python3 runs the checks (http,
 /// json: more than python3-minimal has); iproute2 makes the drop test's namespace; bpftool
 /// lists programs after the removal; kmod lets the kernel autoload modules (tcp_diag for
-/// sock_diag); initramfs-tools builds the initrd the kernel package's postinst asks for.
+/// sock_diag); initramfs-tools builds the initrd the kernel package's postinst asks for;
+/// procps has /bin/kill, which the unit's ExecReload runs (the package does not depend on
+/// it: check 8 says so; here so that a package that does can install without a network).
 /// No udev: devtmpfs names the disks, and nothing waits for device units.
 const PACKAGES: &[&str] = &[
     "systemd",
@@ -24,6 +26,7 @@ const PACKAGES: &[&str] = &[
     "python3",
     "bpftool",
     "initramfs-tools",
+    "procps",
 ];
 
 /// The kernel booted unless `--kernel-package` names another.
