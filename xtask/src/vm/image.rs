@@ -14,6 +14,31 @@ pub(super) const GUEST_TOOLS: &[&str] = &[
 /// backlogd's scans and `ss` use. (A production host's modprobe autoloads them; the guest
 /// has no modprobe.)
 pub(super) const GUEST_MODULES: &[&str] = &["nf_tables", "nft_reject_inet", "tcp_diag"];
+/// UAPI header directories bpftrace may need in the guest (see `build_initramfs`).
+const UAPI_HEADERS: &[&str] = &[
+    "/usr/include/linux",
+    "/usr/include/asm-generic",
+    "/usr/include/x86_64-linux-gnu/asm",
+];
+
+/// Copies a directory tree of regular files.
+fn copy_tree(src: &Path, dst: &Path) -> Result<()> {
+    std::fs::create_dir_all(dst)?;
+    for entry in std::fs::read_dir(src)? {
+        let entry = entry?;
+        let to = dst.join(entry.file_name());
+        if entry.file_type()?.is_dir() {
+            copy_tree(&entry.path(), &to)?;
+        } else {
+            copy_file(&entry.path().canonicalize()?, &to)?;
+        }
+    }
+    Ok(())
+}
+
+/// Modules of older kernels that newer ones build into another (nft_counter is a module
+/// on 5.10 and part of nf_tables on 6.1): loaded where they exist.
+pub(super) const BUILTIN_LATER_MODULES: &[&str] = &["nft_counter"];
 
 /// What goes into every guest: backlogd and the suites' test executables.
 pub(super) struct Payload {
@@ -118,6 +143,14 @@ pub(super) fn build_initramfs(
     }
     for lib in &libs {
         copy_file(&lib.canonicalize()?, &root.join(lib.strip_prefix("/")?))?;
+    }
+    // bpftrace describes a tracepoint's record from the kernel's BTF when that has its
+    // type; 5.10's lacks some, and bpftrace then compiles the format file's fields against
+    // <linux/types.h>. The host's UAPI headers (linux-libc-dev) serve; they are not the
+    // kernel's own but define the same fixed-size types.
+    for dir in UAPI_HEADERS {
+        copy_tree(Path::new(dir), &root.join(&dir[1..]))
+            .with_context(|| format!("{dir}: install Debian package linux-libc-dev"))?;
     }
 
     let modules = module_load_order(kernel)?;

@@ -271,7 +271,7 @@ pub(super) fn fetch_kernel(spec: &KernelSpec) -> Result<Kernel> {
                 }
             }
         }
-        let partial = root.with_extension("partial");
+        let partial = cache_dir().join(format!("{package}.partial"));
         let _ = std::fs::remove_dir_all(&partial);
         for deb in std::fs::read_dir(&download)?
             .filter_map(|e| e.ok().map(|e| e.path()))
@@ -338,13 +338,21 @@ pub(super) fn module_load_order(kernel: &Kernel) -> Result<Vec<PathBuf>> {
     )
     .context("depmod (Debian package kmod)")?;
     let mut order: Vec<PathBuf> = Vec::new();
-    for module in GUEST_MODULES {
-        let deps = output(Command::new("modprobe").arg("-d").arg(&kernel.root).args([
+    let wanted = GUEST_MODULES
+        .iter()
+        .map(|m| (m, true))
+        .chain(BUILTIN_LATER_MODULES.iter().map(|m| (m, false)));
+    for (module, required) in wanted {
+        let deps = match output(Command::new("modprobe").arg("-d").arg(&kernel.root).args([
             "-S",
             &kernel.release,
             "--show-depends",
             module,
-        ]))?;
+        ])) {
+            Ok(deps) => deps,
+            Err(_) if !required => continue,
+            Err(e) => return Err(e),
+        };
         for line in deps.lines() {
             // "insmod /path/to/x.ko[.xz] " or "builtin x"
             if let Some(path) = line.strip_prefix("insmod ") {
