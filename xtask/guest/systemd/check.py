@@ -80,7 +80,8 @@ ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 def journal(since_usec=0):
     """backlogd's journal entries (the daemon's lines and systemd's about the unit) at or
-    after `since_usec` on the monotonic clock: (monotonic µs, pid, message, raw message)."""
+    after `since_usec` on the monotonic clock: (monotonic µs, pid, message, raw message,
+    syslog priority)."""
     out = sh("journalctl", "-b", "-u", UNIT, "-o", "json", "--no-pager").stdout
     entries = []
     for line in out.splitlines():
@@ -91,7 +92,8 @@ def journal(since_usec=0):
         raw = e.get("MESSAGE", "")
         # journald stores a message holding control characters (ANSI colours) as bytes.
         text = bytes(raw).decode("utf-8", "replace") if isinstance(raw, list) else raw
-        entries.append((mono, int(e.get("_PID", 0)), ANSI.sub("", text), raw))
+        entries.append((mono, int(e.get("_PID", 0)), ANSI.sub("", text), raw,
+                        int(e.get("PRIORITY", 6))))
     return entries
 
 
@@ -505,9 +507,14 @@ def starts_and_says_what_it_left_out():
     expect(p["ActiveState"] == "active", f"the service is not running: {p}")
     pid = int(p["MainPID"])
     entries = journal(0)
-    warnings = [e[2] for e in entries if e[1] == pid and " WARN " in e[2]]
-    for w in warnings:
-        ev.append(f"the daemon warned: {w[:300]}")
+    warned = [e for e in entries if e[1] == pid and " WARN " in e[2]]
+    warnings = [e[2] for e in warned]
+    for e in warned:
+        # journald gives a stderr line the stream's priority (6, info) unless the line
+        # starts with an sd-daemon "<N>" prefix: `journalctl -p warning` shows only <= 4.
+        ev.append(f"the daemon warned (journal PRIORITY={e[4]}"
+                  f"{', so `journalctl -p warning` hides it' if e[4] > 4 else ''}): "
+                  f"{e[2][:300]}")
     _, body = http_get("/metrics")
     mode = [l for l in body.splitlines() if l.startswith("backlogd_hook_mode{")]
     pins = pin_files()

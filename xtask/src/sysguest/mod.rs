@@ -273,8 +273,11 @@ fn judge(console: &str) -> Result<String> {
             }
         }
         done |= rest.starts_with("done ");
-        summary.push_str(rest);
-        summary.push('\n');
+        // The evidence went to stderr as it came; the summary is the verdicts.
+        if rest.starts_with("check ") || rest.starts_with("done ") {
+            summary.push_str(rest);
+            summary.push('\n');
+        }
     }
     let missing: Vec<String> = CHECKS
         .iter()
