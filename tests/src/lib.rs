@@ -13,6 +13,7 @@ pub mod figures;
 pub mod http;
 pub mod kernel;
 pub mod netns;
+pub mod pins;
 pub mod prom;
 pub mod scenario;
 pub mod sockets;

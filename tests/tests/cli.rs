@@ -5,7 +5,9 @@ use std::{process::Command, process::Output};
 use backlogd_tests::{
     Daemon, Netns, caps,
     daemon::{binary, run_to_end},
+    pins::PinDir,
     sockets::Listener,
+    tempdir::TempDir,
 };
 
 fn stderr(out: &Output) -> String {
@@ -213,6 +215,50 @@ fn hook_mode_in_use_and_kernel_support_are_exported() {
     // The choice is logged too.
     assert!(
         daemon.log().contains(&format!("mode=\"{best}\"")),
+        "{}",
+        daemon.log()
+    );
+}
+
+/// The packaged configuration (deploy/config/backlogd.toml: `pin_dir` set, everything else
+/// at its default, `auto` hook mode) starts on every kernel of the matrix, pinned where the
+/// kernel can pin the chosen mode and otherwise unpinned with a warning. Only its pin
+/// directory is swapped for a test's own, so no test touches a production daemon's pins.
+#[test]
+fn hook_mode_auto_starts_with_the_shipped_config_and_says_what_it_left_out() {
+    let pins = PinDir::new("shipped");
+    let shipped = include_str!("../../deploy/config/backlogd.toml");
+    let line = "pin_dir = \"/sys/fs/bpf/backlogd\"";
+    assert!(
+        shipped.contains(line),
+        "the shipped config no longer sets {line}"
+    );
+    let dir = TempDir::new("shipped-config");
+    let config = dir.write(
+        "backlogd.toml",
+        &shipped.replace(line, &format!("pin_dir = \"{}\"", pins.arg())),
+    );
+    let config = config.to_str().expect("UTF-8 path");
+    let daemon = Daemon::start_with(&[
+        "--config",
+        config,
+        "--listen",
+        "127.0.0.1:0",
+        "--hook-mode",
+        "auto",
+    ]);
+    let scrape = daemon.scrape();
+    let mode = scrape.hook_mode();
+    let pinned = caps::can_pin(&mode);
+    assert_eq!(
+        scrape.value("backlogd_pinned", &[]),
+        Some(f64::from(u8::from(pinned))),
+        "{mode} mode; {}",
+        daemon.log()
+    );
+    assert_eq!(
+        daemon.log().contains("running unpinned"),
+        !pinned,
         "{}",
         daemon.log()
     );

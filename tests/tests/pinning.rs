@@ -3,7 +3,7 @@
 //! interval; state pinned by another build is removed; `backlogd unpin` detaches.
 
 use std::{
-    path::{Path, PathBuf},
+    path::Path,
     process::Command,
     time::{Duration, Instant},
 };
@@ -13,46 +13,9 @@ use backlogd_tests::{
     daemon::run_to_end,
     doctor::{Doctor, evidence, kinds, set},
     kernel::{ListenCounters, tcp_ext},
+    pins::{PinDir, unpin},
     sockets::{Listener, connect_burst, fill_accept_queue, kernel_queue},
 };
-
-/// A fresh directory on bpffs (mounted if the host has none), unpinned and removed again
-/// when dropped so that no test leaves programs attached.
-struct PinDir(PathBuf);
-
-impl PinDir {
-    fn new(name: &str) -> Self {
-        let mounts = std::fs::read_to_string("/proc/self/mounts").expect("/proc/self/mounts");
-        if !mounts.lines().any(|l| l.contains(" /sys/fs/bpf bpf ")) {
-            eprintln!("mounting bpffs at /sys/fs/bpf (this host had none)");
-            let out = Command::new("mount")
-                .args(["-t", "bpf", "bpf", "/sys/fs/bpf"])
-                .output()
-                .expect("running mount");
-            assert!(out.status.success(), "mount bpffs: {out:?}");
-        }
-        let dir = PathBuf::from(format!(
-            "/sys/fs/bpf/backlogd-test-{}-{name}",
-            std::process::id()
-        ));
-        if dir.exists() {
-            unpin(&dir);
-        }
-        Self(dir)
-    }
-
-    fn arg(&self) -> &str {
-        self.0.to_str().expect("UTF-8 path")
-    }
-}
-
-impl Drop for PinDir {
-    fn drop(&mut self) {
-        if self.0.exists() {
-            let _ = run_to_end(&["unpin", "--pin-dir", self.arg()]);
-        }
-    }
-}
 
 /// The hook mode daemons of this run use, and whether the kernel can pin it; if it cannot,
 /// says so loudly: `the_daemon_starts_unpinned_where_the_kernel_cannot_pin` covers it.
@@ -67,11 +30,6 @@ fn pinnable(test: &str) -> bool {
         ));
     }
     can
-}
-
-fn unpin(dir: &Path) {
-    let out = run_to_end(&["unpin", "--pin-dir", dir.to_str().expect("UTF-8 path")]);
-    assert!(out.status.success(), "backlogd unpin: {out:?}");
 }
 
 /// Kernel link ids of every link pinned below `dir`.
@@ -226,14 +184,14 @@ fn counts_continue_across_kill_9_and_restart_during_a_burst() {
 
     // `backlogd unpin` detaches what the pins held.
     drop(second);
-    let links = pinned_link_ids(&pins.0);
+    let links = pinned_link_ids(pins.path());
     assert!(!links.is_empty(), "no pinned links under {}", pins.arg());
     assert!(
         links.iter().all(|&id| link_exists(id)),
         "pinned links alive"
     );
-    unpin(&pins.0);
-    assert!(!pins.0.exists());
+    unpin(pins.path());
+    assert!(!pins.path().exists());
     let alive: Vec<u64> = links.into_iter().filter(|&id| link_exists(id)).collect();
     assert!(
         alive.is_empty(),
@@ -288,7 +246,7 @@ fn state_pinned_by_another_build_is_removed_and_counting_starts_afresh() {
         return;
     }
     let pins = PinDir::new("stale");
-    let stale = pins.0.join("000000000000-tracepoint");
+    let stale = pins.path().join("000000000000-tracepoint");
     std::fs::create_dir_all(stale.join("maps")).expect("mkdir on bpffs");
     std::fs::create_dir_all(stale.join("complete")).expect("mkdir on bpffs");
     let map_name = format!("stale{}", std::process::id() % 100_000);
@@ -311,14 +269,14 @@ fn state_pinned_by_another_build_is_removed_and_counting_starts_afresh() {
         daemon.log()
     );
     let mode = daemon.scrape().hook_mode();
-    let ours: Vec<String> = std::fs::read_dir(&pins.0)
+    let ours: Vec<String> = std::fs::read_dir(pins.path())
         .expect("pin dir")
         .flatten()
         .map(|e| e.file_name().to_string_lossy().into_owned())
         .collect();
     assert_eq!(ours.len(), 1, "{ours:?}");
     assert!(ours[0].ends_with(&format!("-{mode}")), "{ours:?}");
-    assert!(pins.0.join(&ours[0]).join("complete").is_dir());
+    assert!(pins.path().join(&ours[0]).join("complete").is_dir());
     // The stale map is gone from the kernel, not just from bpffs.
     let maps = Command::new("bpftool")
         .args(["map", "show", "name", &map_name])
@@ -359,7 +317,7 @@ fn the_daemon_starts_unpinned_where_the_kernel_cannot_pin() {
         assert_eq!(scrape.value("backlogd_pinned", &[]), Some(1.0));
         assert!(!warned, "{}", daemon.log());
         assert!(
-            !pinned_link_ids(&pins.0).is_empty(),
+            !pinned_link_ids(pins.path()).is_empty(),
             "nothing pinned in {mode} mode"
         );
     } else {
@@ -375,7 +333,7 @@ fn the_daemon_starts_unpinned_where_the_kernel_cannot_pin() {
             daemon.log()
         );
         assert!(
-            pinned_link_ids(&pins.0).is_empty(),
+            pinned_link_ids(pins.path()).is_empty(),
             "links pinned in {mode} mode"
         );
     }
