@@ -96,6 +96,9 @@ enum Cmd {
         /// `--kernel-package linux-image-5.10.0-32-cloud-amd64`).
         #[arg(long)]
         extra_suite: Option<String>,
+        /// Install this package instead of building one with `cargo xtask deb`.
+        #[arg(long)]
+        deb: Option<std::path::PathBuf>,
     },
 }
 
@@ -192,11 +195,13 @@ fn main() -> Result<()> {
         Cmd::SystemdGuest {
             kernel_package,
             extra_suite,
+            deb,
         } => {
             setup::run()?;
             sysguest::run(&sysguest::Options {
                 kernel_package,
                 extra_suite,
+                deb,
             })
         }
     }

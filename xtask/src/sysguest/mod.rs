@@ -45,6 +45,8 @@ pub struct Options {
     /// `--kernel-package linux-image-5.10.0-32-cloud-amd64`): a hook for the check that the
     /// packaged service starts on a kernel lacking what its config asks for.
     pub extra_suite: Option<String>,
+    /// Install this package instead of building one with `cargo xtask deb`.
+    pub deb: Option<PathBuf>,
 }
 
 pub fn run(opts: &Options) -> Result<()> {
@@ -53,7 +55,10 @@ pub fn run(opts: &Options) -> Result<()> {
     std::fs::create_dir_all(&work)?;
 
     let t = Instant::now();
-    let deb = build_deb()?;
+    let deb = match &opts.deb {
+        Some(deb) => deb.clone(),
+        None => build_deb()?,
+    };
     let deb_secs = t.elapsed().as_secs_f64();
 
     let guest_dir = crate::workspace_root().join("xtask/guest/systemd");
