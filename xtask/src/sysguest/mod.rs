@@ -11,7 +11,7 @@
 //! comes from a package the .deb depends on (or an Essential one). The checks print their evidence
 //! on the serial console; this side reads it and fails on any failed or missing check.
 //!
-//! `cargo xtask test` calls [`run`] with `Options::default()`.
+//! `cargo xtask test` is to call [`run`] with `Options::default()`.
 
 use std::{
     io::{BufRead as _, BufReader, Write as _},
