@@ -66,25 +66,94 @@ enum Outcome {
 
 type LogHandle = tracing_subscriber::reload::Handle<EnvFilter, tracing_subscriber::Registry>;
 
-/// Logs to stderr (journald adds timestamps of its own, but a terminal needs them too),
-/// through a filter a config reload can replace.
+/// Logs to stderr through a filter a config reload can replace. A terminal gets
+/// timestamps and colour; journald (stderr is the stream systemd names in
+/// `JOURNAL_STREAM`) gets plain lines with a syslog priority prefix (sd-daemon(3)), so
+/// `journalctl -p warning` shows backlogd's warnings and journald keeps its own timestamps.
 fn init_logging(filter: &str, quiet: bool) -> LogHandle {
     use tracing_subscriber::{layer::SubscriberExt as _, util::SubscriberInitExt as _};
     let filter = EnvFilter::try_new(filter).unwrap_or_else(|_| EnvFilter::new("info"));
     let (filter, handle) = tracing_subscriber::reload::Layer::new(filter);
-    tracing_subscriber::registry()
-        .with(filter)
-        .with(
-            tracing_subscriber::fmt::layer().with_writer(move || -> Box<dyn std::io::Write> {
-                if quiet {
-                    Box::new(std::io::sink())
-                } else {
-                    Box::new(std::io::stderr())
-                }
-            }),
-        )
-        .init();
+    let writer = move || -> Box<dyn std::io::Write> {
+        if quiet {
+            Box::new(std::io::sink())
+        } else {
+            Box::new(std::io::stderr())
+        }
+    };
+    let registry = tracing_subscriber::registry().with(filter);
+    if stderr_is_journal() {
+        let format = journal::Prefixed(
+            tracing_subscriber::fmt::format()
+                .without_time()
+                .with_level(false)
+                .with_ansi(false),
+        );
+        registry
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .with_ansi(false)
+                    .event_format(format)
+                    .with_writer(writer),
+            )
+            .init();
+    } else {
+        registry
+            .with(tracing_subscriber::fmt::layer().with_writer(writer))
+            .init();
+    }
     handle
+}
+
+/// Whether stderr is the journal stream systemd set up: `JOURNAL_STREAM` is `DEV:INODE`
+/// of that stream, and a child that redirected stderr elsewhere inherits the variable.
+fn stderr_is_journal() -> bool {
+    use std::os::unix::fs::MetadataExt as _;
+    let Some(stream) = std::env::var_os("JOURNAL_STREAM") else {
+        return false;
+    };
+    let Ok(meta) = std::fs::metadata("/proc/self/fd/2") else {
+        return false;
+    };
+    stream.to_str() == Some(&format!("{}:{}", meta.dev(), meta.ino()))
+}
+
+mod journal {
+    use tracing::{Event, Level, Subscriber};
+    use tracing_subscriber::{
+        fmt::{FmtContext, FormatEvent, FormatFields, format::Writer},
+        registry::LookupSpan,
+    };
+
+    /// An event format with the `<N>` syslog priority prefix journald reads from a stream.
+    pub struct Prefixed<F>(pub F);
+
+    impl<S, N, F> FormatEvent<S, N> for Prefixed<F>
+    where
+        S: Subscriber + for<'a> LookupSpan<'a>,
+        N: for<'a> FormatFields<'a> + 'static,
+        F: FormatEvent<S, N>,
+    {
+        fn format_event(
+            &self,
+            ctx: &FmtContext<'_, S, N>,
+            mut writer: Writer<'_>,
+            event: &Event<'_>,
+        ) -> std::fmt::Result {
+            write!(writer, "<{}>", priority(*event.metadata().level()))?;
+            self.0.format_event(ctx, writer, event)
+        }
+    }
+
+    /// syslog(3) priorities: err, warning, info, debug.
+    pub fn priority(level: Level) -> u8 {
+        match level {
+            Level::ERROR => 3,
+            Level::WARN => 4,
+            Level::INFO => 6,
+            Level::DEBUG | Level::TRACE => 7,
+        }
+    }
 }
 
 fn run_daemon(
@@ -180,7 +249,9 @@ fn main() -> std::process::ExitCode {
         Ok(Outcome::Clean) => std::process::ExitCode::SUCCESS,
         Ok(Outcome::Findings) => std::process::ExitCode::from(1),
         Err(e) => {
-            eprintln!("backlogd: error: {e:#}");
+            // The one line systemd's status and `journalctl -p err` must show.
+            let prefix = if stderr_is_journal() { "<3>" } else { "" };
+            eprintln!("{prefix}backlogd: error: {e:#}");
             std::process::ExitCode::from(2)
         }
     }

@@ -263,3 +263,65 @@ fn hook_mode_auto_starts_with_the_shipped_config_and_says_what_it_left_out() {
         daemon.log()
     );
 }
+
+/// Under systemd, stderr is the journal stream named by `JOURNAL_STREAM` (its dev:inode):
+/// lines then carry an sd-daemon priority prefix and no colour codes, so journald files a
+/// warning as a warning and an error as an error (the PID-1 guest checks it under real
+/// systemd). A file stands in for the stream here.
+#[test]
+fn log_lines_on_the_journal_stream_carry_priorities_and_no_colour() {
+    use std::os::unix::fs::MetadataExt as _;
+    let dir = TempDir::new("journal-stream");
+    let path = dir.write("stderr", "");
+    let meta = std::fs::metadata(&path).unwrap();
+    let not_bpffs = dir.path().join("pins");
+    let out = Command::new(binary())
+        .args([
+            "run",
+            "--config",
+            "/dev/null",
+            "--listen",
+            "127.0.0.1:0",
+            "--pin-dir",
+        ])
+        .arg(&not_bpffs)
+        .env("JOURNAL_STREAM", format!("{}:{}", meta.dev(), meta.ino()))
+        .stderr(std::fs::File::options().append(true).open(&path).unwrap())
+        .output()
+        .expect("running backlogd");
+    assert!(!out.status.success());
+    let log = std::fs::read_to_string(&path).unwrap();
+    assert!(
+        !log.contains('\x1b'),
+        "colour codes on the journal stream: {log:?}"
+    );
+    let lines: Vec<&str> = log.lines().collect();
+    assert!(
+        lines[0].starts_with("<6>") && lines[0].contains("configuration"),
+        "{log}"
+    );
+    let last = lines.last().unwrap();
+    assert!(
+        last.starts_with("<3>backlogd: error:") && last.contains("not on a BPF filesystem"),
+        "{log}"
+    );
+    // Not the journal (the variable names another stream): a terminal's format.
+    let other = Command::new(binary())
+        .args([
+            "run",
+            "--config",
+            "/dev/null",
+            "--listen",
+            "127.0.0.1:0",
+            "--pin-dir",
+        ])
+        .arg(&not_bpffs)
+        .env("JOURNAL_STREAM", "1:1")
+        .output()
+        .expect("running backlogd");
+    let text = stderr(&other);
+    assert!(
+        !text.contains("<6>") && !text.contains("<3>") && text.contains("INFO"),
+        "{text}"
+    );
+}

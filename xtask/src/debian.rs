@@ -83,15 +83,19 @@ impl SuiteApt {
     }
 }
 
-/// A sources.list for `suite`: every archive the host's apt uses for its own Debian suite
-/// (`apt-cache policy`: main, -updates, -security), with the suite name replaced.
-fn sources_for(suite: &str) -> Result<String> {
+/// The host's Debian suite (`VERSION_CODENAME`, e.g. bookworm).
+pub fn host_suite() -> Result<String> {
     let os = std::fs::read_to_string("/etc/os-release").context("/etc/os-release")?;
-    let host = os
-        .lines()
+    os.lines()
         .find_map(|l| l.strip_prefix("VERSION_CODENAME="))
         .map(|c| c.trim_matches('"').to_owned())
-        .context("no VERSION_CODENAME in /etc/os-release")?;
+        .context("no VERSION_CODENAME in /etc/os-release")
+}
+
+/// A sources.list for `suite`: every archive the host's apt uses for its own Debian suite
+/// (`apt-cache policy`: main, -updates, -security), with the suite name replaced.
+pub fn sources_for(suite: &str) -> Result<String> {
+    let host = host_suite()?;
     let policy = output(Command::new("apt-cache").arg("policy"))?;
     let lines = sources_from_policy(&policy, &host, suite);
     if lines.is_empty() {

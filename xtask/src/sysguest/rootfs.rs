@@ -32,11 +32,6 @@ const PACKAGES: &[&str] = &[
 /// The kernel booted unless `--kernel-package` names another.
 pub(super) const DEFAULT_KERNEL_PACKAGE: &str = "linux-image-cloud-amd64";
 
-/// The archive the host's apt sources name (bookworm, as the build host runs).
-const SUITE: &str = "bookworm";
-const MIRROR: &str = "http://deb.debian.org/debian";
-const SECURITY_MIRROR: &str = "http://deb.debian.org/debian-security";
-
 /// Bump when the customization below changes: it is part of the cache key.
 const LAYOUT: u32 = 1;
 
@@ -79,16 +74,22 @@ fn fnv1a(text: &str) -> u64 {
 }
 
 /// The apt sources, the package list and the runner unit: what decides the image.
-fn recipe(opts: &Options, runner: &str) -> (Vec<String>, Vec<String>, String) {
-    let mut sources = vec![
-        format!("deb {MIRROR} {SUITE} main"),
-        format!("deb {MIRROR} {SUITE}-updates main"),
-        format!("deb {SECURITY_MIRROR} {SUITE}-security main"),
-    ];
-    if let Some(suite) = &opts.extra_suite {
+/// The guest runs the host's Debian suite, from the archives the host's own apt sources
+/// name (no archive address is written down here: see `debian.rs`).
+fn recipe(opts: &Options, runner: &str) -> Result<(String, Vec<String>, Vec<String>, String)> {
+    let suite = crate::debian::host_suite()?;
+    let mut sources: Vec<String> = crate::debian::sources_for(&suite)?
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    if let Some(extra) = &opts.extra_suite {
         // Another suite's packages only where the main suite has none of that name (its
         // versions are older): how bullseye's 5.10 kernel gets into a bookworm guest.
-        sources.push(format!("deb {MIRROR} {suite} main"));
+        sources.extend(
+            crate::debian::sources_for(extra)?
+                .lines()
+                .map(str::to_owned),
+        );
     }
     let mut packages: Vec<String> = PACKAGES.iter().map(|p| (*p).to_owned()).collect();
     packages.push(
@@ -100,13 +101,13 @@ fn recipe(opts: &Options, runner: &str) -> (Vec<String>, Vec<String>, String) {
         "layout {LAYOUT}\nsources {sources:?}\npackages {packages:?}\nmasked {MASKED:?}\n\
          runner {runner}"
     );
-    (sources, packages, key)
+    Ok((suite, sources, packages, key))
 }
 
 /// The cached image for `opts`, built with mmdebstrap if absent (about 30 s with a
 /// reachable mirror).
 pub(super) fn ensure(opts: &Options, runner: &str) -> Result<Rootfs> {
-    let (sources, packages, key) = recipe(opts, runner);
+    let (suite, sources, packages, key) = recipe(opts, runner)?;
     let dir = cache_dir().join(format!("rootfs-{:016x}", fnv1a(&key)));
     let done = |built| -> Result<Rootfs> {
         Ok(Rootfs {
@@ -133,7 +134,7 @@ pub(super) fn ensure(opts: &Options, runner: &str) -> Result<Rootfs> {
     let root = partial.join("root");
     eprintln!(
         "xtask systemd-guest: building the guest's root file system with mmdebstrap \
-         ({SUITE}, {}) into {}",
+         ({suite}, {}) into {}",
         packages.join(","),
         partial.display()
     );
@@ -141,14 +142,14 @@ pub(super) fn ensure(opts: &Options, runner: &str) -> Result<Rootfs> {
         Command::new("mmdebstrap")
             .args(["--mode=root", "--variant=minbase", "--quiet"])
             .arg(format!("--include={}", packages.join(",")))
-            .arg(SUITE)
+            .arg(&suite)
             .arg(&root)
             .args(&sources),
     )
     .context(
         "mmdebstrap could not build the guest's root file system. Fix: `apt-get install \
          mmdebstrap` (`cargo xtask setup` does), and make sure the Debian mirror \
-         (deb.debian.org) is reachable",
+         named by the host's apt sources is reachable",
     )?;
     customize(&root, runner)?;
     let boot = root.join("boot");
