@@ -101,7 +101,7 @@ pub fn deb(workspace: &Path, binary: &Path, version: &str) -> Result<PathBuf> {
     )?;
     let control = format!(
         "Package: backlogd\nVersion: {version}\nArchitecture: {arch}\nMaintainer: backlogd \
-         developers <backlogd@localhost>\nSection: net\nPriority: optional\nDepends: libc6\n\
+         developers <backlogd@localhost>\nSection: net\nPriority: optional\nDepends: libc6, procps\n\
          Description: per-listener TCP listen-queue observability with eBPF\n backlogd \
          watches every listening TCP socket with eBPF and exports, per socket, the backlog\n \
          requested and granted, SYN and accept-queue drops by reason, as Prometheus metrics.\n"
