@@ -20,7 +20,7 @@ pub(super) fn render_table(rows: &[Row], suites: &[(&str, Option<&str>)], repeat
     t.push_str(")\n");
     let _ = writeln!(
         t,
-        "{:<14} {:<11} {:>6} {:>6}  result",
+        "{:<17} {:<11} {:>6} {:>6}  result",
         "kernel", "mode", "passed", "failed"
     );
     for r in rows {
@@ -33,7 +33,7 @@ pub(super) fn render_table(rows: &[Row], suites: &[(&str, Option<&str>)], repeat
         };
         let _ = writeln!(
             t,
-            "{:<14} {:<11} {:>6} {:>6}  {verdict}",
+            "{:<17} {:<11} {:>6} {:>6}  {verdict}",
             r.kernel, r.mode, r.passed, r.failed
         );
     }
