@@ -12,6 +12,8 @@ pub(super) enum Pick {
     /// The one the suite's `linux-image-cloud-amd64` depends on: what a Debian host of that
     /// suite runs after `apt upgrade`, whatever its version is today.
     Meta,
+    /// One package by name (an older build kept for a bug's sake).
+    Exact(&'static str),
 }
 
 /// What a kernel can do, as facts about its version (features are not backported to
@@ -81,6 +83,18 @@ pub(super) const KERNELS: &[KernelSpec] = &[
         },
         suite: Some("bullseye"),
         default: true,
+        caps: Caps {
+            fentry: false,
+            kprobe: true,
+            perf_link_pinning: false,
+        },
+    },
+    // The build on which kprobe mode soft-locked twice (issue 20), for reproducing it.
+    KernelSpec {
+        label: "debian-5.10.0-32",
+        pick: Pick::Exact("linux-image-5.10.0-32-cloud-amd64"),
+        suite: Some("bullseye"),
+        default: false,
         caps: Caps {
             fentry: false,
             kprobe: true,
@@ -169,6 +183,7 @@ fn image_package(spec: &KernelSpec, apt: Option<&crate::debian::SuiteApt>) -> Re
                 )
             })
         }
+        Pick::Exact(name) => Ok(name.to_owned()),
         Pick::Meta => {
             let depends = apt_cache(apt, &["depends", META_PACKAGE])?;
             image_of_meta(&depends).with_context(|| {
