@@ -24,7 +24,7 @@ use crate::{
     },
     kernel_maps::SharedMaps,
     loader::{self, LoadOptions},
-    programs,
+    names, programs,
     queues::QueueWindows,
     sampling::{self, tcpext},
     service::{self, health::Heartbeats, notify},
@@ -434,8 +434,8 @@ async fn follow_listener_events(ring: RingBuf<MapData>, shared: Arc<Shared>) -> 
     }
 }
 
-/// Looks up the program behind each listener not looked up yet (`programs.rs`), one
-/// /proc read per process.
+/// Looks up the program behind each listener not looked up yet (`programs/`) and its
+/// owner's unit, container and pod (`names/`), one /proc read per process.
 async fn identify_programs(shared: Arc<Shared>) {
     let wanted = shared.listeners().unidentified();
     if wanted.is_empty() {
@@ -446,19 +446,19 @@ async fn identify_programs(shared: Arc<Shared>) {
         wanted
             .into_iter()
             .map(|(inode, pid, port)| {
-                let process = processes
+                let (process, names) = processes
                     .entry(pid)
-                    .or_insert_with(|| programs::Process::of(pid));
+                    .or_insert_with(|| (programs::Process::of(pid), names::of_process(pid)));
                 let known = process.as_ref().and_then(|p| programs::identify(p, port));
-                (inode, pid, known)
+                (inode, pid, known, names.clone())
             })
             .collect::<Vec<_>>()
     })
     .await
     .unwrap_or_default();
     let mut table = shared.write_listeners();
-    for (inode, pid, known) in found {
-        table.set_program(inode, pid, known);
+    for (inode, pid, known, names) in found {
+        table.set_owner(inode, pid, known, names);
     }
 }
 

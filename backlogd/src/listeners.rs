@@ -10,6 +10,7 @@ use backlogd_common::{AF_INET, ListenerEvent, event_kind};
 use serde::Serialize;
 
 use crate::{
+    names::CgroupNames,
     programs::Known,
     sampling::{DiagListener, owners::Owner},
 };
@@ -36,6 +37,9 @@ pub struct Listener {
     /// what it asks `listen()` for: the request when `requested` is unknown.
     #[serde(default)]
     pub program: Option<Known>,
+    /// Its owner's systemd unit, container and pod, from the owner's cgroup (`names/`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub names: Option<CgroupNames>,
     /// Whether the owner has been looked up since the entry was made.
     #[serde(skip)]
     identified: bool,
@@ -154,6 +158,7 @@ impl ListenerTable {
                     requested: None,
                     granted: d.granted,
                     program: None,
+                    names: None,
                     identified: false,
                     scanned_queue: Some(d.accept_queue),
                     generation,
@@ -173,13 +178,21 @@ impl ListenerTable {
             .collect()
     }
 
-    /// Records what [`crate::programs::identify`] said of the owner `pid` of `inode`,
-    /// unless the entry has changed hands since (a new `listen()` on a reused inode).
-    pub fn set_program(&mut self, inode: u64, pid: u32, program: Option<Known>) {
+    /// Records what [`crate::programs::identify`] and [`crate::names`] said of the owner
+    /// `pid` of `inode`, unless the entry has changed hands since (a new `listen()` on a
+    /// reused inode).
+    pub fn set_owner(
+        &mut self,
+        inode: u64,
+        pid: u32,
+        program: Option<Known>,
+        names: Option<CgroupNames>,
+    ) {
         if let Some(l) = self.by_inode.get_mut(&inode)
             && l.pid == pid
         {
             l.program = program;
+            l.names = names;
             l.identified = true;
         }
     }
@@ -201,6 +214,7 @@ impl ListenerTable {
             requested: Some(e.requested),
             granted: e.granted,
             program: None,
+            names: None,
             identified: false,
             scanned_queue: None,
             generation: self.generation,

@@ -10,6 +10,7 @@ mod exporter;
 mod kernel_maps;
 mod listeners;
 mod loader;
+mod names;
 mod programs;
 mod queues;
 mod sampling;

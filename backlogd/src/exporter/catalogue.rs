@@ -7,6 +7,14 @@ use super::text::{Exposition, Kind};
 
 /// Labels of every per-listener series.
 pub const LISTENER_LABELS: [&str; 6] = ["netns", "address", "port", "socket", "pid", "comm"];
+/// Labels of a listener's owner names (joined to its series on `socket`).
+pub const OWNER_LABELS: [&str; 5] = [
+    "socket",
+    "unit",
+    "container_runtime",
+    "container_id",
+    "pod_uid",
+];
 /// Labels of a SO_REUSEPORT group's series.
 pub const GROUP_LABELS: [&str; 3] = ["netns", "address", "port"];
 /// Labels of a process's series.
@@ -27,6 +35,7 @@ pub enum Labels {
     None,
     Listener,
     ListenerAndReason,
+    Owner,
     Group,
     GroupAndReason,
     Process,
@@ -43,6 +52,7 @@ impl Labels {
             Labels::None => (&[], false),
             Labels::Listener => (&LISTENER_LABELS, false),
             Labels::ListenerAndReason => (&LISTENER_LABELS, true),
+            Labels::Owner => (&OWNER_LABELS, false),
             Labels::Group => (&GROUP_LABELS, false),
             Labels::GroupAndReason => (&GROUP_LABELS, true),
             Labels::Process => (&PROCESS_LABELS, false),
@@ -101,6 +111,10 @@ macro_rules! catalogue {
 }
 
 catalogue! {
+    ListenerOwnerInfo: "backlogd_listener_owner_info", Gauge, Owner,
+        "Always 1: the systemd unit, container (runtime and id) and Kubernetes pod UID of \
+         the listening socket's owner, from its cgroup; join on socket (group_left). Absent \
+         for a listener whose owner's cgroup names none of them.";
     ListenBacklogRequested: "backlogd_listen_backlog_requested", Gauge, Listener,
         "Backlog the application passed to listen(2) on this socket (absent for listeners \
          already listening when backlogd started).";

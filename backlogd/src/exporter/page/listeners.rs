@@ -9,7 +9,7 @@ use super::rows::{Row, reason_suffixes};
 use crate::{
     api::AcceptWait,
     exporter::{
-        catalogue::Metric,
+        catalogue::{Metric, OWNER_LABELS},
         figures::Figures,
         text::{Exposition, HistogramNames},
     },
@@ -45,6 +45,7 @@ const QUEUES: [(Metric, QueueField); 3] = [
 ];
 
 pub fn render(e: &mut Exposition<'_>, rows: &[Row<'_>], figures: &Figures, enqueue_events: bool) {
+    owners(e, rows);
     Metric::ListenBacklogRequested.open(e);
     for r in rows {
         if let Some(requested) = r.listener.requested {
@@ -114,5 +115,35 @@ pub fn render(e: &mut Exposition<'_>, rows: &[Row<'_>], figures: &Figures, enque
                 s.accept_wait_sum_ns as f64 / 1e9,
             );
         }
+    }
+}
+
+/// One info series per listener whose owner's cgroup names a unit, container or pod: an
+/// info metric rather than labels on every series, so the per-listener families keep
+/// their label sets and a container's series do not change identity when it is named.
+fn owners(e: &mut Exposition<'_>, rows: &[Row<'_>]) {
+    Metric::ListenerOwnerInfo.open(e);
+    for r in rows {
+        let Some(n) = &r.listener.names else {
+            continue;
+        };
+        if n.unit.is_none() && n.container.is_none() && n.pod_uid.is_none() {
+            continue;
+        }
+        let container = n.container.as_ref();
+        let values: [&str; 5] = [
+            &r.values[3],
+            n.unit.as_deref().unwrap_or(""),
+            container.map_or("", |c| c.runtime.as_str()),
+            container.map_or("", |c| c.id.as_str()),
+            n.pod_uid.as_deref().unwrap_or(""),
+        ];
+        // An empty label is an absent one to Prometheus: leave it out.
+        let labels: Vec<(&str, &str)> = OWNER_LABELS
+            .into_iter()
+            .zip(values)
+            .filter(|(_, v)| !v.is_empty())
+            .collect();
+        e.sample(Metric::ListenerOwnerInfo.name(), &labels, 1);
     }
 }

@@ -1,0 +1,13 @@
+//! The names operators use for a listener's owner (issue 21): the systemd unit, the
+//! container and the Kubernetes pod, from the owning process's cgroup. Looked up off the
+//! event loop with the program (`daemon::identify_programs`), once per listener owner.
+
+pub mod cgroup;
+
+pub use cgroup::CgroupNames;
+
+/// What `pid`'s cgroup says; None once it has exited, or on a host without cgroup v2.
+pub fn of_process(pid: u32) -> Option<CgroupNames> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    cgroup::from_proc_file(&text)
+}

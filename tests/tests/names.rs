@@ -1,0 +1,195 @@
+//! Names operators use for a listener's owner (issue 21): the systemd unit, the container
+//! and the Kubernetes pod, read from the owning process's cgroup. A real server (Debian's
+//! memcached) listens from cgroups laid out the way systemd, podman and the kubelet lay
+//! theirs out, all below one cgroup of the test's own so that nothing of the host's tree is
+//! touched; backlogd's info series and JSON API must name each.
+
+use std::{
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use backlogd_tests::{Daemon, Netns, tools};
+
+const CONTAINER_ID: &str = "5e0c2d1e0b9a8f7e6d5c4b3a29181706f5e4d3c2b1a09f8e7d6c5b4a39281706";
+const POD_UID: &str = "0a1b2c3d-4e5f-6789-abcd-ef0123456789";
+
+/// A cgroup tree of the test's own under the cgroup v2 root, removed when dropped.
+struct Tree(PathBuf);
+
+impl Tree {
+    fn new() -> Self {
+        // /sys/fs/cgroup itself, or /sys/fs/cgroup/unified on a hybrid host (as this CI
+        // machine is): wherever cgroup2 is mounted.
+        let mounts = std::fs::read_to_string("/proc/self/mounts").expect("/proc/self/mounts");
+        let v2 = mounts
+            .lines()
+            .find_map(|l| {
+                let mut words = l.split_whitespace();
+                let (_, dir, fs) = (words.next()?, words.next()?, words.next()?);
+                (fs == "cgroup2").then(|| dir.to_owned())
+            })
+            .expect("no cgroup2 mount (backlogd needs one)");
+        let root = PathBuf::from(format!("{v2}/backlogd-test-names-{}", std::process::id()));
+        std::fs::create_dir_all(&root)
+            .unwrap_or_else(|e| panic!("creating {} (cgroup v2): {e}", root.display()));
+        Self(root)
+    }
+
+    fn cgroup(&self, path: &str) -> PathBuf {
+        let dir = self.0.join(path);
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("mkdir {}: {e}", dir.display()));
+        dir
+    }
+}
+
+impl Drop for Tree {
+    fn drop(&mut self) {
+        // cgroups go bottom-up, once their processes have exited.
+        fn remove(dir: &Path) {
+            for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+                if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                    remove(&entry.path());
+                }
+            }
+            let _ = std::fs::remove_dir(dir);
+        }
+        remove(&self.0);
+    }
+}
+
+/// memcached on 127.0.0.1:`port` in `ns`, moved into `cgroup` before it starts (the shell
+/// writes its own pid to cgroup.procs, then becomes memcached).
+struct Server(Child);
+
+impl Server {
+    fn start(ns: &Netns, cgroup: &Path, port: u16) -> Self {
+        let script = format!(
+            "echo $$ > {}/cgroup.procs && exec memcached -u nobody -l 127.0.0.1 -p {port} -U 0",
+            cgroup.display()
+        );
+        let child = ns.run(move || {
+            Command::new("sh")
+                .args(["-c", &script])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::inherit())
+                .spawn()
+                .expect("starting sh")
+        });
+        Self(child)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The socket inode of the listener on `port` in `ns` (`ss -e` `ino:`), once it listens.
+fn listener_inode(ns: &Netns, port: u16) -> u64 {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let out = ns.command("ss", &["-Hltne", &format!("sport = :{port}")]);
+        if let Some(ino) = out
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("ino:"))
+            .and_then(|i| i.parse().ok())
+        {
+            return ino;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "memcached not listening on {port}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn units_containers_and_pods_name_their_listeners() {
+    const TEST: &str = "units_containers_and_pods_name_their_listeners";
+    if !tools::available(TEST, "memcached", &["-h"], "memcached") {
+        return;
+    }
+    let daemon = Daemon::start();
+    let tree = Tree::new();
+    let pod_slice = format!("kubepods-besteffort-pod{}.slice", POD_UID.replace('-', "_"));
+    let cases: [(String, &[(&str, &str)]); 3] = [
+        (
+            "system.slice/backlogd-web.service".to_owned(),
+            &[("unit", "backlogd-web.service")],
+        ),
+        (
+            format!("machine.slice/libpod-{CONTAINER_ID}.scope/container"),
+            &[
+                ("container_runtime", "podman"),
+                ("container_id", CONTAINER_ID),
+            ],
+        ),
+        (
+            format!(
+                "kubepods.slice/kubepods-besteffort.slice/{pod_slice}/\
+                 cri-containerd-{CONTAINER_ID}.scope"
+            ),
+            &[
+                ("container_runtime", "containerd"),
+                ("container_id", CONTAINER_ID),
+                ("pod_uid", POD_UID),
+            ],
+        ),
+    ];
+    let mut servers = Vec::new();
+    for (i, (path, expected)) in cases.iter().enumerate() {
+        let ns = Netns::new();
+        let port = 11311 + i as u16;
+        let server = Server::start(&ns, &tree.cgroup(path), port);
+        let inode = listener_inode(&ns, port);
+        let socket = inode.to_string();
+        let mut want: Vec<(&str, &str)> = vec![("socket", &socket)];
+        want.extend_from_slice(expected);
+        daemon.wait_for(&format!("owner names of {path}"), |s| {
+            (s.value("backlogd_listener_owner_info", &want) == Some(1.0)).then_some(())
+        });
+        // The JSON API carries the same names.
+        let (status, json) = daemon.get("/api/v1/listeners");
+        assert_eq!(status, 200);
+        let listeners: serde_json::Value = serde_json::from_str(&json).expect("JSON");
+        let names = listeners
+            .as_array()
+            .expect("a list")
+            .iter()
+            .find(|l| l["inode"] == inode)
+            .map(|l| l["names"].clone())
+            .unwrap_or_else(|| panic!("listener {inode} not in {json}"));
+        for (label, value) in *expected {
+            let field = match *label {
+                "unit" => &names["unit"],
+                "container_runtime" => &names["container"]["runtime"],
+                "container_id" => &names["container"]["id"],
+                "pod_uid" => &names["pod_uid"],
+                other => panic!("no API field for {other}"),
+            };
+            assert_eq!(field, value, "{label} of {path}: {names}");
+        }
+        servers.push((server, ns));
+    }
+    // A listener whose process sits in no unit, container or pod gets no info series.
+    let plain = Netns::new();
+    let listener = backlogd_tests::sockets::Listener::open(&plain, "127.0.0.1:0", 16);
+    daemon.wait_for_listener(listener.inode);
+    let socket = listener.inode.to_string();
+    let own_cgroup = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+    if own_cgroup.trim() == "0::/" {
+        assert_eq!(
+            daemon
+                .scrape()
+                .value("backlogd_listener_owner_info", &[("socket", &socket)]),
+            None
+        );
+    }
+    drop(servers);
+}
