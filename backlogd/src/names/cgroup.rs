@@ -68,6 +68,25 @@ pub fn parse(path: &str) -> CgroupNames {
     names
 }
 
+impl CgroupNames {
+    /// The name an operator knows the owner by: its pod, its container, or its unit
+    /// (container ids shortened to 12 digits, as `docker ps` and `podman ps` show them).
+    pub fn owner(&self) -> Option<String> {
+        let short = |id: &str| id.chars().take(12).collect::<String>();
+        match (&self.pod_uid, &self.container, &self.unit) {
+            (Some(pod), Some(c), _) => Some(format!(
+                "pod {pod}, {} container {}",
+                c.runtime,
+                short(&c.id)
+            )),
+            (Some(pod), None, _) => Some(format!("pod {pod}")),
+            (None, Some(c), _) => Some(format!("{} container {}", c.runtime, short(&c.id))),
+            (None, None, Some(unit)) => Some(unit.clone()),
+            (None, None, None) => None,
+        }
+    }
+}
+
 fn is_unit(part: &str) -> bool {
     [".service", ".scope", ".socket", ".mount", ".swap"]
         .iter()
@@ -220,6 +239,22 @@ mod tests {
             parse("/kubepods.slice/kubepods-podnotauid.slice").pod_uid,
             None
         );
+    }
+
+    #[test]
+    fn the_owner_is_named_by_pod_then_container_then_unit() {
+        let n = parse(&format!("/system.slice/docker-{ID}.scope"));
+        assert_eq!(n.owner().as_deref(), Some("docker container 3f4c2d1e0b9a"));
+        assert_eq!(
+            parse("/system.slice/nginx.service").owner().as_deref(),
+            Some("nginx.service")
+        );
+        let n = parse(&format!("/kubepods/pod{UID}/{ID}"));
+        assert_eq!(
+            n.owner(),
+            Some(format!("pod {UID}, cri container 3f4c2d1e0b9a"))
+        );
+        assert_eq!(parse("/").owner(), None);
     }
 
     #[test]

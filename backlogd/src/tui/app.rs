@@ -228,6 +228,7 @@ impl App {
             l.comm.clone(),
             l.pid.to_string(),
             l.netns.to_string(),
+            l.names.as_ref().and_then(|n| n.owner()).unwrap_or_default(),
         ]
         .iter()
         .any(|field| field.contains(self.filter.as_str()))

@@ -199,7 +199,10 @@ fn listener_row(r: &Row, wide: bool) -> TableRow<'static> {
     let drops = r.drops_total_per_s();
     let mut cells = vec![
         Cell::from(format!("{}:{}", l.addr, l.port)),
-        Cell::from(format!("{}[{}]", l.comm, l.pid)),
+        Cell::from(match l.names.as_ref().and_then(|n| n.owner()) {
+            Some(owner) => format!("{}[{}] {owner}", l.comm, l.pid),
+            None => format!("{}[{}]", l.comm, l.pid),
+        }),
         Cell::from(backlog).style(if r.clamped() {
             Style::new().fg(Color::Red).add_modifier(Modifier::BOLD)
         } else {
@@ -369,7 +372,7 @@ pub fn plain(app: &App) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:<24} {:<18} {:>9} {:>13} {:>5} {:>8} {:>9} {:>7} {:>13}",
+        "{:<24} {:<18} {:>9} {:>13} {:>5} {:>8} {:>9} {:>7} {:>13}  OWNER",
         "ADDRESS:PORT",
         "PROCESS",
         "BACKLOG",
@@ -385,7 +388,7 @@ pub fn plain(app: &App) -> String {
         let q = &r.l.queues;
         let _ = writeln!(
             out,
-            "{:<24} {:<18} {:>9} {:>13} {:>5} {:>8} {:>9} {:>7} {:>13}",
+            "{:<24} {:<18} {:>9} {:>13} {:>5} {:>8} {:>9} {:>7} {:>13}  {}",
             format!("{}:{}", l.addr, l.port),
             format!("{}[{}]", l.comm, l.pid),
             format!(
@@ -400,6 +403,7 @@ pub fn plain(app: &App) -> String {
             rate(r.syncookies_per_s),
             rate(r.synack_retransmits_per_s),
             format!("{}/{}", seconds(r.wait_p50), seconds(r.wait_p99)),
+            l.names.as_ref().and_then(|n| n.owner()).unwrap_or_default(),
         );
     }
     out
