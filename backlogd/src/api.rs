@@ -33,6 +33,9 @@ pub struct NamespaceSnapshot {
     /// container or pod, not on the host.
     #[serde(default)]
     pub host: bool,
+    /// Its name, where it has one (`ip netns`, CNI: /run/netns/NAME).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
     #[serde(flatten)]
     pub sysctls: ListenSysctls,
 }
@@ -282,6 +285,7 @@ pub mod fixtures {
         NamespaceSnapshot {
             netns,
             host: netns == NETNS,
+            name: None,
             sysctls: ListenSysctls {
                 somaxconn,
                 tcp_max_syn_backlog: 512,

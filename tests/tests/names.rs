@@ -213,3 +213,63 @@ fn units_containers_and_pods_name_their_listeners() {
     }
     drop(servers);
 }
+
+/// A network namespace made with `ip netns add NAME` is named on the page and in the API.
+#[test]
+fn a_named_network_namespace_is_named() {
+    use std::os::unix::fs::MetadataExt as _;
+    const TEST: &str = "a_named_network_namespace_is_named";
+    if !tools::available(TEST, "memcached", &["-h"], "memcached") {
+        return;
+    }
+    let name = format!("backlogd-test-names-{}", std::process::id());
+    let ip = |args: &[&str]| {
+        let out = Command::new("ip").args(args).output().expect("running ip");
+        assert!(out.status.success(), "ip {args:?}: {out:?}");
+    };
+    ip(&["netns", "add", &name]);
+    struct Named(String);
+    impl Drop for Named {
+        fn drop(&mut self) {
+            let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
+        }
+    }
+    let _named = Named(name.clone());
+    let netns = std::fs::metadata(format!("/run/netns/{name}"))
+        .expect("the namespace's bind mount")
+        .ino()
+        .to_string();
+    let daemon = Daemon::start();
+    let mut server = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &name,
+            "memcached",
+            "-u",
+            "nobody",
+            "-l",
+            "127.0.0.1",
+        ])
+        .args(["-p", "11330", "-U", "0"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("starting memcached");
+    daemon.wait_for(&format!("the name of namespace {netns}"), |s| {
+        (s.value("backlogd_netns_info", &[("netns", &netns), ("name", &name)]) == Some(1.0))
+            .then_some(())
+    });
+    let (status, json) = daemon.get("/api/v1/snapshot");
+    assert_eq!(status, 200);
+    let snapshot: serde_json::Value = serde_json::from_str(&json).expect("JSON");
+    let ns = snapshot["namespaces"]
+        .as_array()
+        .expect("namespaces")
+        .iter()
+        .find(|n| n["netns"].to_string() == netns)
+        .unwrap_or_else(|| panic!("namespace {netns} not in {json}"));
+    assert_eq!(ns["name"], name.as_str(), "{ns}");
+    let _ = server.kill();
+    let _ = server.wait();
+}

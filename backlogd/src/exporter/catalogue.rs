@@ -41,6 +41,7 @@ pub enum Labels {
     Process,
     ProcessAndReason,
     Netns,
+    NetnsName,
     Mode,
     Version,
 }
@@ -58,6 +59,7 @@ impl Labels {
             Labels::Process => (&PROCESS_LABELS, false),
             Labels::ProcessAndReason => (&PROCESS_LABELS, true),
             Labels::Netns => (&["netns"], false),
+            Labels::NetnsName => (&["netns", "name"], false),
             Labels::Mode => (&["mode"], false),
             Labels::Version => (&["version"], false),
         };
@@ -176,6 +178,9 @@ catalogue! {
     ProcessDrops: "backlogd_process_drops_total", Counter, ProcessAndReason,
         "Connections dropped by the listening sockets of the process, by reason (as in \
          backlogd_listen_drops_total).";
+    NetnsInfo: "backlogd_netns_info", Gauge, NetnsName,
+        "Always 1: the name of a network namespace with listeners, where it has one \
+         (/run/netns/NAME: ip netns, CNI); join on netns (group_left).";
     NetnsListenOverflows: "backlogd_netns_listen_overflows_total", Counter, Netns,
         "The network namespace's own TcpExt ListenOverflows counter (/proc/net/netstat), \
          for every namespace with listeners.";

@@ -131,11 +131,13 @@ impl Metrics {
             .collect();
         listeners.sort_by_key(|l| (l.listener.netns, l.listener.port, l.listener.inode));
         let host = crate::sampling::netns::host();
+        let mut names = crate::names::netns::named();
         let namespaces = sysctls
             .into_iter()
             .map(|(netns, sysctls)| NamespaceSnapshot {
                 netns,
                 host: host == Some(netns),
+                name: names.remove(&netns),
                 sysctls,
             })
             .collect();

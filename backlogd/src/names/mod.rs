@@ -1,8 +1,10 @@
 //! The names operators use for a listener's owner (issue 21): the systemd unit, the
-//! container and the Kubernetes pod, from the owning process's cgroup. Looked up off the
-//! event loop with the program (`daemon::identify_programs`), once per listener owner.
+//! container and the Kubernetes pod, from the owning process's cgroup (looked up off the
+//! event loop with the program, `daemon::identify_programs`, once per listener owner);
+//! and a network namespace's name, where it has one (`netns.rs`).
 
 pub mod cgroup;
+pub mod netns;
 
 pub use cgroup::CgroupNames;
 

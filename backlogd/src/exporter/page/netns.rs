@@ -17,6 +17,18 @@ const FAMILIES: [Metric; 5] = [
 ];
 
 pub fn render(e: &mut Exposition<'_>, namespaces: &[(u32, HashMap<String, u64>)]) {
+    // The name of each namespace that has one, to join on `netns` (group_left).
+    let mut names = crate::names::netns::named();
+    Metric::NetnsInfo.open(e);
+    for (netns, _) in namespaces {
+        if let Some(name) = names.remove(netns) {
+            e.sample(
+                Metric::NetnsInfo.name(),
+                &[("netns", &netns.to_string()), ("name", &name)],
+                1,
+            );
+        }
+    }
     for (counter, metric) in tcpext::COUNTERS.iter().zip(FAMILIES) {
         metric.open(e);
         for (netns, values) in namespaces {
