@@ -267,7 +267,7 @@ fn a_named_network_namespace_is_named() {
         .as_array()
         .expect("namespaces")
         .iter()
-        .find(|n| n["netns"].to_string() == netns)
+        .find(|n| n["netns"].as_u64().is_some_and(|n| n.to_string() == netns))
         .unwrap_or_else(|| panic!("namespace {netns} not in {json}"));
     assert_eq!(ns["name"], name.as_str(), "{ns}");
     let _ = server.kill();
