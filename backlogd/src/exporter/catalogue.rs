@@ -115,8 +115,8 @@ macro_rules! catalogue {
 catalogue! {
     ListenerOwnerInfo: "backlogd_listener_owner_info", Gauge, Owner,
         "Always 1: the systemd unit, container (runtime and id) and Kubernetes pod UID of \
-         the listening socket's owner, from its cgroup; join on socket (group_left). Absent \
-         for a listener whose owner's cgroup names none of them.";
+         the listening socket's owner, from its cgroup (labels it does not name are left \
+         out); one series per listener; join on socket (group_left).";
     ListenBacklogRequested: "backlogd_listen_backlog_requested", Gauge, Listener,
         "Backlog the application passed to listen(2) on this socket (absent for listeners \
          already listening when backlogd started).";

@@ -118,25 +118,21 @@ pub fn render(e: &mut Exposition<'_>, rows: &[Row<'_>], figures: &Figures, enque
     }
 }
 
-/// One info series per listener whose owner's cgroup names a unit, container or pod: an
-/// info metric rather than labels on every series, so the per-listener families keep
-/// their label sets and a container's series do not change identity when it is named.
+/// One info series per listener, with the names its owner's cgroup gives (none but
+/// `socket` where it gives none, so a join on `socket` never loses a listener): an info
+/// metric rather than labels on every series, so the per-listener families keep their
+/// label sets and a container's series do not change identity when it is named.
 fn owners(e: &mut Exposition<'_>, rows: &[Row<'_>]) {
     Metric::ListenerOwnerInfo.open(e);
     for r in rows {
-        let Some(n) = &r.listener.names else {
-            continue;
-        };
-        if n.unit.is_none() && n.container.is_none() && n.pod_uid.is_none() {
-            continue;
-        }
-        let container = n.container.as_ref();
+        let n = r.listener.names.as_ref();
+        let container = n.and_then(|n| n.container.as_ref());
         let values: [&str; 5] = [
             &r.values[3],
-            n.unit.as_deref().unwrap_or(""),
+            n.and_then(|n| n.unit.as_deref()).unwrap_or(""),
             container.map_or("", |c| c.runtime.as_str()),
             container.map_or("", |c| c.id.as_str()),
-            n.pod_uid.as_deref().unwrap_or(""),
+            n.and_then(|n| n.pod_uid.as_deref()).unwrap_or(""),
         ];
         // An empty label is an absent one to Prometheus: leave it out.
         let labels: Vec<(&str, &str)> = OWNER_LABELS
