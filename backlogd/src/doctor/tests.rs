@@ -442,5 +442,9 @@ fn the_subject_names_the_unit_container_or_pod_of_the_owner() {
     let mut l = listener(1, 80, "nginx", Some(511), 128);
     assert_eq!(subject(&l), "nginx[101] 0.0.0.0:80 (netns 4026531840)");
     l.listener.names = Some(crate::names::cgroup::parse("/system.slice/nginx.service"));
-    assert!(subject(&l).ends_with(" in nginx.service"), "{}", subject(&l));
+    assert!(
+        subject(&l).ends_with(" in nginx.service"),
+        "{}",
+        subject(&l)
+    );
 }
