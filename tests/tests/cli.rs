@@ -274,18 +274,17 @@ fn log_lines_on_the_journal_stream_carry_priorities_and_no_colour() {
     let dir = TempDir::new("journal-stream");
     let path = dir.write("stderr", "");
     let meta = std::fs::metadata(&path).unwrap();
+    // A daemon that logs a line, then fails (its pin directory is not on bpffs).
     let not_bpffs = dir.path().join("pins");
-    let out = Command::new(binary())
-        .args([
-            "run",
-            "--config",
-            "/dev/null",
-            "--listen",
-            "127.0.0.1:0",
-            "--pin-dir",
-        ])
-        .arg(&not_bpffs)
-        .env("JOURNAL_STREAM", format!("{}:{}", meta.dev(), meta.ino()))
+    let failing = |journal_stream: &str| {
+        let mut cmd = Command::new(binary());
+        cmd.args(["run", "--config", "/dev/null", "--listen", "127.0.0.1:0"])
+            .arg("--pin-dir")
+            .arg(&not_bpffs)
+            .env("JOURNAL_STREAM", journal_stream);
+        cmd
+    };
+    let out = failing(&format!("{}:{}", meta.dev(), meta.ino()))
         .stderr(std::fs::File::options().append(true).open(&path).unwrap())
         .output()
         .expect("running backlogd");
@@ -306,19 +305,7 @@ fn log_lines_on_the_journal_stream_carry_priorities_and_no_colour() {
         "{log}"
     );
     // Not the journal (the variable names another stream): a terminal's format.
-    let other = Command::new(binary())
-        .args([
-            "run",
-            "--config",
-            "/dev/null",
-            "--listen",
-            "127.0.0.1:0",
-            "--pin-dir",
-        ])
-        .arg(&not_bpffs)
-        .env("JOURNAL_STREAM", "1:1")
-        .output()
-        .expect("running backlogd");
+    let other = failing("1:1").output().expect("running backlogd");
     let text = stderr(&other);
     assert!(
         !text.contains("<6>") && !text.contains("<3>") && text.contains("INFO"),

@@ -231,26 +231,12 @@ fn boot(rootfs: &rootfs::Rootfs, payload: &Path, log: &Path) -> Result<()> {
         std::io::copy(&mut stderr, &mut log_file)?;
         Ok(())
     });
-    let deadline = Instant::now() + GUEST_TIMEOUT;
-    loop {
-        if let Some(status) = child.try_wait()? {
-            let _ = reader.join();
-            if !status.success() {
-                bail!("qemu exited with {status}");
-            }
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            let _ = reader.join();
-            bail!(
-                "the guest did not power off within {} s and was killed",
-                GUEST_TIMEOUT.as_secs()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    crate::vm::wait_for_qemu(
+        &mut child,
+        reader,
+        Instant::now() + GUEST_TIMEOUT,
+        GUEST_TIMEOUT,
+    )
 }
 
 /// The checks' verdicts from the console: a summary when every check in [`CHECKS`]

@@ -141,6 +141,17 @@ pub(super) fn boot(kernel: &Kernel, initrd: &Path, log: &Path) -> Result<()> {
         }
         Ok(())
     });
+    wait_for_qemu(&mut child, reader, deadline, GUEST_TIMEOUT)
+}
+
+/// Waits for qemu to exit (the guest powers off), killing it at `deadline`; `reader` is
+/// the thread copying its console, joined either way.
+pub(crate) fn wait_for_qemu(
+    child: &mut std::process::Child,
+    reader: std::thread::JoinHandle<std::io::Result<()>>,
+    deadline: Instant,
+    limit: Duration,
+) -> Result<()> {
     loop {
         if let Some(status) = child.try_wait()? {
             let _ = reader.join();
@@ -154,11 +165,11 @@ pub(super) fn boot(kernel: &Kernel, initrd: &Path, log: &Path) -> Result<()> {
             let _ = child.wait();
             let _ = reader.join();
             bail!(
-                "the guest did not finish within {} s and was killed",
-                GUEST_TIMEOUT.as_secs()
+                "the guest did not power off within {} s and was killed",
+                limit.as_secs()
             );
         }
-        std::thread::sleep(Duration::from_millis(500));
+        std::thread::sleep(Duration::from_millis(200));
     }
 }
 

@@ -21,6 +21,8 @@ use anyhow::{Context as _, Result, bail};
 use crate::setup::output;
 
 mod console;
+
+pub(crate) use self::console::wait_for_qemu;
 mod image;
 mod kernels;
 mod report;
