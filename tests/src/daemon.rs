@@ -79,11 +79,32 @@ impl Daemon {
     /// `backlogd run` with `extra` arguments (plus `--listen 127.0.0.1:0` unless they
     /// give one or a `--config` file that may) and environment, waiting until it serves.
     pub fn start_env(extra: &[&str], env: &[(&str, &str)]) -> Self {
-        let mut command = run_command(extra);
+        let mut command = Self::command(extra);
         command.envs(env.iter().copied());
+        Self::spawn(command)
+    }
+
+    /// The daemon run by `wrapper` (a program and its arguments, to which backlogd's own
+    /// command line is appended), e.g. to start it in namespaces of its own.
+    pub fn start_wrapped(wrapper: &[&str], extra: &[&str]) -> Self {
+        let inner = Self::command(extra);
+        let mut command = Command::new(wrapper[0]);
+        command
+            .args(&wrapper[1..])
+            .arg(inner.get_program())
+            .args(inner.get_args());
+        Self::spawn(command)
+    }
+
+    fn command(extra: &[&str]) -> Command {
+        let mut command = run_command(extra);
         if let Some(mode) = hook_mode().filter(|_| !extra.contains(&"--hook-mode")) {
             command.args(["--hook-mode", &mode]);
         }
+        command
+    }
+
+    fn spawn(mut command: Command) -> Self {
         let mut child = command
             .stdout(Stdio::null())
             .stderr(Stdio::piped())

@@ -5,59 +5,15 @@
 //! touched; backlogd's info series and JSON API must name each.
 
 use std::{
-    path::{Path, PathBuf},
+    path::Path,
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
 };
 
-use backlogd_tests::{Daemon, Netns, tools};
+use backlogd_tests::{Daemon, Netns, cgroups::Tree, tools};
 
 const CONTAINER_ID: &str = "5e0c2d1e0b9a8f7e6d5c4b3a29181706f5e4d3c2b1a09f8e7d6c5b4a39281706";
 const POD_UID: &str = "0a1b2c3d-4e5f-6789-abcd-ef0123456789";
-
-/// A cgroup tree of the test's own under the cgroup v2 root, removed when dropped.
-struct Tree(PathBuf);
-
-impl Tree {
-    fn new() -> Self {
-        // /sys/fs/cgroup itself, or /sys/fs/cgroup/unified on a hybrid host (as this CI
-        // machine is): wherever cgroup2 is mounted.
-        let mounts = std::fs::read_to_string("/proc/self/mounts").expect("/proc/self/mounts");
-        let v2 = mounts
-            .lines()
-            .find_map(|l| {
-                let mut words = l.split_whitespace();
-                let (_, dir, fs) = (words.next()?, words.next()?, words.next()?);
-                (fs == "cgroup2").then(|| dir.to_owned())
-            })
-            .expect("no cgroup2 mount (backlogd needs one)");
-        let root = PathBuf::from(format!("{v2}/backlogd-test-names-{}", std::process::id()));
-        std::fs::create_dir_all(&root)
-            .unwrap_or_else(|e| panic!("creating {} (cgroup v2): {e}", root.display()));
-        Self(root)
-    }
-
-    fn cgroup(&self, path: &str) -> PathBuf {
-        let dir = self.0.join(path);
-        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("mkdir {}: {e}", dir.display()));
-        dir
-    }
-}
-
-impl Drop for Tree {
-    fn drop(&mut self) {
-        // cgroups go bottom-up, once their processes have exited.
-        fn remove(dir: &Path) {
-            for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-                if entry.file_type().is_ok_and(|t| t.is_dir()) {
-                    remove(&entry.path());
-                }
-            }
-            let _ = std::fs::remove_dir(dir);
-        }
-        remove(&self.0);
-    }
-}
 
 /// memcached on 127.0.0.1:`port` in `ns`, moved into `cgroup` before it starts (the shell
 /// writes its own pid to cgroup.procs, then becomes memcached).
@@ -116,7 +72,7 @@ fn units_containers_and_pods_name_their_listeners() {
         return;
     }
     let daemon = Daemon::start();
-    let tree = Tree::new();
+    let tree = Tree::new("names");
     let pod_slice = format!("kubepods-besteffort-pod{}.slice", POD_UID.replace('-', "_"));
     let cases: [(String, &[(&str, &str)]); 3] = [
         (

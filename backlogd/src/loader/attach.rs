@@ -52,18 +52,43 @@ pub fn attach(
     Ok(None)
 }
 
-/// Mount point of the cgroup v2 hierarchy (`/sys/fs/cgroup` on unified systems,
-/// `/sys/fs/cgroup/unified` on hybrid ones).
+/// The root of the cgroup v2 hierarchy: its mount point (`/sys/fs/cgroup` on unified
+/// systems, `/sys/fs/cgroup/unified` on hybrid ones). In a cgroup namespace of its own (a
+/// container; a pod on cgroup v2), the daemon's mount shows only its own cgroup, where the
+/// program would see only that container's sockets. With the host's PID namespace (PID 1 is
+/// the host's init), `/proc/1/root` reaches the host's mount; otherwise loading stops with
+/// the fix instead of counting a fraction of the host.
 fn cgroup2_root() -> Result<String, LoadError> {
-    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
-    mounts
-        .lines()
-        .find_map(|l| {
+    let first_cgroup2 = |mounts: &str| {
+        mounts.lines().find_map(|l| {
             let mut f = l.split_whitespace();
             let (_, dir, fstype) = (f.next()?, f.next()?, f.next()?);
             (fstype == "cgroup2").then(|| dir.to_owned())
         })
-        .ok_or(LoadError::NoCgroup2)
+    };
+    // Every cgroup but the hierarchy's root has a cgroup.type file.
+    let is_root = |dir: &str| {
+        let dir = std::path::Path::new(dir);
+        dir.join("cgroup.procs").exists() && !dir.join("cgroup.type").exists()
+    };
+    let own = first_cgroup2(&std::fs::read_to_string("/proc/self/mounts").unwrap_or_default())
+        .ok_or(LoadError::NoCgroup2)?;
+    if is_root(&own) {
+        return Ok(own);
+    }
+    let host = first_cgroup2(&std::fs::read_to_string("/proc/1/mounts").unwrap_or_default())
+        .map(|dir| format!("/proc/1/root{dir}"));
+    match host {
+        Some(host) if is_root(&host) => {
+            tracing::info!(
+                own = %own,
+                "this cgroup v2 mount is not the hierarchy's root (a cgroup namespace of \
+                 its own, as in a container); attaching at the host's: {host}"
+            );
+            Ok(host)
+        }
+        _ => Err(LoadError::CgroupNamespace { mount: own }),
+    }
 }
 
 /// cgroup_skb programs on the root run for every socket in every cgroup below it.

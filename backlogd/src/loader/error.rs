@@ -44,6 +44,16 @@ pub enum LoadError {
          systemd's unified or hybrid cgroup hierarchy)"
     )]
     NoCgroup2,
+    #[error(
+        "the cgroup v2 mount {mount} is not the hierarchy's root: backlogd runs in a cgroup \
+         namespace of its own (a container), where tracepoint mode's cgroup_skb program \
+         would see only this container's sockets, and the host's mount is out of reach \
+         (/proc/1/root: not the host's PID namespace, or no CAP_SYS_PTRACE). Fix: run it in \
+         the host's cgroup namespace (docker/podman --cgroupns=host) or PID namespace \
+         (Kubernetes hostPID: true, with CAP_SYS_PTRACE), or use --hook-mode fentry or \
+         kprobe where the kernel has them"
+    )]
+    CgroupNamespace { mount: String },
     #[error("cannot open the cgroup v2 root {path}: {source}")]
     CgroupRoot {
         path: String,

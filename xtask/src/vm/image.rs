@@ -4,9 +4,10 @@
 use super::*;
 
 /// Host tools the suites run, copied into the guest with their shared libraries.
-/// (bpftrace and iperf3: the stress suite's other tracer and background traffic.)
+/// (bpftrace and iperf3: the stress suite's other tracer and background traffic;
+/// unshare: the container suite's cgroup namespace.)
 pub(super) const GUEST_TOOLS: &[&str] = &[
-    "ip", "ss", "nft", "bpftool", "setpriv", "bpftrace", "iperf3",
+    "ip", "ss", "nft", "bpftool", "setpriv", "bpftrace", "iperf3", "unshare",
 ];
 
 /// Kernel modules the suites need: nf_tables for `Netns::drop_incoming`, nft_reject_inet

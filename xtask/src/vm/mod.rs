@@ -44,6 +44,7 @@ const GUEST_SUITES: &[(&str, Option<&str>)] = &[
     ("pinning", None),
     ("capacity", None),
     ("stress", None),
+    ("container", None),
 ];
 
 /// What runs in a mode the kernel cannot run: the refusal test.
