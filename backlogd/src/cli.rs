@@ -1,5 +1,7 @@
 //! Command line.
 
+pub mod docs;
+
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
@@ -38,6 +40,16 @@ pub enum Command {
     /// Remove the state `run --pin-dir` left under bpffs, detaching its programs (for
     /// uninstalling, or before running without pins).
     Unpin(UnpinArgs),
+    /// Write the manual pages and the bash, zsh and fish completions into DIR (for
+    /// packagers: `cargo xtask deb` installs them).
+    #[command(hide = true)]
+    GenerateDocs(GenerateDocsArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct GenerateDocsArgs {
+    #[arg(long, value_name = "DIR")]
+    pub out: PathBuf,
 }
 
 /// Where the shipped systemd unit pins.

@@ -245,6 +245,7 @@ fn main() -> std::process::ExitCode {
             init_logging(cli_log.as_deref().unwrap_or("info"), quiet);
             loader::unpin(&args.pin_dir).map(|()| Outcome::Clean)
         }
+        Command::GenerateDocs(args) => cli::docs::generate(&args.out).map(|()| Outcome::Clean),
     };
     match result {
         Ok(Outcome::Clean) => std::process::ExitCode::SUCCESS,

@@ -81,56 +81,72 @@ fn write_file(path: &Path, bytes: &[u8], mode: u32) -> Result<()> {
 }
 
 /// Builds `target/debian/backlogd_VERSION_ARCH.deb` from a staged tree.
-pub fn deb(workspace: &Path, binary: &Path, version: &str) -> Result<PathBuf> {
-    let arch = super::setup::output(Command::new("dpkg").arg("--print-architecture"))?
-        .trim()
-        .to_owned();
-    let name = format!("backlogd_{version}_{arch}");
-    let stage = workspace.join("target/debian").join(&name);
-    if stage.exists() {
-        std::fs::remove_dir_all(&stage)?;
+/// Builds the Debian package with cargo-deb (backlogd's `[package.metadata.deb]`: binary,
+/// config as conffile, unit enabled but not started, maintainer scripts, changelog,
+/// copyright) from the release binary `binary`, after writing what the package installs
+/// that the sources do not hold as is: the unit with ExecStart at /usr/bin, the manual
+/// pages and the shell completions (generated from the clap command line by the binary
+/// itself). Then lintian: any tag it prints (overrides are documented in
+/// deploy/debian/lintian-overrides) fails the build.
+pub fn deb(workspace: &Path, binary: &Path) -> Result<PathBuf> {
+    let assets = workspace.join("target/debian-assets");
+    if assets.exists() {
+        std::fs::remove_dir_all(&assets)?;
     }
-    install(
-        workspace,
-        binary,
-        &Layout {
-            root: stage.clone(),
-            prefix: "/usr".into(),
-            unit_dir: "/lib/systemd/system".into(),
-        },
-    )?;
-    let control = format!(
-        "Package: backlogd\nVersion: {version}\nArchitecture: {arch}\nMaintainer: backlogd \
-         developers <backlogd@localhost>\nSection: net\nPriority: optional\nDepends: libc6, procps\n\
-         Description: per-listener TCP listen-queue observability with eBPF\n backlogd \
-         watches every listening TCP socket with eBPF and exports, per socket, the backlog\n \
-         requested and granted, SYN and accept-queue drops by reason, as Prometheus metrics.\n"
-    );
-    write_file(&stage.join("DEBIAN/control"), control.as_bytes(), 0o644)?;
-    write_file(
-        &stage.join("DEBIAN/conffiles"),
-        b"/etc/backlogd/backlogd.toml\n",
-        0o644,
-    )?;
-    // Enabled but not started on install: the operator reviews the config first.
-    let postinst = "#!/bin/sh\nset -e\nif [ -d /run/systemd/system ]; then\n  systemctl \
-                    daemon-reload >/dev/null || true\n  if [ \"$1\" = configure ] && [ -z \"$2\" ]; \
-                    then systemctl enable backlogd.service >/dev/null || true; fi\n  if [ -n \"$2\" ]; \
-                    then systemctl try-restart backlogd.service >/dev/null || true; fi\nfi\n";
-    write_file(&stage.join("DEBIAN/postinst"), postinst.as_bytes(), 0o755)?;
-    // Removing the package also removes the pins, or its programs would stay attached.
-    let prerm = "#!/bin/sh\nset -e\nif [ \"$1\" = remove ]; then\n  if [ -d /run/systemd/system ]; \
-                 then systemctl disable --now backlogd.service >/dev/null || true; fi\n  \
-                 /usr/bin/backlogd unpin >/dev/null || true\nfi\n";
-    write_file(&stage.join("DEBIAN/prerm"), prerm.as_bytes(), 0o755)?;
-    let deb = workspace.join("target/debian").join(format!("{name}.deb"));
+    let unit = std::fs::read_to_string(workspace.join("deploy/systemd/backlogd.service"))?
+        .replace("/usr/local/bin/backlogd", "/usr/bin/backlogd");
+    write_file(&assets.join("systemd/backlogd.service"), unit.as_bytes(), 0o644)?;
     super::run(
-        Command::new("dpkg-deb")
-            .args(["--root-owner-group", "--build"])
-            .arg(&stage)
-            .arg(&deb),
+        Command::new(binary)
+            .args(["generate-docs", "--out"])
+            .arg(&assets),
     )?;
+    let out_dir = workspace.join("target/debian");
+    std::fs::create_dir_all(&out_dir)?;
+    let built = super::setup::output(
+        Command::new("cargo")
+            .args(["deb", "--package", "backlogd", "--no-build", "--output"])
+            .arg(&out_dir)
+            .current_dir(workspace),
+    )
+    .context("cargo deb (`cargo xtask setup` installs cargo-deb)")?;
+    let deb = PathBuf::from(
+        built
+            .lines()
+            .rev()
+            .find(|l| l.trim_end().ends_with(".deb"))
+            .context("cargo deb named no .deb")?
+            .trim(),
+    );
+    lintian(&deb)?;
     Ok(deb)
+}
+
+/// lintian on the package: it must print nothing (its overrides say why each is one).
+fn lintian(deb: &Path) -> Result<()> {
+    let out = Command::new("lintian")
+        .args(["--fail-on", "none"])
+        .arg(deb)
+        .output()
+        .context("starting lintian (Debian package lintian; `cargo xtask setup` installs it)")?;
+    let tags: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .chain(String::from_utf8_lossy(&out.stderr).lines())
+        .filter(|l| !l.contains("running with root privileges"))
+        .map(str::to_owned)
+        .filter(|l| !l.trim().is_empty())
+        .collect();
+    if !out.status.success() || !tags.is_empty() {
+        bail!(
+            "lintian on {} ({}):\n{}\nFix the package, or add an override with its reason \
+             to deploy/debian/lintian-overrides",
+            deb.display(),
+            out.status,
+            tags.join("\n")
+        );
+    }
+    eprintln!("xtask: lintian: {} is clean", deb.display());
+    Ok(())
 }
 
 #[cfg(test)]

@@ -186,7 +186,6 @@ fn main() -> Result<()> {
             let deb = install::deb(
                 &workspace_root(),
                 &workspace_root().join("target/release/backlogd"),
-                env!("CARGO_PKG_VERSION"),
             )?;
             run(Command::new("dpkg-deb").arg("--info").arg(&deb))?;
             eprintln!("xtask: built {}", deb.display());

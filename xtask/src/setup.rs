@@ -16,7 +16,8 @@ use anyhow::{Context as _, Result, bail};
 /// stress suite's other tracer); procps (`pgrep` finds nginx's workers); `iperf3` (the
 /// stress suite's background traffic); redis-server, memcached, apache2 and haproxy (servers
 /// started before the daemon, whose backlog requests backlogd must know: tests/tests/day_one.rs);
-/// mmdebstrap and e2fsprogs (`mke2fs -d`) build the systemd guest's root file system.
+/// mmdebstrap and e2fsprogs (`mke2fs -d`) build the systemd guest's root file system;
+/// lintian checks the Debian package `cargo xtask deb` builds.
 const DEBIAN_PACKAGES: &[&str] = &[
     "iproute2",
     "util-linux",
@@ -44,13 +45,18 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "haproxy",
     "mmdebstrap",
     "e2fsprogs",
+    "lintian",
 ];
+
+/// cargo-deb builds the Debian package from backlogd's `[package.metadata.deb]`.
+const CARGO_DEB_VERSION: &str = "3.8.0";
 
 const BPF_LINKER_VERSION: &str = "0.13.0";
 
 pub fn run() -> Result<()> {
     rust_src()?;
     bpf_linker()?;
+    cargo_deb()?;
     debian_packages()?;
     eprintln!("xtask: setup complete");
     Ok(())
@@ -160,6 +166,21 @@ fn bpf_linker() -> Result<()> {
             ])
             .env("LLVM_PREFIX", &sysroot),
     )
+}
+
+fn cargo_deb() -> Result<()> {
+    if output(Command::new("cargo").args(["deb", "--version"]))
+        .is_ok_and(|v| v.contains(CARGO_DEB_VERSION))
+    {
+        return Ok(());
+    }
+    super::run(Command::new("cargo").args([
+        "install",
+        "--locked",
+        "cargo-deb",
+        "--version",
+        CARGO_DEB_VERSION,
+    ]))
 }
 
 fn debian_packages() -> Result<()> {
