@@ -95,7 +95,11 @@ pub fn deb(workspace: &Path, binary: &Path) -> Result<PathBuf> {
     }
     let unit = std::fs::read_to_string(workspace.join("deploy/systemd/backlogd.service"))?
         .replace("/usr/local/bin/backlogd", "/usr/bin/backlogd");
-    write_file(&assets.join("systemd/backlogd.service"), unit.as_bytes(), 0o644)?;
+    write_file(
+        &assets.join("systemd/backlogd.service"),
+        unit.as_bytes(),
+        0o644,
+    )?;
     super::run(
         Command::new(binary)
             .args(["generate-docs", "--out"])

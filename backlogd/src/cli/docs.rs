@@ -27,8 +27,8 @@ pub fn generate(out: &Path) -> anyhow::Result<()> {
         (clap_complete::Shell::Fish, "backlogd.fish"),
     ] {
         let path = completions.join(file);
-        let mut f = std::fs::File::create(&path)
-            .with_context(|| format!("creating {}", path.display()))?;
+        let mut f =
+            std::fs::File::create(&path).with_context(|| format!("creating {}", path.display()))?;
         clap_complete::generate(shell, &mut super::Cli::command(), "backlogd", &mut f);
     }
     Ok(())
@@ -48,7 +48,12 @@ mod tests {
     fn every_visible_subcommand_gets_a_page_and_every_shell_a_completion() {
         let dir = std::env::temp_dir().join(format!("backlogd-docs-{}", std::process::id()));
         super::generate(&dir).unwrap();
-        for page in ["backlogd", "backlogd-run", "backlogd-doctor", "backlogd-top"] {
+        for page in [
+            "backlogd",
+            "backlogd-run",
+            "backlogd-doctor",
+            "backlogd-top",
+        ] {
             let text = std::fs::read_to_string(dir.join(format!("man/{page}.1"))).unwrap();
             assert!(text.contains(".TH"), "{page}: {text}");
         }
