@@ -20,10 +20,19 @@ use backlogd_tests::{
 /// shows only that subtree, and becomes the command appended to it.
 fn in_own_cgroup_namespace(cgroup: &Path) -> Vec<String> {
     let mount = v2_mount();
+    // util-linux's unshare by its path: busybox's sh (the kernel matrix's) would run its
+    // own applet, which has no --cgroup.
+    let unshare = std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .map(|dir| dir.join("unshare"))
+        .find(|p| p.exists())
+        .expect("unshare (Debian package util-linux)");
     let script = format!(
-        "echo $$ > {}/cgroup.procs && exec unshare --cgroup --mount sh -c \
+        "echo $$ > {}/cgroup.procs && exec {} --cgroup --mount sh -c \
          'umount {mount} && mount -t cgroup2 none {mount} && exec \"$0\" \"$@\"' \"$0\" \"$@\"",
         cgroup.display(),
+        unshare.display(),
         mount = mount.display()
     );
     vec!["sh".into(), "-c".into(), script]
