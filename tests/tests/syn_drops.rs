@@ -387,7 +387,7 @@ fn a_burst_at_an_empty_accept_queue_is_exact_in_total() {
     assert!(kernel.listen_overflows > 0, "{kernel:?}");
     let mut exact = Exact::listener(&daemon, &ns, &listener);
     exact
-        .evidence("kernel TcpExt delta", &kernel)
+        .evidence("kernel TcpExt delta", kernel)
         .evidence("clients", view)
         .evidence("backlogd", &ours)
         .eq_unless_missed(
