@@ -17,7 +17,8 @@ use anyhow::{Context as _, Result, bail};
 /// stress suite's background traffic); redis-server, memcached, apache2 and haproxy (servers
 /// started before the daemon, whose backlog requests backlogd must know: tests/tests/day_one.rs);
 /// mmdebstrap and e2fsprogs (`mke2fs -d`) build the systemd guest's root file system;
-/// lintian checks the Debian package `cargo xtask deb` builds.
+/// lintian checks the Debian package `cargo xtask deb` builds, and dpkg-dev's
+/// dpkg-shlibdeps gives cargo-deb its shared-library Depends.
 const DEBIAN_PACKAGES: &[&str] = &[
     "iproute2",
     "util-linux",
@@ -46,6 +47,7 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "mmdebstrap",
     "e2fsprogs",
     "lintian",
+    "dpkg-dev",
 ];
 
 /// cargo-deb builds the Debian package from backlogd's `[package.metadata.deb]`.
