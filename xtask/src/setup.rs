@@ -18,7 +18,8 @@ use anyhow::{Context as _, Result, bail};
 /// started before the daemon, whose backlog requests backlogd must know: tests/tests/day_one.rs);
 /// mmdebstrap and e2fsprogs (`mke2fs -d`) build the systemd guest's root file system;
 /// lintian checks the Debian package `cargo xtask deb` builds, and dpkg-dev's
-/// dpkg-shlibdeps gives cargo-deb its shared-library Depends.
+/// dpkg-shlibdeps gives cargo-deb its shared-library Depends; linux-libc-dev's UAPI
+/// headers go into the kernel matrix's guests (bpftrace compiles against them on 5.10).
 const DEBIAN_PACKAGES: &[&str] = &[
     "iproute2",
     "util-linux",
@@ -48,6 +49,7 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "e2fsprogs",
     "lintian",
     "dpkg-dev",
+    "linux-libc-dev",
 ];
 
 /// cargo-deb builds the Debian package from backlogd's `[package.metadata.deb]`.
