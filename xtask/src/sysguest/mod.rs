@@ -178,22 +178,7 @@ fn build_payload(work: &Path, deb: &Path, guest_dir: &Path) -> Result<PathBuf> {
 /// temporary overlay and the cached image stays as built.
 fn boot(rootfs: &rootfs::Rootfs, payload: &Path, log: &Path) -> Result<()> {
     let mut log_file = std::fs::File::create(log)?;
-    let mut child = Command::new("qemu-system-x86_64")
-        .args([
-            "-accel",
-            "tcg,thread=multi",
-            "-cpu",
-            "max",
-            "-smp",
-            "2",
-            "-m",
-            "2048",
-        ])
-        .args(["-nographic", "-no-reboot", "-nic", "none"])
-        .arg("-kernel")
-        .arg(&rootfs.vmlinuz)
-        .arg("-initrd")
-        .arg(&rootfs.initrd)
+    let mut child = crate::vm::qemu(2048, &rootfs.vmlinuz, &rootfs.initrd)
         .arg("-drive")
         .arg(format!(
             "file={},format=raw,if=virtio,snapshot=on",
@@ -204,14 +189,13 @@ fn boot(rootfs: &rootfs::Rootfs, payload: &Path, log: &Path) -> Result<()> {
             "file={},format=raw,if=virtio,readonly=on",
             payload.display()
         ))
-        .args([
-            "-append",
-            // A soft lockup or an RCU stall panics the guest with every CPU's backtrace,
-            // as in the kernel matrix; systemd prints unit status only for failures.
+        // systemd prints unit status only for failures; lockups panic as in the matrix.
+        .arg("-append")
+        .arg(format!(
             "console=ttyS0 root=/dev/vda rw panic=-1 quiet loglevel=4 mitigations=off \
-             systemd.show_status=error softlockup_panic=1 softlockup_all_cpu_backtrace=1 \
-             sysctl.kernel.panic_on_rcu_stall=1",
-        ])
+             systemd.show_status=error {}",
+            crate::vm::LOCKUPS_PANIC
+        ))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

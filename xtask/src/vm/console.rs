@@ -93,32 +93,41 @@ pub(super) fn failure_excerpts(kernel: &str, console: &str) -> String {
     out
 }
 
+/// Kernel command line of every guest: a soft lockup or an RCU stall panics it (so it
+/// ends at once, and the panic's report names it) with every CPU's backtrace.
+pub(crate) const LOCKUPS_PANIC: &str =
+    "softlockup_panic=1 softlockup_all_cpu_backtrace=1 sysctl.kernel.panic_on_rcu_stall=1";
+
+/// qemu for a 2-vCPU TCG guest (no KVM here) with `memory_mib`, no network, no display,
+/// booting `vmlinuz` with `initrd`; the caller adds disks and the command line.
+pub(crate) fn qemu(memory_mib: u32, vmlinuz: &Path, initrd: &Path) -> Command {
+    let mut cmd = Command::new("qemu-system-x86_64");
+    cmd.args([
+        "-accel",
+        "tcg,thread=multi",
+        "-cpu",
+        "max",
+        "-smp",
+        "2",
+        "-m",
+    ])
+    .arg(memory_mib.to_string())
+    .args(["-nographic", "-no-reboot", "-nic", "none"])
+    .arg("-kernel")
+    .arg(vmlinuz)
+    .arg("-initrd")
+    .arg(initrd);
+    cmd
+}
+
 /// Boots the kernel with the initramfs; the serial console goes to `log`.
 pub(super) fn boot(kernel: &Kernel, initrd: &Path, log: &Path) -> Result<()> {
     let log_file = std::fs::File::create(log)?;
-    let mut child = Command::new("qemu-system-x86_64")
-        .args([
-            "-accel",
-            "tcg,thread=multi",
-            "-cpu",
-            "max",
-            "-smp",
-            "2",
-            "-m",
-            "3072",
-        ])
-        .args(["-nographic", "-no-reboot", "-nic", "none"])
-        .arg("-kernel")
-        .arg(&kernel.vmlinuz)
-        .arg("-initrd")
-        .arg(initrd)
-        .args([
-            "-append",
-            // A soft lockup or an RCU stall panics the guest (so it ends at once, and the
-            // panic's report names it) with every CPU's backtrace.
-            "console=ttyS0 panic=-1 quiet loglevel=3 mitigations=off softlockup_panic=1 \
-             softlockup_all_cpu_backtrace=1 sysctl.kernel.panic_on_rcu_stall=1",
-        ])
+    let mut child = qemu(3072, &kernel.vmlinuz, initrd)
+        .arg("-append")
+        .arg(format!(
+            "console=ttyS0 panic=-1 quiet loglevel=3 mitigations=off {LOCKUPS_PANIC}"
+        ))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(log_file.try_clone()?)

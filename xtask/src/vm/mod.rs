@@ -22,7 +22,7 @@ use crate::setup::output;
 
 mod console;
 
-pub(crate) use self::console::wait_for_qemu;
+pub(crate) use self::console::{LOCKUPS_PANIC, qemu, wait_for_qemu};
 mod image;
 mod kernels;
 mod report;
