@@ -19,7 +19,9 @@ use anyhow::{Context as _, Result, bail};
 /// mmdebstrap and e2fsprogs (`mke2fs -d`) build the systemd guest's root file system;
 /// lintian checks the Debian package `cargo xtask deb` builds, and dpkg-dev's
 /// dpkg-shlibdeps gives cargo-deb its shared-library Depends; linux-libc-dev's UAPI
-/// headers go into the kernel matrix's guests (bpftrace compiles against them on 5.10).
+/// headers go into the kernel matrix's guests (bpftrace compiles against them on 5.10);
+/// podman with runc (crun refuses this machine kind's hybrid cgroup layout) runs the
+/// containers whose listeners backlogd must name, and the image `cargo xtask image` builds.
 const DEBIAN_PACKAGES: &[&str] = &[
     "iproute2",
     "util-linux",
@@ -50,6 +52,9 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "lintian",
     "dpkg-dev",
     "linux-libc-dev",
+    "podman",
+    "runc",
+    "containernetworking-plugins",
 ];
 
 /// cargo-deb builds the Debian package from backlogd's `[package.metadata.deb]`.
