@@ -1,6 +1,8 @@
 //! Idempotent bootstrap: nightly rust-src, a bpf-linker built against nightly's own LLVM,
-//! and the Debian packages the integration suite drives. Each step checks first and does
-//! nothing when the machine already has it.
+//! the Debian packages the integration suite drives, and the Kubernetes manifests' checkers
+//! (kubernetes-validate and check-jsonschema in a Python venv, prometheus-operator's CRDs
+//! in the Go module cache). Each step checks first and does nothing when the machine
+//! already has it.
 
 use std::{path::PathBuf, process::Command};
 
@@ -21,7 +23,8 @@ use anyhow::{Context as _, Result, bail};
 /// dpkg-shlibdeps gives cargo-deb its shared-library Depends; linux-libc-dev's UAPI
 /// headers go into the kernel matrix's guests (bpftrace compiles against them on 5.10);
 /// podman with runc (crun refuses this machine kind's hybrid cgroup layout) runs the
-/// containers whose listeners backlogd must name, and the image `cargo xtask image` builds.
+/// containers whose listeners backlogd must name, and the image `cargo xtask image` builds;
+/// python3-venv makes the Kubernetes manifests' checkers a venv of their own.
 const DEBIAN_PACKAGES: &[&str] = &[
     "iproute2",
     "util-linux",
@@ -55,6 +58,7 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "podman",
     "runc",
     "containernetworking-plugins",
+    "python3-venv",
 ];
 
 /// cargo-deb builds the Debian package from backlogd's `[package.metadata.deb]`.
@@ -67,6 +71,7 @@ pub fn run() -> Result<()> {
     bpf_linker()?;
     cargo_deb()?;
     debian_packages()?;
+    manifest_checkers()?;
     eprintln!("xtask: setup complete");
     Ok(())
 }
@@ -214,4 +219,81 @@ fn debian_packages() -> Result<()> {
             .args(&missing)
             .env("DEBIAN_FRONTEND", "noninteractive"),
     )
+}
+
+/// The venv tests/tests/kubernetes.rs runs the manifest checkers from (the same path is
+/// spelled there).
+fn manifest_venv() -> Result<PathBuf> {
+    let home = std::env::var_os("HOME").context("HOME is not set")?;
+    Ok(PathBuf::from(home).join(".cache/backlogd/venv"))
+}
+
+/// What the venv holds: the two checkers, and jsonschema, whose version decides what both
+/// accept. Their other dependencies float: compiled ones (rpds-py, regress) pinned here
+/// would have no wheel for the next Debian's Python.
+const MANIFEST_CHECKERS: &[&str] = &[
+    "kubernetes-validate==1.37.0",
+    "check-jsonschema==0.39.0",
+    "jsonschema==4.26.0",
+];
+
+/// prometheus-operator's module carries its CRDs (example/prometheus-operator-crd/), whose
+/// schemas the PodMonitor and ServiceMonitor are checked against. Go's module proxy is how
+/// it gets here; the checksum database vouches for it.
+const PROMETHEUS_OPERATOR: &str = "github.com/prometheus-operator/prometheus-operator@v0.85.0";
+
+/// kubernetes-validate (the Kubernetes schemas), check-jsonschema (the CRDs' schemas) and
+/// the CRDs, for tests/tests/kubernetes.rs. A venv of their own under ~/.cache, not pip
+/// --user or the system's site-packages: Debian's Python refuses both (PEP 668), and the
+/// pins must not meet whatever else is installed.
+fn manifest_checkers() -> Result<()> {
+    let venv = manifest_venv()?;
+    let stamp = venv.join("backlogd-requirements.txt");
+    let wanted = MANIFEST_CHECKERS.join("\n");
+    let present = std::fs::read_to_string(&stamp).is_ok_and(|s| s == wanted)
+        && ["kubernetes-validate", "check-jsonschema"]
+            .iter()
+            .all(|tool| output(Command::new(venv.join("bin").join(tool)).arg("--version")).is_ok());
+    if !present {
+        // Debian's interpreter (python3-venv, above), not whichever python3 PATH finds
+        // first: the venv must outlive a pyenv or a virtualenv of the session.
+        super::run(
+            Command::new("/usr/bin/python3")
+                .args(["-m", "venv", "--clear"])
+                .arg(&venv),
+        )?;
+        super::run(
+            Command::new(venv.join("bin/pip"))
+                .args(["install", "--quiet"])
+                .args(MANIFEST_CHECKERS),
+        )?;
+        std::fs::write(&stamp, &wanted).with_context(|| format!("writing {}", stamp.display()))?;
+    }
+    prometheus_operator_module()
+}
+
+fn prometheus_operator_module() -> Result<()> {
+    let download = |proxy: &str| {
+        output(
+            Command::new("go")
+                .args(["mod", "download", "-json", PROMETHEUS_OPERATOR])
+                .env("GOPROXY", proxy)
+                .env("GOFLAGS", "-mod=mod"),
+        )
+    };
+    // Already in the module cache: no network.
+    if download("off").is_ok() {
+        return Ok(());
+    }
+    if output(Command::new("go").arg("version")).is_err() {
+        super::run(
+            Command::new("apt-get")
+                .args(["install", "-y", "--no-install-recommends", "golang-go"])
+                .env("DEBIAN_FRONTEND", "noninteractive"),
+        )?;
+    }
+    // The proxy alone: `direct` would mean a git clone, which this machine cannot reach.
+    download("https://proxy.golang.org")
+        .map(drop)
+        .with_context(|| format!("downloading {PROMETHEUS_OPERATOR} into the Go module cache"))
 }
