@@ -435,31 +435,57 @@ async fn follow_listener_events(ring: RingBuf<MapData>, shared: Arc<Shared>) -> 
 }
 
 /// Looks up the program behind each listener not looked up yet (`programs/`) and its
-/// owner's unit, container and pod (`names/`), one /proc read per process.
+/// owner's unit, container and pod (`names/`), one /proc read per process; then asks the
+/// container runtimes for the names only they know.
 async fn identify_programs(shared: Arc<Shared>) {
     let wanted = shared.listeners().unidentified();
-    if wanted.is_empty() {
+    if !wanted.is_empty() {
+        let found = tokio::task::spawn_blocking(move || {
+            let mut processes = std::collections::HashMap::new();
+            wanted
+                .into_iter()
+                .map(|(inode, pid, port)| {
+                    let (process, names) = processes
+                        .entry(pid)
+                        .or_insert_with(|| (programs::Process::of(pid), names::of_process(pid)));
+                    let known = process.as_ref().and_then(|p| programs::identify(p, port));
+                    (inode, pid, known, names.clone())
+                })
+                .collect::<Vec<_>>()
+        })
+        .await
+        .unwrap_or_default();
+        let mut table = shared.write_listeners();
+        for (inode, pid, known, names) in found {
+            table.set_owner(inode, pid, known, names);
+        }
+    }
+    name_containers(&shared).await;
+}
+
+/// Container and pod names from the runtimes' APIs (`names/runtime.rs`), for every
+/// listener in a container; runs after each identification and each rescan, so names
+/// come once a runtime's API answers and go with the container.
+async fn name_containers(shared: &Arc<Shared>) {
+    let Ok(mut resolver) = shared.runtime_names.try_lock() else {
         return;
-    }
-    let found = tokio::task::spawn_blocking(move || {
-        let mut processes = std::collections::HashMap::new();
-        wanted
-            .into_iter()
-            .map(|(inode, pid, port)| {
-                let (process, names) = processes
-                    .entry(pid)
-                    .or_insert_with(|| (programs::Process::of(pid), names::of_process(pid)));
-                let known = process.as_ref().and_then(|p| programs::identify(p, port));
-                (inode, pid, known, names.clone())
-            })
-            .collect::<Vec<_>>()
-    })
-    .await
-    .unwrap_or_default();
-    let mut table = shared.write_listeners();
-    for (inode, pid, known, names) in found {
-        table.set_owner(inode, pid, known, names);
-    }
+    };
+    let containers = shared.listeners().containers();
+    // The owner's uid: rootless podman serves its API per user.
+    let wanted: Vec<_> = containers
+        .into_iter()
+        .map(|(c, pid)| {
+            let uid = std::fs::metadata(format!("/proc/{pid}")).ok().map(|m| {
+                use std::os::unix::fs::MetadataExt as _;
+                m.uid()
+            });
+            (c, uid)
+        })
+        .collect();
+    resolver.refresh(&wanted).await;
+    shared
+        .write_listeners()
+        .set_runtime_names(|id| resolver.get(id));
 }
 
 /// Reconciles the table with the kernel's own list of listeners.

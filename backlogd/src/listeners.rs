@@ -10,7 +10,7 @@ use backlogd_common::{AF_INET, ListenerEvent, event_kind};
 use serde::Serialize;
 
 use crate::{
-    names::CgroupNames,
+    names::{CgroupNames, cgroup::Container, runtime::RuntimeNames},
     programs::Known,
     sampling::{DiagListener, owners::Owner},
 };
@@ -194,6 +194,31 @@ impl ListenerTable {
             l.program = program;
             l.names = names;
             l.identified = true;
+        }
+    }
+
+    /// The containers of the listeners' owners, each once, with an owner's pid.
+    pub fn containers(&self) -> Vec<(Container, u32)> {
+        let mut seen = HashSet::new();
+        self.by_inode
+            .values()
+            .filter_map(|l| {
+                let c = l.names.as_ref()?.container.as_ref()?;
+                seen.insert(c.id.clone()).then(|| (c.clone(), l.pid))
+            })
+            .collect()
+    }
+
+    /// Gives each listener in a container what its runtime said of it (`names` of the
+    /// container id), and takes back what it no longer says.
+    pub fn set_runtime_names<'a>(&mut self, names: impl Fn(&str) -> Option<&'a RuntimeNames>) {
+        let empty = RuntimeNames::default();
+        for l in self.by_inode.values_mut() {
+            if let Some(n) = &mut l.names
+                && let Some(id) = n.container.as_ref().map(|c| c.id.clone())
+            {
+                n.add_runtime_names(names(&id).unwrap_or(&empty));
+            }
         }
     }
 

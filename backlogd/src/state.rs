@@ -20,6 +20,9 @@ pub struct Shared {
     netns_sysctls: Mutex<HashMap<u32, tcpext::ListenSysctls>>,
     /// Kernel map entries of gone listeners removed by the rescans (see `remove_orphans`).
     pub orphans_removed: std::sync::atomic::AtomicU64,
+    /// Container names from the runtimes' APIs (one pass at a time: a pass that finds
+    /// it busy leaves the work to the one running, or to the next rescan).
+    pub runtime_names: tokio::sync::Mutex<crate::names::runtime::Resolver>,
 }
 
 impl Shared {

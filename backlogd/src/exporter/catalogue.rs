@@ -8,12 +8,15 @@ use super::text::{Exposition, Kind};
 /// Labels of every per-listener series.
 pub const LISTENER_LABELS: [&str; 6] = ["netns", "address", "port", "socket", "pid", "comm"];
 /// Labels of a listener's owner names (joined to its series on `socket`).
-pub const OWNER_LABELS: [&str; 5] = [
+pub const OWNER_LABELS: [&str; 8] = [
     "socket",
     "unit",
     "container_runtime",
     "container_id",
+    "container_name",
     "pod_uid",
+    "pod",
+    "pod_namespace",
 ];
 /// Labels of a SO_REUSEPORT group's series.
 pub const GROUP_LABELS: [&str; 3] = ["netns", "address", "port"];
@@ -115,7 +118,8 @@ macro_rules! catalogue {
 catalogue! {
     ListenerOwnerInfo: "backlogd_listener_owner_info", Gauge, Owner,
         "Always 1: the systemd unit, container (runtime and id) and Kubernetes pod UID of \
-         the listening socket's owner, from its cgroup (labels it does not name are left \
+         the listening socket's owner, from its cgroup, and the container's name and its \
+         pod's name and namespace, from the runtime's API (labels nothing names are left \
          out); one series per listener; join on socket (group_left).";
     ListenBacklogRequested: "backlogd_listen_backlog_requested", Gauge, Listener,
         "Backlog the application passed to listen(2) on this socket (absent for listeners \

@@ -1,6 +1,7 @@
 //! What a process's cgroup path says about who runs it: the systemd unit, the container
 //! (runtime and id) and the Kubernetes pod. Container managers encode these in the cgroup
-//! names they create, the same way on every host; nothing here asks a runtime.
+//! names they create, the same way on every host; nothing here asks a runtime (the names
+//! only a runtime knows are filled in by `runtime.rs`).
 
 use serde::{Deserialize, Serialize};
 
@@ -14,6 +15,11 @@ pub struct CgroupNames {
     pub container: Option<Container>,
     /// The pod's UID, for a container of a Kubernetes pod (kubelet names its cgroup).
     pub pod_uid: Option<String>,
+    /// The pod's name and namespace, from its runtime's API (`runtime.rs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_namespace: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -22,6 +28,10 @@ pub struct Container {
     pub runtime: String,
     /// The full 64-hex-digit id.
     pub id: String,
+    /// Its name, from its runtime's API (`runtime.rs`): Kubernetes' container name in a
+    /// pod, `--name` otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
 }
 
 /// Scope-name prefixes of container managers (systemd cgroup driver), and the runtime.
@@ -70,20 +80,38 @@ pub fn parse(path: &str) -> CgroupNames {
 
 impl CgroupNames {
     /// The name an operator knows the owner by: its pod, its container, or its unit
-    /// (container ids shortened to 12 digits, as `docker ps` and `podman ps` show them).
+    /// (container ids shortened to 12 digits, as `docker ps` and `podman ps` show them;
+    /// names where the runtime gave them).
     pub fn owner(&self) -> Option<String> {
-        let short = |id: &str| id.chars().take(12).collect::<String>();
-        match (&self.pod_uid, &self.container, &self.unit) {
-            (Some(pod), Some(c), _) => Some(format!(
-                "pod {pod}, {} container {}",
+        let container = |c: &Container| match &c.name {
+            Some(name) => format!("{} container {name}", c.runtime),
+            None => format!(
+                "{} container {}",
                 c.runtime,
-                short(&c.id)
-            )),
-            (Some(pod), None, _) => Some(format!("pod {pod}")),
-            (None, Some(c), _) => Some(format!("{} container {}", c.runtime, short(&c.id))),
+                c.id.chars().take(12).collect::<String>()
+            ),
+        };
+        let pod = match (&self.pod_namespace, &self.pod_name, &self.pod_uid) {
+            (Some(ns), Some(name), _) => Some(format!("pod {ns}/{name}")),
+            (_, _, Some(uid)) => Some(format!("pod {uid}")),
+            _ => None,
+        };
+        match (pod, &self.container, &self.unit) {
+            (Some(pod), Some(c), _) => Some(format!("{pod}, {}", container(c))),
+            (Some(pod), None, _) => Some(pod),
+            (None, Some(c), _) => Some(container(c)),
             (None, None, Some(unit)) => Some(unit.clone()),
             (None, None, None) => None,
         }
+    }
+
+    /// Adds what the container's runtime said of it.
+    pub fn add_runtime_names(&mut self, names: &super::runtime::RuntimeNames) {
+        if let Some(c) = &mut self.container {
+            c.name.clone_from(&names.container);
+        }
+        self.pod_name.clone_from(&names.pod_name);
+        self.pod_namespace.clone_from(&names.pod_namespace);
     }
 }
 
@@ -97,13 +125,16 @@ fn is_container_id(s: &str) -> bool {
     s.len() == 64 && s.bytes().all(|b| b.is_ascii_hexdigit())
 }
 
+/// `PREFIX-ID.scope` (systemd driver) or `PREFIX-ID` (podman's cgroupfs driver:
+/// `/libpod_parent/libpod-ID`).
 fn scope_container(part: &str) -> Option<Container> {
-    let stem = part.strip_suffix(".scope")?;
+    let stem = part.strip_suffix(".scope").unwrap_or(part);
     SCOPES.iter().find_map(|(prefix, runtime)| {
         let id = stem.strip_prefix(prefix)?;
         is_container_id(id).then(|| Container {
             runtime: (*runtime).to_owned(),
             id: id.to_owned(),
+            name: None,
         })
     })
 }
@@ -122,6 +153,7 @@ fn parent_container(parent: &str, part: &str, in_pod: bool) -> Option<Container>
     Some(Container {
         runtime: runtime.to_owned(),
         id: part.to_owned(),
+        name: None,
     })
 }
 
@@ -152,6 +184,7 @@ mod tests {
         Some(Container {
             runtime: runtime.into(),
             id: ID.into(),
+            name: None,
         })
     }
 
@@ -195,6 +228,12 @@ mod tests {
             .container,
             container("podman")
         );
+        // podman's cgroupfs driver (hosts without systemd as the cgroup manager).
+        assert_eq!(
+            parse(&format!("/libpod_parent/libpod-{ID}")).container,
+            container("podman")
+        );
+        assert_eq!(parse("/libpod_parent/conmon").container, None);
         // conmon watches the container from a scope of its own: not the container.
         assert_eq!(
             parse(&format!("/machine.slice/libpod-conmon-{ID}.scope")).container,
@@ -255,6 +294,16 @@ mod tests {
             Some(format!("pod {UID}, cri container 3f4c2d1e0b9a"))
         );
         assert_eq!(parse("/").owner(), None);
+        let mut n = parse(&format!("/kubepods/pod{UID}/{ID}"));
+        n.add_runtime_names(&super::super::runtime::RuntimeNames {
+            container: Some("nginx".into()),
+            pod_name: Some("web-0".into()),
+            pod_namespace: Some("shop".into()),
+        });
+        assert_eq!(
+            n.owner().as_deref(),
+            Some("pod shop/web-0, cri container nginx")
+        );
     }
 
     #[test]

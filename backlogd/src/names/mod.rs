@@ -1,10 +1,12 @@
 //! The names operators use for a listener's owner (issue 21): the systemd unit, the
 //! container and the Kubernetes pod, from the owning process's cgroup (looked up off the
 //! event loop with the program, `daemon::identify_programs`, once per listener owner);
-//! and a network namespace's name, where it has one (`netns.rs`).
+//! the names only the container runtime knows, from its API (`runtime.rs`); and a network
+//! namespace's name, where it has one (`netns.rs`).
 
 pub mod cgroup;
 pub mod netns;
+pub mod runtime;
 
 pub use cgroup::CgroupNames;
 

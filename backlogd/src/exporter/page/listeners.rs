@@ -118,8 +118,9 @@ pub fn render(e: &mut Exposition<'_>, rows: &[Row<'_>], figures: &Figures, enque
     }
 }
 
-/// One info series per listener, with the names its owner's cgroup gives (none but
-/// `socket` where it gives none, so a join on `socket` never loses a listener): an info
+/// One info series per listener, with the names its owner's cgroup and container runtime
+/// give (none but `socket` where they give none, so a join on `socket` never loses a
+/// listener): an info
 /// metric rather than labels on every series, so the per-listener families keep their
 /// label sets and a container's series do not change identity when it is named.
 fn owners(e: &mut Exposition<'_>, rows: &[Row<'_>]) {
@@ -127,12 +128,15 @@ fn owners(e: &mut Exposition<'_>, rows: &[Row<'_>]) {
     for r in rows {
         let n = r.listener.names.as_ref();
         let container = n.and_then(|n| n.container.as_ref());
-        let values: [&str; 5] = [
+        let values: [&str; 8] = [
             &r.values[3],
             n.and_then(|n| n.unit.as_deref()).unwrap_or(""),
             container.map_or("", |c| c.runtime.as_str()),
             container.map_or("", |c| c.id.as_str()),
+            container.and_then(|c| c.name.as_deref()).unwrap_or(""),
             n.and_then(|n| n.pod_uid.as_deref()).unwrap_or(""),
+            n.and_then(|n| n.pod_name.as_deref()).unwrap_or(""),
+            n.and_then(|n| n.pod_namespace.as_deref()).unwrap_or(""),
         ];
         // An empty label is an absent one to Prometheus: leave it out.
         let labels: Vec<(&str, &str)> = OWNER_LABELS

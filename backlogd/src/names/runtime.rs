@@ -1,0 +1,293 @@
+//! Container names and Kubernetes pod names from the container runtime's own API, for the
+//! containers the cgroup paths found (`cgroup.rs`). docker and podman answer the same
+//! Docker Engine API on a unix socket (`GET /containers/ID/json`: `Name`, and
+//! `Config.Labels`, where the `io.kubernetes.*` labels of a CRI-managed container live).
+//!
+//! Off the hot path: one lookup per container, cached by container id, dropped from the
+//! cache when no listener has that container any more. A runtime whose socket is absent,
+//! refuses or is slow is left alone for [`RETRY_AFTER`] with one log line that says why;
+//! the names stay empty and nothing else changes.
+
+use std::{
+    collections::{HashMap, HashSet},
+    path::{Path, PathBuf},
+    time::{Duration, Instant},
+};
+
+use http_body_util::{BodyExt as _, Empty, Limited};
+use hyper::body::Bytes;
+use hyper_util::rt::TokioIo;
+use serde::Deserialize;
+
+use super::cgroup::Container;
+
+/// A runtime or a container that could not be asked is asked again after this long.
+pub const RETRY_AFTER: Duration = Duration::from_secs(60);
+/// One API call, connect to body: a slow runtime must not hold the names of the others.
+const TIMEOUT: Duration = Duration::from_secs(2);
+/// A container's inspect document is a few KiB; more is not a runtime answering.
+const MAX_BODY: usize = 1 << 20;
+/// Containers remembered at once (a node runs a few hundred at most).
+const MAX_CACHED: usize = 4096;
+
+/// What the runtime says of one container.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RuntimeNames {
+    /// The container's name: Kubernetes' container name for a pod's container, the
+    /// runtime's own (`docker run --name`) otherwise.
+    pub container: Option<String>,
+    pub pod_name: Option<String>,
+    pub pod_namespace: Option<String>,
+}
+
+/// The unix sockets each runtime serves its API on, in the order tried. podman's rootless
+/// service runs per user (`/run/user/UID/podman/podman.sock`): `uid` is the owner's.
+fn sockets(runtime: &str, uid: Option<u32>) -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = match runtime {
+        "docker" => vec!["/run/docker.sock".into(), "/var/run/docker.sock".into()],
+        "podman" => vec!["/run/podman/podman.sock".into()],
+        _ => Vec::new(),
+    };
+    if runtime == "podman"
+        && let Some(uid) = uid.filter(|&u| u != 0)
+    {
+        out.push(format!("/run/user/{uid}/podman/podman.sock").into());
+    }
+    // In a container with the host's PID namespace (the DaemonSet), the host's sockets
+    // are reachable through PID 1's root without mounting each of them.
+    let host: Vec<PathBuf> = out
+        .iter()
+        .map(|p| Path::new("/proc/1/root").join(p.strip_prefix("/").unwrap_or(p)))
+        .collect();
+    out.extend(host);
+    out
+}
+
+/// Whether backlogd knows how to ask `runtime` (containerd's and CRI-O's gRPC APIs: not yet).
+pub fn asks(runtime: &str) -> bool {
+    matches!(runtime, "docker" | "podman")
+}
+
+#[derive(Debug)]
+enum Entry {
+    Known(RuntimeNames),
+    /// Not answered (no such container yet, or its runtime was down): asked again later.
+    Failed(Instant),
+}
+
+/// The cache, and which runtimes are down (with the cause logged once).
+#[derive(Debug, Default)]
+pub struct Resolver {
+    entries: HashMap<String, Entry>,
+    down: HashMap<String, (Instant, String)>,
+}
+
+impl Resolver {
+    /// What is known of `id`, if anything.
+    pub fn get(&self, id: &str) -> Option<&RuntimeNames> {
+        match self.entries.get(id) {
+            Some(Entry::Known(n)) => Some(n),
+            _ => None,
+        }
+    }
+
+    /// Asks each runtime about the containers in `wanted` (container, owner uid) it has
+    /// not answered yet, and forgets containers no longer wanted.
+    pub async fn refresh(&mut self, wanted: &[(Container, Option<u32>)]) {
+        let ids: HashSet<&str> = wanted.iter().map(|(c, _)| c.id.as_str()).collect();
+        self.entries.retain(|id, _| ids.contains(id.as_str()));
+        let now = Instant::now();
+        for (container, uid) in wanted {
+            if !asks(&container.runtime) || self.entries.len() >= MAX_CACHED {
+                continue;
+            }
+            match self.entries.get(&container.id) {
+                Some(Entry::Known(_)) => continue,
+                Some(Entry::Failed(at)) if now.duration_since(*at) < RETRY_AFTER => continue,
+                _ => {}
+            }
+            if let Some((at, _)) = self.down.get(&container.runtime)
+                && now.duration_since(*at) < RETRY_AFTER
+            {
+                continue;
+            }
+            let entry = match self.ask(container, *uid).await {
+                Ok(names) => Entry::Known(names),
+                Err(_) => Entry::Failed(Instant::now()),
+            };
+            self.entries.insert(container.id.clone(), entry);
+        }
+    }
+
+    async fn ask(&mut self, container: &Container, uid: Option<u32>) -> Result<RuntimeNames, ()> {
+        let runtime = container.runtime.as_str();
+        let mut why = String::from("no API socket at any of its paths");
+        for socket in sockets(runtime, uid) {
+            if !socket.exists() {
+                continue;
+            }
+            match inspect(&socket, &container.id).await {
+                Ok(Some(names)) => {
+                    if self.down.remove(runtime).is_some() {
+                        tracing::info!(runtime, socket = %socket.display(), "container runtime API answers again; its containers are named");
+                    }
+                    return Ok(names);
+                }
+                // The runtime answers but does not know the container (another runtime's
+                // socket at the same path, or one just gone): not a reason to stop asking.
+                Ok(None) => return Err(()),
+                Err(e) => why = format!("{}: {e}", socket.display()),
+            }
+        }
+        if !self.down.contains_key(runtime) {
+            tracing::warn!(
+                runtime,
+                cause = %why,
+                "cannot ask the container runtime for container names; they stay empty \
+                 (ids, units and pod UIDs from cgroups are unaffected) and it is asked again \
+                 every {} s. To have names, run its API service (podman: `systemctl enable \
+                 --now podman.socket`) and, in a container, mount its socket or share the \
+                 host's PID namespace",
+                RETRY_AFTER.as_secs()
+            );
+        }
+        self.down.insert(runtime.to_owned(), (Instant::now(), why));
+        Err(())
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+enum AskError {
+    #[error("connect: {0}")]
+    Connect(std::io::Error),
+    #[error("HTTP: {0}")]
+    Http(#[from] hyper::Error),
+    #[error("status {0}")]
+    Status(hyper::StatusCode),
+    #[error("reading the answer: {0}")]
+    Body(String),
+    #[error("unexpected answer: {0}")]
+    Json(#[from] serde_json::Error),
+    #[error("no answer within {} s", TIMEOUT.as_secs())]
+    Timeout,
+}
+
+/// `GET /containers/ID/json` on the Docker Engine API at `socket`; `None` for 404.
+async fn inspect(socket: &Path, id: &str) -> Result<Option<RuntimeNames>, AskError> {
+    match tokio::time::timeout(TIMEOUT, get(socket, &format!("/containers/{id}/json"))).await {
+        Ok(Ok(None)) => Ok(None),
+        Ok(Ok(Some(body))) => Ok(Some(parse_inspect(&body)?)),
+        Ok(Err(e)) => Err(e),
+        Err(_) => Err(AskError::Timeout),
+    }
+}
+
+async fn get(socket: &Path, path: &str) -> Result<Option<Bytes>, AskError> {
+    let stream = tokio::net::UnixStream::connect(socket)
+        .await
+        .map_err(AskError::Connect)?;
+    let (mut sender, connection) =
+        hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+    // Drives the connection; it ends when `sender` is dropped or the runtime hangs up.
+    let driver = tokio::spawn(connection);
+    let request = hyper::Request::get(path)
+        .header(hyper::header::HOST, "localhost")
+        .body(Empty::<Bytes>::new())
+        .expect("a GET with a literal path and header is a valid request");
+    let response = sender.send_request(request).await;
+    let result = async {
+        let response = response?;
+        match response.status() {
+            hyper::StatusCode::NOT_FOUND => return Ok(None),
+            s if !s.is_success() => return Err(AskError::Status(s)),
+            _ => {}
+        }
+        let body = Limited::new(response.into_body(), MAX_BODY)
+            .collect()
+            .await
+            .map_err(|e| AskError::Body(e.to_string()))?;
+        Ok(Some(body.to_bytes()))
+    }
+    .await;
+    drop(sender);
+    driver.abort();
+    result
+}
+
+#[derive(Deserialize)]
+struct Inspect {
+    #[serde(rename = "Name", default)]
+    name: String,
+    #[serde(rename = "Config", default)]
+    config: Option<InspectConfig>,
+}
+
+#[derive(Deserialize)]
+struct InspectConfig {
+    #[serde(rename = "Labels", default)]
+    labels: Option<HashMap<String, String>>,
+}
+
+/// The names in an inspect document. Kubernetes' labels (set by the kubelet on every
+/// container of a pod: dockershim, cri-dockerd, `podman kube play`) win over the
+/// runtime's generated name (`k8s_web_POD_NS_UID_0`).
+fn parse_inspect(body: &[u8]) -> Result<RuntimeNames, serde_json::Error> {
+    let inspect: Inspect = serde_json::from_slice(body)?;
+    let labels = inspect.config.and_then(|c| c.labels).unwrap_or_default();
+    let label = |k: &str| labels.get(k).filter(|v| !v.is_empty()).cloned();
+    // The Docker API names containers with a leading slash; podman's compat API may not.
+    let own = inspect.name.trim_start_matches('/');
+    Ok(RuntimeNames {
+        container: label("io.kubernetes.container.name")
+            .or_else(|| (!own.is_empty()).then(|| own.to_owned())),
+        pod_name: label("io.kubernetes.pod.name"),
+        pod_namespace: label("io.kubernetes.pod.namespace"),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_from_an_inspect_document() {
+        let plain = br#"{"Id":"abc","Name":"/web","Config":{"Labels":{"app":"x"}}}"#;
+        assert_eq!(
+            parse_inspect(plain).unwrap(),
+            RuntimeNames {
+                container: Some("web".into()),
+                ..Default::default()
+            }
+        );
+        let pod = br#"{"Name":"k8s_nginx_web-0_shop_0a1b_0","Config":{"Labels":{
+            "io.kubernetes.container.name":"nginx","io.kubernetes.pod.name":"web-0",
+            "io.kubernetes.pod.namespace":"shop"}}}"#;
+        assert_eq!(
+            parse_inspect(pod).unwrap(),
+            RuntimeNames {
+                container: Some("nginx".into()),
+                pod_name: Some("web-0".into()),
+                pod_namespace: Some("shop".into()),
+            }
+        );
+        assert_eq!(
+            parse_inspect(br#"{"Config":null}"#).unwrap(),
+            RuntimeNames::default()
+        );
+        assert!(parse_inspect(b"<html>").is_err());
+    }
+
+    #[test]
+    fn rootless_podman_is_asked_at_its_user_socket_and_through_pid_1() {
+        let s = sockets("podman", Some(1000));
+        assert_eq!(s[0], Path::new("/run/podman/podman.sock"));
+        assert!(s.contains(&PathBuf::from("/run/user/1000/podman/podman.sock")));
+        assert!(s.contains(&PathBuf::from("/proc/1/root/run/podman/podman.sock")));
+        assert!(sockets("containerd", None).is_empty());
+        assert!(
+            !sockets("podman", Some(0))
+                .iter()
+                .any(|p| p.starts_with("/run/user"))
+        );
+    }
+}
