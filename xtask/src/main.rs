@@ -5,6 +5,7 @@
 
 mod bench;
 mod debian;
+mod image;
 mod install;
 mod modgraph;
 mod setup;
@@ -84,6 +85,20 @@ enum Cmd {
     /// Build a Debian package in target/debian/ (binary in /usr/bin, unit in
     /// /lib/systemd/system, config as a conffile).
     Deb,
+    /// Build an OCI image archive, target/backlogd-image-VERSION.tar, from the release
+    /// binary with no base image (the binary, the shared libraries it loads, the shipped
+    /// config), for `podman load -i`; xtask/src/image.rs says how to run it.
+    Image {
+        /// Put this backlogd binary in the image instead of building target/release/backlogd.
+        #[arg(long)]
+        binary: Option<std::path::PathBuf>,
+        /// Write the archive here instead.
+        #[arg(long)]
+        output: Option<std::path::PathBuf>,
+        /// Name the image this (default localhost/backlogd:VERSION).
+        #[arg(long)]
+        reference: Option<String>,
+    },
     /// Build the .deb, boot a Debian guest with systemd as PID 1 under qemu, install the
     /// package and check the service from systemd's own state (start after READY=1,
     /// reload, watchdog, restart with pins, hardening, removal).
@@ -190,6 +205,29 @@ fn main() -> Result<()> {
             run(Command::new("dpkg-deb").arg("--info").arg(&deb))?;
             eprintln!("xtask: built {}", deb.display());
             Ok(())
+        }
+        Cmd::Image {
+            binary,
+            output,
+            reference,
+        } => {
+            let binary = match binary {
+                Some(binary) => binary,
+                None => {
+                    setup::run()?;
+                    cargo(&["build", "--release", "--package", "backlogd"])?;
+                    workspace_root().join("target/release/backlogd")
+                }
+            };
+            image::run(
+                &workspace_root(),
+                &image::Options {
+                    binary,
+                    output,
+                    reference,
+                },
+            )
+            .map(|_| ())
         }
         Cmd::SystemdGuest {
             kernel_package,
