@@ -4,9 +4,10 @@
 //! `Config.Labels`, where the `io.kubernetes.*` labels of a CRI-managed container live).
 //!
 //! Off the hot path: one lookup per container, cached by container id, dropped from the
-//! cache when no listener has that container any more. A runtime whose socket is absent,
-//! refuses or is slow is left alone for [`RETRY_AFTER`] with one log line that says why;
-//! the names stay empty and nothing else changes.
+//! cache when no listener has that container any more. A runtime whose socket refuses or
+//! is slow is left alone for [`RETRY_AFTER`]; one whose socket is absent is looked for
+//! again at each rescan (a stat per path). Either is logged once, with the cause; the
+//! names stay empty and nothing else changes.
 
 use std::{
     collections::{HashMap, HashSet},
@@ -68,6 +69,23 @@ pub fn asks(runtime: &str) -> bool {
     matches!(runtime, "docker" | "podman")
 }
 
+/// What asking a runtime about one container came to.
+enum Answer {
+    Names(RuntimeNames),
+    /// The runtime does not know the container.
+    Unknown,
+    /// A socket is there but does not answer (refused, timed out, not the API).
+    Unreachable,
+    NoSocket,
+}
+
+/// Why a runtime is not asked now; logged once when it starts.
+#[derive(Debug)]
+enum Down {
+    Unreachable(Instant),
+    NoSocket,
+}
+
 #[derive(Debug)]
 enum Entry {
     Known(RuntimeNames),
@@ -79,7 +97,7 @@ enum Entry {
 #[derive(Debug, Default)]
 pub struct Resolver {
     entries: HashMap<String, Entry>,
-    down: HashMap<String, (Instant, String)>,
+    down: HashMap<String, Down>,
 }
 
 impl Resolver {
@@ -106,53 +124,64 @@ impl Resolver {
                 Some(Entry::Failed(at)) if now.duration_since(*at) < RETRY_AFTER => continue,
                 _ => {}
             }
-            if let Some((at, _)) = self.down.get(&container.runtime)
+            if let Some(Down::Unreachable(at)) = self.down.get(&container.runtime)
                 && now.duration_since(*at) < RETRY_AFTER
             {
                 continue;
             }
             let entry = match self.ask(container, *uid).await {
-                Ok(names) => Entry::Known(names),
-                Err(_) => Entry::Failed(Instant::now()),
+                Answer::Names(names) => Entry::Known(names),
+                Answer::Unknown | Answer::Unreachable => Entry::Failed(Instant::now()),
+                // Looking for a socket costs a stat per path: looked for again at the next
+                // rescan, so an API service started later is used then.
+                Answer::NoSocket => continue,
             };
             self.entries.insert(container.id.clone(), entry);
         }
     }
 
-    async fn ask(&mut self, container: &Container, uid: Option<u32>) -> Result<RuntimeNames, ()> {
+    async fn ask(&mut self, container: &Container, uid: Option<u32>) -> Answer {
         let runtime = container.runtime.as_str();
-        let mut why = String::from("no API socket at any of its paths");
-        for socket in sockets(runtime, uid) {
-            if !socket.exists() {
-                continue;
-            }
-            match inspect(&socket, &container.id).await {
-                Ok(Some(names)) => {
+        let paths = sockets(runtime, uid);
+        let mut why = None;
+        for socket in paths.iter().filter(|s| s.exists()) {
+            match inspect(socket, &container.id).await {
+                Ok(answer) => {
                     if self.down.remove(runtime).is_some() {
-                        tracing::info!(runtime, socket = %socket.display(), "container runtime API answers again; its containers are named");
+                        tracing::info!(
+                            runtime,
+                            socket = %socket.display(),
+                            "the container runtime's API answers; its containers are named"
+                        );
                     }
-                    return Ok(names);
+                    // None: the runtime does not know the container (one just gone).
+                    return answer.map_or(Answer::Unknown, Answer::Names);
                 }
-                // The runtime answers but does not know the container (another runtime's
-                // socket at the same path, or one just gone): not a reason to stop asking.
-                Ok(None) => return Err(()),
-                Err(e) => why = format!("{}: {e}", socket.display()),
+                Err(e) => why = Some(format!("{}: {e}", socket.display())),
             }
         }
+        let (down, answer, why) = match why {
+            Some(why) => (Down::Unreachable(Instant::now()), Answer::Unreachable, why),
+            None => {
+                let list: Vec<_> = paths.iter().map(|p| p.display().to_string()).collect();
+                let why = format!("no API socket at {}", list.join(", "));
+                (Down::NoSocket, Answer::NoSocket, why)
+            }
+        };
         if !self.down.contains_key(runtime) {
             tracing::warn!(
                 runtime,
                 cause = %why,
                 "cannot ask the container runtime for container names; they stay empty \
                  (ids, units and pod UIDs from cgroups are unaffected) and it is asked again \
-                 every {} s. To have names, run its API service (podman: `systemctl enable \
-                 --now podman.socket`) and, in a container, mount its socket or share the \
-                 host's PID namespace",
+                 at each rescan, or after {} s if it failed to answer. To have names, run \
+                 its API service (podman: `systemctl enable --now podman.socket`) and, in a \
+                 container, share the host's PID namespace or mount the socket",
                 RETRY_AFTER.as_secs()
             );
         }
-        self.down.insert(runtime.to_owned(), (Instant::now(), why));
-        Err(())
+        self.down.insert(runtime.to_owned(), down);
+        answer
     }
 }
 

@@ -1,0 +1,283 @@
+//! A real podman container owns a listener whose accept queue overflows (issue 21): its
+//! series, its `top` row and doctor's finding name the container by the name podman gave
+//! it, read from podman's own API service, and the drops stay exact.
+//!
+//! The container needs no image (none can be pulled here): `--rootfs` is a directory of
+//! symlinks with the host's /usr mounted read-only, and python3 from it runs the server.
+//! The test opens the listening socket in a namespace of its own and hands it to the
+//! container (`--preserve-fds`), whose process calls `listen()` on it and then holds it
+//! without ever accepting: backlogd's owner is the container's process (the last
+//! `listen()`), and the test keeps a handle on the same socket for the suite's exact
+//! burst and its kernel readings.
+//!
+//! podman here: runc (crun refuses this machine kind's hybrid cgroup layout), explicit
+//! rlimits (podman's defaults exceed the sandbox's hard limits), the cgroupfs manager
+//! (`/libpod_parent/libpod-ID`: no systemd as PID 1).
+
+use std::{
+    os::fd::AsRawFd as _,
+    os::unix::process::CommandExt as _,
+    path::Path,
+    process::{Child, Command, Output, Stdio},
+    time::{Duration, Instant},
+};
+
+use backlogd_tests::{
+    Daemon, Netns, figures::accept_queue_full_burst, sockets::Listener, tempdir::TempDir, tools,
+};
+
+const SOCKET: &str = "/run/podman/podman.sock";
+
+fn podman(args: &[&str]) -> Output {
+    Command::new("podman")
+        .args(["--runtime", "runc", "--cgroup-manager", "cgroupfs"])
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("running podman")
+}
+
+/// podman's API service on its rootful socket, unless one already answers there (a host
+/// with podman.socket enabled); stopped when dropped.
+struct ApiService(Option<Child>);
+
+impl ApiService {
+    fn answers() -> bool {
+        Command::new("curl")
+            .args(["-sf", "--unix-socket", SOCKET, "http://d/_ping"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    }
+
+    fn start() -> Self {
+        let answers = Self::answers;
+        if answers() {
+            return Self(None);
+        }
+        std::fs::create_dir_all("/run/podman").expect("creating /run/podman");
+        let child = Command::new("podman")
+            .args(["--runtime", "runc", "--cgroup-manager", "cgroupfs"])
+            .args(["system", "service", "--time=0", &format!("unix://{SOCKET}")])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("starting `podman system service`");
+        let mut service = Self(Some(child));
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !answers() {
+            if let Some(Ok(Some(status))) = service.0.as_mut().map(Child::try_wait) {
+                panic!("`podman system service` exited with {status} (its stderr is above)");
+            }
+            assert!(
+                Instant::now() < deadline,
+                "podman's API service did not answer on {SOCKET} within 30 s"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        service
+    }
+}
+
+impl Drop for ApiService {
+    fn drop(&mut self) {
+        if let Some(child) = &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+            let _ = std::fs::remove_file(SOCKET);
+        }
+    }
+}
+
+/// The container, removed when dropped (even when the test fails).
+struct Container(String);
+
+impl Drop for Container {
+    fn drop(&mut self) {
+        let _ = podman(&["rm", "--force", "--time", "0", &self.0]);
+    }
+}
+
+/// A root file system of symlinks into /usr (merged-/usr Debian), which is mounted in.
+fn rootfs(dir: &Path) -> std::path::PathBuf {
+    let root = dir.join("rootfs");
+    for d in ["usr", "proc", "sys", "dev", "etc", "tmp"] {
+        std::fs::create_dir_all(root.join(d)).unwrap();
+    }
+    for (link, target) in [
+        ("bin", "usr/bin"),
+        ("sbin", "usr/sbin"),
+        ("lib", "usr/lib"),
+        ("lib64", "usr/lib64"),
+    ] {
+        let _ = std::os::unix::fs::symlink(target, root.join(link));
+    }
+    root
+}
+
+#[test]
+fn a_podman_container_is_named_in_metrics_top_and_doctor() {
+    const TEST: &str = "a_podman_container_is_named_in_metrics_top_and_doctor";
+    if !tools::available(TEST, "podman", &["--version"], "podman")
+        || !tools::available(TEST, "runc", &["--version"], "runc")
+    {
+        return;
+    }
+    let name = format!("backlogd-test-{}", std::process::id());
+    let dir = TempDir::new("podman");
+    let root = rootfs(dir.path());
+
+    let ns = Netns::new();
+    ns.sysctl("net.ipv4.tcp_syncookies", "0");
+    let listener = Listener::open(&ns, "127.0.0.1:0", 4);
+    // Rescans every second: a name comes at the first rescan after the API answers.
+    let daemon = Daemon::start_with(&["--rescan-interval", "1"]);
+
+    // The container's process listens again on the socket it is given (fd 3), as a
+    // server restarted with an inherited socket does, then never accepts.
+    let server = "import socket, time\n\
+                  s = socket.socket(fileno=3)\n\
+                  s.listen(4)\n\
+                  open('/tmp/listening', 'w').close()\n\
+                  time.sleep(1e9)\n";
+    let fd = listener.socket.as_raw_fd();
+    let mut run = Command::new("podman");
+    run.args([
+        "--runtime",
+        "runc",
+        "--cgroup-manager",
+        "cgroupfs",
+        "run",
+        "-d",
+    ])
+    .args(["--name", &name, "--network", "none", "--preserve-fds", "1"])
+    .args([
+        "--ulimit",
+        "nofile=1024:1024",
+        "--ulimit",
+        "nproc=1024:1024",
+    ])
+    .args(["-v", "/usr:/usr:ro", "--rootfs"])
+    .arg(&root)
+    .args(["python3", "-c", server])
+    .stdin(Stdio::null());
+    // SAFETY: dup2 and fcntl are async-signal-safe; this runs in the child between fork
+    // and exec.
+    unsafe {
+        run.pre_exec(move || {
+            // dup2 onto itself keeps close-on-exec: clear it then.
+            let ok = if fd == 3 {
+                libc::fcntl(3, libc::F_SETFD, 0) >= 0
+            } else {
+                libc::dup2(fd, 3) >= 0
+            };
+            if ok {
+                Ok(())
+            } else {
+                Err(std::io::Error::last_os_error())
+            }
+        });
+    }
+    let out = run.output().expect("running podman run");
+    assert!(
+        out.status.success(),
+        "podman run: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let id = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    let _container = Container(name.clone());
+    assert_eq!(id.len(), 64, "podman run printed {id:?}");
+
+    // The container's listen() is the last: backlogd's owner is its process. With no
+    // API service yet, the cgroup path's runtime and id, no name, and one warning however
+    // many rescans ask.
+    let socket = listener.inode.to_string();
+    let by_cgroup = [
+        ("socket", socket.as_str()),
+        ("container_runtime", "podman"),
+        ("container_id", id.as_str()),
+    ];
+    let api_was_running = ApiService::answers();
+    if !api_was_running {
+        daemon.wait_for("the container's id on the info series", |s| {
+            s.value("backlogd_listener_owner_info", &by_cgroup)
+                .map(|_| ())
+        });
+        std::thread::sleep(Duration::from_secs(3));
+        let scrape = daemon.scrape();
+        let series = scrape.find("backlogd_listener_owner_info", &[("socket", &socket)]);
+        assert_eq!(series.len(), 1, "{series:?}");
+        assert!(
+            !series[0].labels.contains_key("container_name"),
+            "{series:?}"
+        );
+        let warned = daemon
+            .log()
+            .matches("cannot ask the container runtime")
+            .count();
+        assert_eq!(
+            warned,
+            1,
+            "one warning for an absent API:\n{}",
+            daemon.log()
+        );
+    } else {
+        backlogd_tests::report(&format!(
+            "{SOCKET} already answers (the host runs podman's API): the absent-API checks \
+             of this test did not run"
+        ));
+    }
+    let _api = ApiService::start();
+    let want = [
+        ("socket", socket.as_str()),
+        ("container_runtime", "podman"),
+        ("container_id", id.as_str()),
+        ("container_name", name.as_str()),
+    ];
+    daemon.wait_for("the container's name on the info series", |s| {
+        (s.value("backlogd_listener_owner_info", &want) == Some(1.0)).then_some(())
+    });
+
+    let burst = accept_queue_full_burst(&daemon, &ns, &listener, listener.addr);
+    burst.exact.verify();
+
+    let (status, json) = daemon.get("/api/v1/listeners");
+    assert_eq!(status, 200);
+    let listeners: serde_json::Value = serde_json::from_str(&json).expect("JSON");
+    let ours = listeners
+        .as_array()
+        .expect("a list")
+        .iter()
+        .find(|l| l["inode"] == listener.inode)
+        .unwrap_or_else(|| panic!("listener {} not in {json}", listener.inode));
+    assert_eq!(ours["names"]["container"]["name"], name.as_str(), "{ours}");
+    assert_eq!(ours["names"]["container"]["id"], id.as_str(), "{ours}");
+
+    let owner = format!("podman container {name}");
+    let cli = |args: &[&str]| {
+        let out = Command::new(backlogd_tests::daemon::binary())
+            .args(args)
+            .args(["--api", &daemon.addr.to_string()])
+            .output()
+            .expect("running backlogd");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let top = cli(&["top", "--once"]);
+    let row = top
+        .lines()
+        .find(|l| l.starts_with(&format!("{} ", listener.addr)))
+        .unwrap_or_else(|| panic!("no row for {}:\n{top}", listener.addr));
+    assert!(row.trim_end().ends_with(&owner), "{row}");
+    let doctor = cli(&["doctor"]);
+    // The subject line: `python3[PID] ADDR (netns N) in podman container NAME`.
+    let subject = doctor
+        .lines()
+        .find(|l| l.contains(&format!("{} (netns", listener.addr)))
+        .unwrap_or_else(|| panic!("doctor has no finding on {}:\n{doctor}", listener.addr));
+    assert!(
+        subject.trim_end().ends_with(&format!(" in {owner}")),
+        "{subject}"
+    );
+}
