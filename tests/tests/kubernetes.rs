@@ -7,17 +7,34 @@
 //! daemon listens on (the daemon's own check-config says), the capabilities are the systemd
 //! unit's, the image is this version, the monitors select the DaemonSet's pods and port.
 //!
+//! And the pod itself runs: podman starts the image `cargo xtask image` builds with exactly
+//! what the DaemonSet's pod spec grants (its capabilities, user, read-only root, host
+//! namespaces and volumes, read from the manifest, in a cgroup namespace of its own as on a
+//! cgroup v2 node), and the daemon must load, pin, serve its probe path and count the SYNs
+//! of a listener in another network namespace exactly.
+//!
 //! The checkers live in a venv that `cargo xtask setup` makes (~/.cache/backlogd/venv) and
 //! the CRDs in the Go module cache it fills; a missing one fails the test under
 //! `cargo xtask test` and skips it loudly elsewhere (tests/src/tools.rs).
 
 use std::{
     collections::BTreeSet,
+    net::{SocketAddr, TcpListener},
     path::{Path, PathBuf},
-    process::{Command, Output},
+    process::{Command, Output, Stdio},
+    time::{Duration, Instant},
 };
 
-use backlogd_tests::{daemon::binary, report, tempdir::TempDir, tools};
+use backlogd_tests::{
+    Netns, Scrape,
+    daemon::{binary, hook_mode},
+    http,
+    pins::PinDir,
+    report,
+    sockets::{Listener, connect_burst},
+    tempdir::TempDir,
+    tools,
+};
 use serde_json::{Value, json};
 
 /// The newest Kubernetes kubernetes-validate 1.37.0 has schemas for.
@@ -538,15 +555,23 @@ fn the_capabilities_are_the_systemd_units() {
     assert_eq!(pod["hostNetwork"], true);
 }
 
+fn workspace_version() -> String {
+    let cargo: toml::Table =
+        toml::from_str(&std::fs::read_to_string(root().join("Cargo.toml")).unwrap()).unwrap();
+    cargo["workspace"]["package"]["version"]
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
 #[test]
 fn the_image_the_labels_and_the_selectors_agree() {
     let test = "the_image_the_labels_and_the_selectors_agree";
     let Some(m) = manifests(test) else {
         return;
     };
-    let cargo: toml::Table =
-        toml::from_str(&std::fs::read_to_string(root().join("Cargo.toml")).unwrap()).unwrap();
-    let version = cargo["workspace"]["package"]["version"].as_str().unwrap();
+    let version = workspace_version();
+    let version = version.as_str();
     let c = container(&m.daemonset);
     assert_eq!(c["image"], format!("localhost/backlogd:{version}"));
     let template = &m.daemonset["spec"]["template"];
@@ -594,4 +619,274 @@ fn the_image_the_labels_and_the_selectors_agree() {
         c["securityContext"]["appArmorProfile"]["type"],
         "Unconfined"
     );
+}
+
+/// podman as on this machine kind (tests/tests/podman.rs says why): runc, cgroupfs.
+fn podman(args: &[&str]) -> Output {
+    Command::new("podman")
+        .args(["--runtime", "runc", "--cgroup-manager", "cgroupfs"])
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("running podman")
+}
+
+/// What podman made for the test, removed when dropped (even when the test fails).
+enum Podman {
+    Image(String),
+    Container(String),
+}
+
+impl Drop for Podman {
+    fn drop(&mut self) {
+        let _ = match self {
+            // Not --force: that would also remove containers of the same image id (a
+            // reproducible build of the same binary is the same image) that are not ours.
+            Podman::Image(name) => podman(&["rmi", name]),
+            Podman::Container(name) => podman(&["rm", "--force", "--time", "0", name]),
+        };
+    }
+}
+
+/// `podman run` arguments for the DaemonSet's one container: its pod's host namespaces, its
+/// securityContext, its volumes (a ConfigMap's written to `scratch`), its command.
+fn podman_run_args(m: &Manifests, scratch: &Path) -> Vec<String> {
+    let pod = &m.daemonset["spec"]["template"]["spec"];
+    let c = container(&m.daemonset);
+    let mut args: Vec<String> = Vec::new();
+    let mut arg = |a: &str| args.push(a.to_owned());
+    if pod["hostPID"] == true {
+        arg("--pid=host");
+    }
+    if pod["hostNetwork"] == true {
+        arg("--network=host");
+    }
+    // A cgroup v2 node gives every container a cgroup namespace of its own.
+    arg("--cgroupns=private");
+    let security = &c["securityContext"];
+    assert_ne!(security["privileged"], true);
+    for cap in strings(&security["capabilities"]["drop"]) {
+        arg(&format!("--cap-drop={cap}"));
+    }
+    for cap in strings(&security["capabilities"]["add"]) {
+        arg(&format!("--cap-add=CAP_{cap}"));
+    }
+    arg(&format!(
+        "--user={}:{}",
+        security["runAsUser"], security["runAsGroup"]
+    ));
+    if security["readOnlyRootFilesystem"] == true {
+        // Kubernetes mounts no tmpfs of its own on a read-only root; podman would.
+        arg("--read-only");
+        arg("--read-only-tmpfs=false");
+    }
+    // podman's default seccomp filter is the runtime default: the same rules (moby's)
+    // containerd and CRI-O apply for RuntimeDefault.
+    assert_eq!(security["seccompProfile"]["type"], "RuntimeDefault");
+    if security["appArmorProfile"]["type"] == "Unconfined" {
+        arg("--security-opt=apparmor=unconfined");
+    }
+    // seLinuxOptions: not translated; no SELinux on the machines this runs on.
+    let volumes = pod["volumes"].as_array().expect("volumes");
+    for mount in c["volumeMounts"].as_array().expect("volumeMounts") {
+        let volume = volumes
+            .iter()
+            .find(|v| v["name"] == mount["name"])
+            .unwrap_or_else(|| panic!("no volume for {mount}"));
+        let source = if let Some(host) = volume["hostPath"].as_object() {
+            let path = PathBuf::from(host["path"].as_str().unwrap());
+            // What the kubelet checks (or does) before it starts the container.
+            match host.get("type").and_then(Value::as_str).unwrap_or("") {
+                "Directory" => {
+                    assert!(path.is_dir(), "hostPath {} is no directory", path.display())
+                }
+                "DirectoryOrCreate" => std::fs::create_dir_all(&path).unwrap(),
+                other => panic!("hostPath type {other:?}: teach this test what the kubelet does"),
+            }
+            path
+        } else if let Some(name) = volume["configMap"]["name"].as_str() {
+            assert_eq!(m.configmap["metadata"]["name"], name);
+            let dir = scratch.join(name);
+            std::fs::create_dir_all(&dir).unwrap();
+            for (key, value) in m.configmap["data"].as_object().unwrap() {
+                std::fs::write(dir.join(key), value.as_str().unwrap()).unwrap();
+            }
+            dir
+        } else {
+            panic!("volume {volume}: teach this test its kind");
+        };
+        let mut options = vec![];
+        if mount["readOnly"] == true {
+            options.push("ro");
+        }
+        match mount["mountPropagation"].as_str() {
+            Some("HostToContainer") => options.push("rslave"),
+            None | Some("None") => options.push("rprivate"),
+            Some(other) => panic!("mountPropagation {other}: teach this test"),
+        }
+        arg(&format!(
+            "--volume={}:{}:{}",
+            source.display(),
+            mount["mountPath"].as_str().unwrap(),
+            options.join(",")
+        ));
+    }
+    let command = strings(&c["command"]);
+    assert_eq!(command.len(), 1);
+    arg(&format!("--entrypoint={}", command[0]));
+    args
+}
+
+/// The image of the binary under test, built by `cargo xtask image` under a name of the
+/// test's own and loaded into podman (no registry: the DaemonSet's pull policy
+/// IfNotPresent is what makes a loaded image enough on a node too).
+fn load_image(scratch: &Path, reference: &str) -> Podman {
+    let archive = scratch.join("image.tar");
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let out = Command::new(cargo)
+        .args(["xtask", "image", "--binary"])
+        .arg(binary())
+        .arg("--output")
+        .arg(&archive)
+        .args(["--reference", reference])
+        .current_dir(root())
+        .output()
+        .expect("running cargo xtask image");
+    assert!(out.status.success(), "cargo xtask image: {}", text(&out));
+    let image = Podman::Image(reference.to_owned());
+    let out = podman(&["load", "--input", archive.to_str().unwrap()]);
+    assert!(out.status.success(), "podman load: {}", text(&out));
+    image
+}
+
+fn free_loopback_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+/// Effective and bounding capability sets of `pid`, as /proc shows them.
+fn capabilities(pid: &str) -> (u64, u64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let set = |name: &str| {
+        let hex = status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .unwrap_or_else(|| panic!("no {name}"));
+        u64::from_str_radix(hex.trim(), 16).unwrap()
+    };
+    (set("CapEff:"), set("CapBnd:"))
+}
+
+#[test]
+fn the_daemonsets_pod_runs_with_only_what_its_spec_grants() {
+    let test = "the_daemonsets_pod_runs_with_only_what_its_spec_grants";
+    if !tools::available(test, "podman", &["--version"], "podman") {
+        return;
+    }
+    let Some(m) = manifests(test) else {
+        return;
+    };
+    let scratch = TempDir::new("kubernetes-pod");
+    let reference = format!("localhost/backlogd-kubernetes-test:{}", workspace_version());
+    let _image = load_image(scratch.path(), &reference);
+
+    // A listener outside the container, in a network namespace of its own: found through
+    // /proc/PID/task/TID/ns/net of this process (hostPID, CAP_SYS_PTRACE) and scanned
+    // with setns (CAP_SYS_ADMIN); its SYNs counted by probes the pod's privileges loaded.
+    let ns = Netns::new();
+    let listener = Listener::open(&ns, "127.0.0.1:0", 16);
+
+    // Where this differs from the manifest: a free loopback port instead of the node's
+    // :9851, and a pin directory of the test's own instead of the node's.
+    let port = free_loopback_port();
+    let pins = PinDir::new("kubernetes");
+    let name = format!("backlogd-kubernetes-test-{}", std::process::id());
+    let mut run: Vec<String> = ["run", "--detach", "--name", &name]
+        .map(str::to_owned)
+        .to_vec();
+    // This machine kind's hard rlimits are below podman's defaults (tests/tests/podman.rs).
+    run.extend(["--ulimit=nofile=1024:1024", "--ulimit=nproc=1024:1024"].map(str::to_owned));
+    run.extend(podman_run_args(&m, scratch.path()));
+    run.push(reference.clone());
+    let c = container(&m.daemonset);
+    run.extend(strings(&c["args"]).into_iter().map(str::to_owned));
+    run.extend(["--listen".into(), format!("127.0.0.1:{port}")]);
+    run.extend(["--pin-dir".into(), pins.arg().to_owned()]);
+    if let Some(mode) = hook_mode() {
+        run.extend(["--hook-mode".into(), mode]);
+    }
+    report(&format!("podman {}\n", run.join(" ")));
+    let run: Vec<&str> = run.iter().map(String::as_str).collect();
+    let out = podman(&run);
+    let _container = Podman::Container(name.clone());
+    assert!(out.status.success(), "podman run: {}", text(&out));
+
+    let logs = || text(&podman(&["logs", &name]));
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let probe = c["readinessProbe"]["httpGet"]["path"].as_str().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        if matches!(http::try_get(addr, probe), Ok((200, _))) {
+            break;
+        }
+        let state = text(&podman(&[
+            "inspect",
+            "--format",
+            "{{.State.Status}}",
+            &name,
+        ]));
+        assert!(
+            state.trim() == "running" && Instant::now() < deadline,
+            "the pod's container never answered {probe} ({}):\n{}",
+            state.trim(),
+            logs()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+
+    // What the daemon holds is what the spec adds and nothing else, and it cannot regain
+    // more (the bounding set).
+    let pid = text(&podman(&["inspect", "--format", "{{.State.Pid}}", &name]));
+    let granted = strings(&c["securityContext"]["capabilities"]["add"])
+        .into_iter()
+        .map(|cap| match cap {
+            "SYS_ADMIN" => 1u64 << 21,
+            "SYS_PTRACE" => 1 << 19,
+            "DAC_READ_SEARCH" => 1 << 2,
+            other => panic!("{other}: add its number here"),
+        })
+        .fold(0, |all, bit| all | bit);
+    let (effective, bounding) = capabilities(pid.trim());
+    assert_eq!(effective, granted, "CapEff {effective:#x}");
+    assert_eq!(bounding, granted, "CapBnd {bounding:#x}");
+
+    let clients = connect_burst(&ns, listener.addr, 3);
+    let socket = listener.inode.to_string();
+    let netns = ns.inode().to_string();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let scrape = loop {
+        let scrape = Scrape::parse(&http::get(addr, "/metrics").1);
+        let syns = scrape.value(
+            "backlogd_listen_syns_received_total",
+            &[("socket", &socket), ("netns", &netns)],
+        );
+        if syns == Some(3.0) {
+            break scrape;
+        }
+        assert!(
+            Instant::now() < deadline && syns.is_none_or(|n| n < 3.0),
+            "SYNs of the listener in netns {netns}: {syns:?}, 3 sent\n{}",
+            logs()
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    };
+    drop(clients);
+    assert_eq!(scrape.value("backlogd_pinned", &[]), Some(1.0));
+    report(&format!(
+        "the DaemonSet's pod under podman: {} mode, pinned, CapEff = CapBnd = {granted:#x}, \
+         3 of 3 SYNs counted in another network namespace\n",
+        scrape.hook_mode()
+    ));
 }
