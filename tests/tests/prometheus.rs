@@ -264,6 +264,8 @@ fn grafana_dashboard_parses_and_every_query_uses_real_metrics() {
             .replace("\"$port\"", "\".*\"")
             .replace("\"$comm\"", "\".*\"")
             .replace("\"$unit\"", "\".*\"")
+            .replace("\"$pod_namespace\"", "\".*\"")
+            .replace("\"$pod\"", "\".*\"")
             .replace("\"$pod_uid\"", "\".*\"");
         let v = prometheus.api(&format!("/api/v1/query?query={}", encode(&q)));
         assert_eq!(v["status"], "success", "{q}: {v}");

@@ -116,12 +116,39 @@ fn remedy(
     program: Option<&programs::Program>,
 ) -> String {
     let comm = &l.listener.comm;
-    let reopen =
-        format!("restart {comm}: a socket keeps the backlog it was granted when it was opened");
+    let names = l.listener.names.as_ref();
+    let pod = names.and_then(|n| match (&n.pod_namespace, &n.pod_name, &n.pod_uid) {
+        (Some(ns), Some(name), _) => Some(format!("pod {ns}/{name}")),
+        (_, _, Some(uid)) => Some(format!("pod {uid}")),
+        _ => None,
+    });
+    let container = names.and_then(|n| n.container.as_ref());
+    let keeps = "a socket keeps the backlog it was granted when it was opened";
+    // What makes the change take effect: the owner's own kind of restart.
+    let reopen = match (&pod, container) {
+        (Some(pod), _) => format!(
+            "recreate {pod} (`kubectl rollout restart` its workload; a container restart \
+             keeps the pod's namespace and so its sysctls): {keeps}"
+        ),
+        (None, Some(c)) => format!("recreate the {} container ({comm}): {keeps}", c.runtime),
+        (None, None) => format!("restart {comm}: {keeps}"),
+    };
     let mut out = match ns {
         Some(n) if n.sysctls.somaxconn >= wanted => format!(
             "net.core.somaxconn is already {} in that namespace, so {wanted} fits now: {reopen}",
             n.sysctls.somaxconn
+        ),
+        // A pod's namespace is made from its spec: that is the only place to set it.
+        Some(n) if !n.host && pod.is_some() => format!(
+            "net.core.somaxconn is per network namespace and the pod's is set by its spec: \
+             add `net.core.somaxconn: \"{wanted}\"` to `spec.securityContext.sysctls` in \
+             the pod template (the kubelet allows it with \
+             `--allowed-unsafe-sysctls=net.core.somaxconn`), then {reopen}"
+        ),
+        Some(n) if !n.host && container.is_some() => format!(
+            "net.core.somaxconn is per network namespace and this container has its own: \
+             run it with `--sysctl net.core.somaxconn={wanted}` (compose: `sysctls:`), then \
+             {reopen}"
         ),
         Some(n) if !n.host => format!(
             "net.core.somaxconn is per network namespace and this listener is not in the \

@@ -199,6 +199,48 @@ fn a_clamp_in_a_container_namespace_is_fixed_there_not_on_the_host() {
 }
 
 #[test]
+fn a_clamp_in_a_pod_is_fixed_in_the_pod_spec_and_a_containers_on_its_run() {
+    const POD: u32 = NETNS + 7;
+    let id = "3f4c2d1e0b9a8f7e6d5c4b3a29181706f5e4d3c2b1a09f8e7d6c5b4a39281706";
+    let uid = "0a1b2c3d-4e5f-6789-abcd-ef0123456789";
+    let mut l = listener(1, 6379, "redis-server", Some(511), 128);
+    l.listener.netns = POD;
+    let mut names = crate::names::cgroup::parse(&format!("/kubepods/pod{uid}/{id}"));
+    names.pod_name = Some("cache-0".into());
+    names.pod_namespace = Some("shop".into());
+    l.listener.names = Some(names);
+    let clamped = |l: &ListenerSnapshot| {
+        only(
+            diagnose(&snapshot(vec![l.clone()], vec![namespace(POD, 128)])),
+            "backlog_clamped",
+        )
+        .remedy
+    };
+    let remedy = clamped(&l);
+    for part in [
+        "`net.core.somaxconn: \"511\"` to `spec.securityContext.sysctls`",
+        "--allowed-unsafe-sysctls=net.core.somaxconn",
+        "recreate pod shop/cache-0",
+    ] {
+        assert!(remedy.contains(part), "{part}: {remedy}");
+    }
+    for absent in ["--sysctl", "ip netns exec", "/etc/sysctl.d"] {
+        assert!(!remedy.contains(absent), "{absent}: {remedy}");
+    }
+    l.listener.names = Some(crate::names::cgroup::parse(&format!(
+        "/system.slice/docker-{id}.scope"
+    )));
+    let remedy = clamped(&l);
+    for part in [
+        "`--sysctl net.core.somaxconn=511`",
+        "recreate the docker container (redis-server)",
+    ] {
+        assert!(remedy.contains(part), "{part}: {remedy}");
+    }
+    assert!(!remedy.contains("securityContext"), "{remedy}");
+}
+
+#[test]
 fn a_clamp_that_somaxconn_already_allows_asks_only_for_a_restart() {
     let l = listener(1, 80, "nginx", Some(511), 128);
     let f = only(

@@ -585,8 +585,60 @@ def unit_commands_come_from_declared_dependencies():
     return ev
 
 
+# ---- 9 (issue 21) -------------------------------------------------------------------------
+def listeners_are_named_by_their_unit_and_netns():
+    """A server started as a transient service by the real PID 1 is named by its unit on
+    the info series, and check 4's `ip netns` namespace by its name."""
+    ev = EVIDENCE
+    unit = "sg-named-web.service"
+    server = ("import socket, time\n"
+              "s = socket.socket()\ns.bind(('127.0.0.1', 0))\ns.listen(8)\ntime.sleep(1e9)\n")
+    sh("systemd-run", "--quiet", f"--unit={unit}", "--service-type=exec",
+       "python3", "-c", server)
+    try:
+        def inode():
+            out = sh("systemctl", "show", unit, "-p", "MainPID").stdout
+            pid = int(out.strip().split("=", 1)[1] or 0)
+            if pid == 0:
+                return None
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if link.startswith("socket:["):
+                    return (pid, int(link[8:-1]))
+            return None
+        pid, ino = wait_for(f"{unit}'s listener", inode, timeout=20)
+        cgroup = open(f"/proc/{pid}/cgroup").read().strip()
+        ev.append(f"{unit}: pid {pid}, socket {ino}, /proc/PID/cgroup {cgroup!r}")
+
+        def named():
+            _, text = http_get("/metrics")
+            return metric_sum(text, "backlogd_listener_owner_info", socket=ino, unit=unit)
+        wait_for(f"backlogd_listener_owner_info{{socket={ino},unit={unit}}}", named,
+                 timeout=40)
+        _, text = http_get("/metrics")
+        line = next(l for l in text.splitlines()
+                    if l.startswith("backlogd_listener_owner_info{") and f'"{ino}"' in l)
+        ev.append(f"/metrics: {line}")
+        _, api = http_get("/api/v1/listeners")
+        ours = [l for l in json.loads(api) if l.get("inode") == ino]
+        expect(len(ours) == 1 and ours[0].get("names", {}).get("unit") == unit
+               and ours[0]["names"].get("slice") == "system.slice",
+               f"the JSON API's names of socket {ino}: {ours}")
+        ev.append(f"API names: {ours[0]['names']}")
+    finally:
+        sh("systemctl", "stop", unit, ok=False)
+    if state.get("actor") is None:
+        raise CheckFailed("check 4's namespace is gone: its name could not be checked")
+    netns = os.stat(f"/run/netns/{NETNS}").st_ino
+    _, text = http_get("/metrics")
+    got = metric_sum(text, "backlogd_netns_info", netns=netns, name=NETNS)
+    expect(got == 1, f"backlogd_netns_info{{netns={netns},name={NETNS}}} is {got}")
+    ev.append(f"backlogd_netns_info{{netns=\"{netns}\",name=\"{NETNS}\"}} 1")
+    return ev
+
+
 CHECKS = [
-    # (number in issue 20's list, name, function), in the order they run.
+    # (number in issue 20's list, or 9: issue 21's; name, function), in the order they run.
     (8, "unit-commands-come-from-declared-dependencies",
      unit_commands_come_from_declared_dependencies),
     (1, "start-becomes-active-only-after-READY", start_becomes_active_only_after_ready),
@@ -595,6 +647,8 @@ CHECKS = [
     (5, "hardening-in-force-in-the-running-process", hardening_in_force),
     (4, "SIGKILL-restart-counts-continue-from-pins-equal-kernel",
      sigkill_restarts_and_counters_continue_from_the_pins),
+    (9, "listeners-named-by-their-systemd-unit-and-netns",
+     listeners_are_named_by_their_unit_and_netns),
     (3, "watchdog-kills-a-SIGSTOPped-daemon-and-it-restarts", watchdog_kills_a_stopped_daemon),
     (6, "remove-and-purge-leave-no-program-attached", remove_and_purge_leave_nothing_attached),
 ]
@@ -619,7 +673,7 @@ def main():
         try:
             if p.returncode != 0:
                 raise CheckFailed("the package did not install")
-            if n in (2, 3, 4, 5, 7) and state.get("pid") is None:
+            if n in (2, 3, 4, 5, 7, 9) and state.get("pid") is None:
                 raise CheckFailed("not run: the service never became active (check 1)")
             fn()
             for line in EVIDENCE:
