@@ -278,7 +278,9 @@ fn prometheus_operator_module() -> Result<()> {
             Command::new("go")
                 .args(["mod", "download", "-json", PROMETHEUS_OPERATOR])
                 .env("GOPROXY", proxy)
-                .env("GOFLAGS", "-mod=mod"),
+                .env("GOFLAGS", "-mod=mod")
+                // Outside any module: inside one, -mod=mod could rewrite its go.mod.
+                .current_dir(std::env::temp_dir()),
         )
     };
     // Already in the module cache: no network.
@@ -286,6 +288,7 @@ fn prometheus_operator_module() -> Result<()> {
         return Ok(());
     }
     if output(Command::new("go").arg("version")).is_err() {
+        super::run(Command::new("apt-get").arg("update"))?;
         super::run(
             Command::new("apt-get")
                 .args(["install", "-y", "--no-install-recommends", "golang-go"])
