@@ -120,6 +120,17 @@ pub(super) fn ensure(opts: &Options, runner: &str) -> Result<Rootfs> {
     if dir.join("complete").exists() {
         return done(false);
     }
+    // Two runs at once (a test run and a hand-run guest) would build into the same partial
+    // directory and delete each other's work: the second waits, then finds the image.
+    std::fs::create_dir_all(cache_dir())?;
+    let lock = std::fs::File::create(cache_dir().join("build.lock"))?;
+    // SAFETY: flock on a file descriptor this function owns; released when `lock` drops.
+    if unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&lock), libc::LOCK_EX) } != 0 {
+        return Err(std::io::Error::last_os_error()).context("locking the guest image cache");
+    }
+    if dir.join("complete").exists() {
+        return done(false);
+    }
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         bail!(
