@@ -470,18 +470,7 @@ async fn name_containers(shared: &Arc<Shared>) {
     let Ok(mut resolver) = shared.runtime_names.try_lock() else {
         return;
     };
-    let containers = shared.listeners().containers();
-    // The owner's uid: rootless podman serves its API per user.
-    let wanted: Vec<_> = containers
-        .into_iter()
-        .map(|(c, pid)| {
-            let uid = std::fs::metadata(format!("/proc/{pid}")).ok().map(|m| {
-                use std::os::unix::fs::MetadataExt as _;
-                m.uid()
-            });
-            (c, uid)
-        })
-        .collect();
+    let wanted = shared.listeners().containers();
     resolver.refresh(&wanted).await;
     shared
         .write_listeners()

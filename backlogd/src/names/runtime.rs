@@ -1,7 +1,8 @@
-//! Container names and Kubernetes pod names from the container runtime's own API, for the
-//! containers the cgroup paths found (`cgroup.rs`). docker and podman answer the same
-//! Docker Engine API on a unix socket (`GET /containers/ID/json`: `Name`, and
-//! `Config.Labels`, where the `io.kubernetes.*` labels of a CRI-managed container live).
+//! Container names and Kubernetes pod names for the containers the cgroup paths found
+//! (`cgroup.rs`): docker and podman answer the same Docker Engine API on a unix socket
+//! (`GET /containers/ID/json`: `Name`, and `Config.Labels`, where the `io.kubernetes.*`
+//! labels of a CRI-managed container live); containerd's and CRI-O's containers are named
+//! from their OCI bundles (`bundle.rs`).
 //!
 //! Off the hot path: one lookup per container, cached by container id, dropped from the
 //! cache when no listener has that container any more. A runtime whose socket refuses or
@@ -64,9 +65,18 @@ fn sockets(runtime: &str, uid: Option<u32>) -> Vec<PathBuf> {
     out
 }
 
-/// Whether backlogd knows how to ask `runtime` (containerd's and CRI-O's gRPC APIs: not yet).
+/// Whether backlogd asks `runtime`'s API (docker, podman); containerd's and CRI-O's
+/// containers are named from their bundles (`bundle.rs`).
 pub fn asks(runtime: &str) -> bool {
     matches!(runtime, "docker" | "podman")
+}
+
+/// The owner's uid: rootless podman serves its API per user.
+fn uid_of(pid: u32) -> Option<u32> {
+    use std::os::unix::fs::MetadataExt as _;
+    std::fs::metadata(format!("/proc/{pid}"))
+        .ok()
+        .map(|m| m.uid())
 }
 
 /// What asking a runtime about one container came to.
@@ -109,27 +119,36 @@ impl Resolver {
         }
     }
 
-    /// Asks each runtime about the containers in `wanted` (container, owner uid) it has
-    /// not answered yet, and forgets containers no longer wanted.
-    pub async fn refresh(&mut self, wanted: &[(Container, Option<u32>)]) {
+    /// Names the containers in `wanted` (container, pid of a process of it) not named
+    /// yet, and forgets containers no longer wanted.
+    pub async fn refresh(&mut self, wanted: &[(Container, u32)]) {
         let ids: HashSet<&str> = wanted.iter().map(|(c, _)| c.id.as_str()).collect();
         self.entries.retain(|id, _| ids.contains(id.as_str()));
         let now = Instant::now();
-        for (container, uid) in wanted {
-            if !asks(&container.runtime) || self.entries.len() >= MAX_CACHED {
-                continue;
+        for (container, pid) in wanted {
+            if self.entries.len() >= MAX_CACHED {
+                break;
             }
             match self.entries.get(&container.id) {
                 Some(Entry::Known(_)) => continue,
                 Some(Entry::Failed(at)) if now.duration_since(*at) < RETRY_AFTER => continue,
                 _ => {}
             }
+            if !asks(&container.runtime) {
+                // A few /proc reads and one small file: no API, nothing to wait for.
+                let entry = match super::bundle::names(*pid, &container.id) {
+                    Some(names) => Entry::Known(names),
+                    None => Entry::Failed(now),
+                };
+                self.entries.insert(container.id.clone(), entry);
+                continue;
+            }
             if let Some(Down::Unreachable(at)) = self.down.get(&container.runtime)
                 && now.duration_since(*at) < RETRY_AFTER
             {
                 continue;
             }
-            let entry = match self.ask(container, *uid).await {
+            let entry = match self.ask(container, uid_of(*pid)).await {
                 Answer::Names(names) => Entry::Known(names),
                 Answer::Unknown | Answer::Unreachable => Entry::Failed(Instant::now()),
                 // Looking for a socket costs a stat per path: looked for again at the next
