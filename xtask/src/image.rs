@@ -8,8 +8,10 @@
 //! (it resolves no host names: `--listen` takes an address).
 //!
 //! The archive is an OCI image layout in a tar (`oci-layout`, `index.json`,
-//! `blobs/sha256/...`), which `podman load -i` and `skopeo copy oci-archive:FILE ...` read;
-//! `index.json` names it `localhost/backlogd:VERSION` (`org.opencontainers.image.ref.name`).
+//! `blobs/sha256/...`, the `oci-archive:` format of containers/image), which `podman load
+//! -i` reads (tested; skopeo and buildah use the same library, but are not installed here).
+//! `index.json` names it `localhost/backlogd:VERSION` in its
+//! `org.opencontainers.image.ref.name` annotation, where podman takes the name from.
 //! Reproducible: every entry is owned by 0:0, has the mtime SOURCE_DATE_EPOCH (default 0,
 //! the image's `created` too) and comes in sorted order, and the gzip header carries no
 //! name or time, so the same binary and libraries give the same manifest digest.
@@ -34,13 +36,16 @@
 //!   container); in a PID namespace of its own the daemon reports `pid="0"`, `comm=""`.
 //! - `--network=host`: /metrics is served in the host's network namespace, where
 //!   Prometheus scrapes node exporters (the eBPF hooks see every namespace either way).
-//! - `-v /sys/fs/cgroup:/sys/fs/cgroup:ro` and `--cgroupns=host`: tracepoint mode attaches
-//!   a cgroup_skb program at the root of the cgroup v2 hierarchy. On a hybrid host (cgroup2
-//!   at /sys/fs/cgroup/unified, as on the CI machine) podman mounts only the v1
-//!   controllers, and the daemon exits with "no cgroup v2 hierarchy is mounted"; the
-//!   host's /sys/fs/cgroup, bound in, brings the real root along. On a cgroup v2 host
-//!   podman's own mount in a private cgroup namespace shows only the container's cgroup,
-//!   which the daemon refuses (LoadError::CgroupNamespace); `--cgroupns=host` avoids that.
+//! - `-v /sys/fs/cgroup:/sys/fs/cgroup:ro` and `--cgroupns=host`: tracepoint mode (the
+//!   only one the CI machine's kernel allows) attaches a cgroup_skb program at the root of
+//!   the cgroup v2 hierarchy. On a hybrid host (cgroup2 at /sys/fs/cgroup/unified, as here)
+//!   podman mounts only the v1 controllers in the container, and the daemon exits with "no
+//!   cgroup v2 hierarchy is mounted"; the host's /sys/fs/cgroup bound in (recursively, as
+//!   podman binds) brings the hierarchy's real root along, and then it works in a private
+//!   cgroup namespace too (tried here). Without the bind, podman's own cgroup2 mount in a
+//!   private cgroup namespace (its default on a cgroup v2 host) shows only the container's
+//!   cgroup, which the daemon refuses (LoadError::CgroupNamespace, whose fix names
+//!   `--cgroupns=host`): both are passed so either layout works.
 //! - `-v /sys/fs/bpf:/sys/fs/bpf`: the shipped config pins links and counters under
 //!   /sys/fs/bpf/backlogd so counts survive a restart of the container; a container's sysfs
 //!   has no bpffs mounted there, and without it the daemon exits naming the pin directory
@@ -48,9 +53,10 @@
 //! - `--runtime runc` and `--ulimit nofile=N:N --ulimit nproc=M:M`: only on hosts like the
 //!   CI machine, whose hybrid cgroup layout crun refuses ("cgroups in hybrid mode not
 //!   supported") and whose root lacks CAP_SYS_RESOURCE: podman's default container limits
-//!   (nofile and nproc 1048576) exceed the hard limits podman itself holds (nofile: the
-//!   caller's; nproc: 32768, to which podman lowers its own), runc cannot raise them and
-//!   the container does not start (`error setting rlimit type 6/7`). N and M at or below
+//!   (nofile and nproc 1048576, which runc sets: strace) exceed the hard limits podman
+//!   itself holds (nofile: the caller's; nproc: 32768, to which podman lowers its own),
+//!   runc cannot raise them and the container does not start (`error setting rlimit type
+//!   6`, NPROC, or 7, NOFILE). N and M at or below
 //!   those hard limits work.
 
 use std::{
