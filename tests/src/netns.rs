@@ -1,7 +1,8 @@
 //! A network namespace owned by one helper thread.
 //!
-//! The thread unshares its network namespace; sockets it creates, `/proc/sys/net` writes it
-//! makes and processes it spawns all live there. When the `Netns` is dropped the thread
+//! The thread unshares its network namespace (or joins an existing one: [`Netns::join`]);
+//! sockets it creates, `/proc/sys/net` writes it makes and processes it spawns all live
+//! there. When the `Netns` is dropped the thread
 //! exits, and the kernel frees the namespace once its last socket is closed: nothing to
 //! clean up, even when a test panics.
 
@@ -63,6 +64,55 @@ impl Netns {
             .recv()
             .expect("netns thread died")
             .unwrap_or_else(|e| panic!("creating a network namespace: {e}"));
+        Self {
+            jobs: Some(jobs),
+            thread: Some(thread),
+            inode,
+        }
+    }
+
+    /// An existing namespace, e.g. a container's (`/proc/PID/ns/net`): the helper thread
+    /// setns()es into it instead of unsharing a new one, and changes nothing in it (its
+    /// loopback is left as it is). The namespace lives on while this `Netns` holds it.
+    pub fn join(path: impl AsRef<std::path::Path>) -> Self {
+        use std::os::fd::AsRawFd as _;
+        let path = path.as_ref().to_owned();
+        let (jobs, rx) = mpsc::channel::<Job>();
+        let (ready_tx, ready) = mpsc::channel();
+        let thread = thread::Builder::new()
+            .name(THREAD_NAME.into())
+            .spawn(move || {
+                let entered = std::fs::File::open(&path)
+                    .map_err(|e| format!("opening {}: {e}", path.display()))
+                    .and_then(|f| {
+                        // SAFETY: plain syscall on an fd we own; affects only this thread.
+                        match unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) } {
+                            0 => Ok(()),
+                            _ => Err(format!(
+                                "setns({}, CLONE_NEWNET): {} (tests need root)",
+                                path.display(),
+                                std::io::Error::last_os_error()
+                            )),
+                        }
+                    })
+                    .and_then(|()| {
+                        std::fs::metadata("/proc/thread-self/ns/net")
+                            .map(|m| m.ino())
+                            .map_err(|e| e.to_string())
+                    });
+                let ok = entered.is_ok();
+                ready_tx.send(entered).ok();
+                if ok {
+                    for job in rx {
+                        job();
+                    }
+                }
+            })
+            .expect("spawning netns thread");
+        let inode = ready
+            .recv()
+            .expect("netns thread died")
+            .unwrap_or_else(|e| panic!("joining a network namespace: {e}"));
         Self {
             jobs: Some(jobs),
             thread: Some(thread),
