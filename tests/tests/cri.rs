@@ -6,10 +6,13 @@
 //! vanish when the pod is removed.
 //!
 //! Everything is the test's own: a containerd with its own config, root, state, runc root
-//! and socket under a temp dir (only the shims' sockets land in containerd 1.6's fixed
-//! `/run/containerd/s`), and a CNI conf dir with a bridge conflist (host-local IPAM with
-//! its own data dir, no masquerading, no gateway: nothing is routed to or from the pod);
-//! Debian's plugins in `/usr/lib/cni`. No registry is reachable, so the two images are
+//! and socket under a temp dir, and a CNI conf dir with a bridge conflist (host-local IPAM
+//! with its own data dir, no masquerading, no gateway: nothing is routed to or from the
+//! pod); Debian's plugins in `/usr/lib/cni`. Outside the temp dir, as on a node: the
+//! shims' sockets (containerd 1.6's fixed `/run/containerd/s`), the pod's netns bind mount
+//! (`/var/run/netns/cni-UUID`), CNI's result cache (`/var/lib/cni/results`), the pod's
+//! cgroups and the bridge; all removed at the end, also when the test fails or containerd
+//! dies. No registry is reachable, so the two images are
 //! OCI archives the test builds and imports with `ctr`: the sandbox's pause image is
 //! busybox-static sleeping, the app image a root of symlinks into /usr, which the
 //! container's CRI `mounts` bind read-only from the host, so python3 runs the server.
