@@ -25,10 +25,13 @@ const MAX_DEPTH: usize = 16;
 /// The names in the bundle of container `id`, whose process `pid` is; None where no
 /// monitor or bundle is found.
 pub fn names(pid: u32, id: &str) -> Option<RuntimeNames> {
-    let config = config_path(pid, id)?;
+    let (runtime, config) = config_path(pid, id)?;
     let text = std::fs::read(&config).ok()?;
     let spec: Spec = serde_json::from_slice(&text).ok()?;
-    Some(from_annotations(&spec.annotations.unwrap_or_default()))
+    Some(RuntimeNames {
+        runtime: Some(runtime.to_owned()),
+        ..from_annotations(&spec.annotations.unwrap_or_default())
+    })
 }
 
 #[derive(Deserialize)]
@@ -36,20 +39,22 @@ struct Spec {
     annotations: Option<HashMap<String, String>>,
 }
 
-fn config_path(pid: u32, id: &str) -> Option<PathBuf> {
+/// The runtime the monitor belongs to, and the bundle's config.json.
+fn config_path(pid: u32, id: &str) -> Option<(&'static str, PathBuf)> {
     let mut p = pid;
     for _ in 0..MAX_DEPTH {
         let (comm, ppid) = comm_and_ppid(p)?;
         // comm is cut at 15 bytes: `containerd-shim-runc-v2` reads `containerd-shim`.
         if comm.starts_with("containerd-shim") {
-            return Some(PathBuf::from(format!("/proc/{p}/cwd/../{id}/config.json")));
+            let config = PathBuf::from(format!("/proc/{p}/cwd/../{id}/config.json"));
+            return Some(("containerd", config));
         }
         if comm == "conmon" {
             let bundle = flag_value(&std::fs::read(format!("/proc/{p}/cmdline")).ok()?, "-b")?;
             let relative = bundle.trim_start_matches('/');
-            return Some(PathBuf::from(format!(
-                "/proc/{p}/root/{relative}/config.json"
-            )));
+            // podman's containers are named by its API; a kubelet's conmon is CRI-O's.
+            let config = PathBuf::from(format!("/proc/{p}/root/{relative}/config.json"));
+            return Some(("cri-o", config));
         }
         if ppid <= 1 {
             return None;
@@ -93,6 +98,7 @@ fn from_annotations(a: &HashMap<String, String>) -> RuntimeNames {
             .find_map(|k| a.get(*k).filter(|v| !v.is_empty()).cloned())
     };
     RuntimeNames {
+        runtime: None,
         container: first(&[
             "io.kubernetes.cri.container-name",
             "io.kubernetes.container.name",
@@ -130,6 +136,7 @@ mod tests {
             ("io.kubernetes.pod.namespace", "shop"),
         ]);
         let want = RuntimeNames {
+            runtime: None,
             container: Some("listener".into()),
             pod_name: Some("web-0".into()),
             pod_namespace: Some("shop".into()),

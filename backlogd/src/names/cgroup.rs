@@ -109,6 +109,9 @@ impl CgroupNames {
     pub fn add_runtime_names(&mut self, names: &super::runtime::RuntimeNames) {
         if let Some(c) = &mut self.container {
             c.name.clone_from(&names.container);
+            if let Some(runtime) = &names.runtime {
+                c.runtime.clone_from(runtime);
+            }
         }
         self.pod_name.clone_from(&names.pod_name);
         self.pod_namespace.clone_from(&names.pod_namespace);
@@ -296,13 +299,14 @@ mod tests {
         assert_eq!(parse("/").owner(), None);
         let mut n = parse(&format!("/kubepods/pod{UID}/{ID}"));
         n.add_runtime_names(&super::super::runtime::RuntimeNames {
+            runtime: Some("containerd".into()),
             container: Some("nginx".into()),
             pod_name: Some("web-0".into()),
             pod_namespace: Some("shop".into()),
         });
         assert_eq!(
             n.owner().as_deref(),
-            Some("pod shop/web-0, cri container nginx")
+            Some("pod shop/web-0, containerd container nginx")
         );
     }
 

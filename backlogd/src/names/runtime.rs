@@ -35,6 +35,9 @@ const MAX_CACHED: usize = 4096;
 /// What the runtime says of one container.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RuntimeNames {
+    /// The runtime, where the path's cgroup did not say and the lookup did (kubelet's
+    /// cgroupfs layout says only `cri`; a `containerd-shim` or `conmon` ancestor says which).
+    pub runtime: Option<String>,
     /// The container's name: Kubernetes' container name for a pod's container, the
     /// runtime's own (`docker run --name`) otherwise.
     pub container: Option<String>,
@@ -286,6 +289,7 @@ fn parse_inspect(body: &[u8]) -> Result<RuntimeNames, serde_json::Error> {
     // The Docker API names containers with a leading slash; podman's compat API may not.
     let own = inspect.name.trim_start_matches('/');
     Ok(RuntimeNames {
+        runtime: None,
         container: label("io.kubernetes.container.name")
             .or_else(|| (!own.is_empty()).then(|| own.to_owned())),
         pod_name: label("io.kubernetes.pod.name"),
@@ -313,6 +317,7 @@ mod tests {
         assert_eq!(
             parse_inspect(pod).unwrap(),
             RuntimeNames {
+                runtime: None,
                 container: Some("nginx".into()),
                 pod_name: Some("web-0".into()),
                 pod_namespace: Some("shop".into()),
