@@ -94,10 +94,11 @@ pub fn load(opts: &LoadOptions) -> Result<Probes, LoadError> {
     warn_if_realtime();
     // Each parse of the kernel's BTF takes tens of MiB: never hold two at once. The
     // btf-rs parse is only needed for the offsets and the kernel's features.
-    let (kernel, mut offsets) = {
+    let (facts, mut offsets) = {
         let btf = KernelBtf::open(&opts.btf)?;
-        (KernelSupport::probe(&btf), btf.kernel_offsets()?)
+        (modes::BtfFacts::of(&btf), btf.kernel_offsets()?)
     };
+    let kernel = KernelSupport::probe(facts);
     let pins = match &opts.pin_dir {
         // The maps' capacity is part of what a pinned state is: a daemon configured for
         // another one does not adopt it.

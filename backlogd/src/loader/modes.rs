@@ -75,17 +75,37 @@ const FUNC_RET_HELPER: &str = "BPF_FUNC_get_func_ret";
 /// `enum bpf_link_type` names every kind of link the kernel can create.
 const PERF_EVENT_LINK: &str = "BPF_LINK_TYPE_PERF_EVENT";
 
+/// What the kernel's BTF says of its BPF, read while the parse is at hand (see
+/// [`KernelSupport::probe`]).
+#[derive(Debug, Clone, Copy)]
+pub struct BtfFacts {
+    func_ret: bool,
+    perf_link: bool,
+}
+
+impl BtfFacts {
+    pub fn of(btf: &KernelBtf) -> Self {
+        Self {
+            func_ret: btf.has_enumerator(FUNC_RET_HELPER),
+            perf_link: btf.has_enumerator(PERF_EVENT_LINK),
+        }
+    }
+}
+
 impl KernelSupport {
-    pub fn probe(btf: &KernelBtf) -> Self {
+    /// Call with the btf-rs parse dropped: aya's feature probe for tracing programs parses
+    /// the kernel's BTF once more (tens of MiB), and two parses at once were the daemon's
+    /// peak memory.
+    pub fn probe(facts: BtfFacts) -> Self {
         let trampolines = matches!(
             aya::sys::is_program_supported(ProgramType::Tracing),
             Ok(true)
         );
         Self::from_facts(
             trampolines,
-            btf.has_enumerator(FUNC_RET_HELPER),
+            facts.func_ret,
             Path::new("/sys/bus/event_source/devices/kprobe").exists(),
-            btf.has_enumerator(PERF_EVENT_LINK),
+            facts.perf_link,
         )
     }
 
