@@ -24,7 +24,9 @@ use anyhow::{Context as _, Result, bail};
 /// headers go into the kernel matrix's guests (bpftrace compiles against them on 5.10);
 /// podman with runc (crun refuses this machine kind's hybrid cgroup layout) runs the
 /// containers whose listeners backlogd must name, and the image `cargo xtask image` builds;
-/// python3-venv makes the Kubernetes manifests' checkers a venv of their own.
+/// python3-venv makes the Kubernetes manifests' checkers a venv of their own; containerd
+/// (its CRI plugin), python3-grpcio, python3-protobuf and protobuf-compiler run
+/// tests/tests/cri.rs's pods and its CRI client.
 const DEBIAN_PACKAGES: &[&str] = &[
     "iproute2",
     "util-linux",
@@ -59,6 +61,10 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "runc",
     "containernetworking-plugins",
     "python3-venv",
+    "containerd",
+    "python3-grpcio",
+    "python3-protobuf",
+    "protobuf-compiler",
 ];
 
 /// cargo-deb builds the Debian package from backlogd's `[package.metadata.deb]`.
@@ -241,6 +247,9 @@ const MANIFEST_CHECKERS: &[&str] = &[
 /// schemas the PodMonitor and ServiceMonitor are checked against. Go's module proxy is how
 /// it gets here; the checksum database vouches for it.
 const PROMETHEUS_OPERATOR: &str = "github.com/prometheus-operator/prometheus-operator@v0.85.0";
+/// The CRI's api.proto, which tests/tests/cri.rs compiles for its client (same version
+/// as its `CRI_API`).
+const CRI_API: &str = "k8s.io/cri-api@v0.28.4";
 
 /// kubernetes-validate (the Kubernetes schemas), check-jsonschema (the CRDs' schemas) and
 /// the CRDs, for tests/tests/kubernetes.rs. A venv of their own under ~/.cache, not pip
@@ -269,14 +278,21 @@ fn manifest_checkers() -> Result<()> {
         )?;
         std::fs::write(&stamp, &wanted).with_context(|| format!("writing {}", stamp.display()))?;
     }
-    prometheus_operator_module()
+    go_modules()
 }
 
-fn prometheus_operator_module() -> Result<()> {
+/// The Go modules whose files the tests read: prometheus-operator's CRDs, the CRI's proto.
+fn go_modules() -> Result<()> {
+    go_module(PROMETHEUS_OPERATOR)?;
+    go_module(CRI_API)
+}
+
+/// `module` in the Go module cache (from the proxy when absent).
+fn go_module(module: &str) -> Result<()> {
     let download = |proxy: &str| {
         output(
             Command::new("go")
-                .args(["mod", "download", "-json", PROMETHEUS_OPERATOR])
+                .args(["mod", "download", "-json", module])
                 .env("GOPROXY", proxy)
                 .env("GOFLAGS", "-mod=mod")
                 // Outside any module: inside one, -mod=mod could rewrite its go.mod.
@@ -298,5 +314,5 @@ fn prometheus_operator_module() -> Result<()> {
     // The proxy alone: `direct` would mean a git clone, which this machine cannot reach.
     download("https://proxy.golang.org")
         .map(drop)
-        .with_context(|| format!("downloading {PROMETHEUS_OPERATOR} into the Go module cache"))
+        .with_context(|| format!("downloading {module} into the Go module cache"))
 }
