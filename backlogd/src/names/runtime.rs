@@ -330,6 +330,53 @@ mod tests {
         assert!(parse_inspect(b"<html>").is_err());
     }
 
+    /// A socket that accepts and never answers costs one timeout, a socket file nobody
+    /// listens on one refusal, and either puts the runtime aside for RETRY_AFTER: the
+    /// next refresh asks nothing. (The absent socket and a real API: tests/tests/podman.rs.)
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn a_silent_or_refusing_socket_is_one_attempt_then_left_alone() {
+        let dir = std::env::temp_dir().join(format!("backlogd-runtime-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let silent = dir.join("silent.sock");
+        let _ = std::fs::remove_file(&silent);
+        let listener = tokio::net::UnixListener::bind(&silent).unwrap();
+        let held = tokio::spawn(async move {
+            let mut conns = Vec::new();
+            while let Ok((c, _)) = listener.accept().await {
+                conns.push(c);
+            }
+        });
+        let started = tokio::time::Instant::now();
+        let err = inspect(&silent, "abc").await.unwrap_err();
+        assert!(matches!(err, AskError::Timeout), "{err}");
+        assert_eq!(started.elapsed(), TIMEOUT);
+
+        // A socket file whose listener is gone: connect is refused at once.
+        let refusing = dir.join("refusing.sock");
+        let _ = std::fs::remove_file(&refusing);
+        drop(std::os::unix::net::UnixListener::bind(&refusing).unwrap());
+        let err = inspect(&refusing, "abc").await.unwrap_err();
+        assert!(matches!(err, AskError::Connect(_)), "{err}");
+
+        // Through the resolver: one Unreachable, then nothing until RETRY_AFTER.
+        let mut r = Resolver::default();
+        r.down
+            .insert("podman".into(), Down::Unreachable(Instant::now()));
+        let c = Container {
+            runtime: "podman".into(),
+            id: "abc".into(),
+            name: None,
+        };
+        r.refresh(&[(c, std::process::id())]).await;
+        assert!(
+            r.entries.is_empty(),
+            "asked a runtime set aside: {:?}",
+            r.entries
+        );
+        held.abort();
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
     #[test]
     fn rootless_podman_is_asked_at_its_user_socket_and_through_pid_1() {
         let s = sockets("podman", Some(1000));
