@@ -10,7 +10,10 @@ use backlogd_common::{AF_INET, ListenerEvent, event_kind};
 use serde::Serialize;
 
 use crate::{
-    names::{CgroupNames, cgroup::Container, runtime::RuntimeNames},
+    names::{
+        CgroupNames,
+        cgroup::{Container, RuntimeNames},
+    },
     programs::Known,
     sampling::{DiagListener, owners::Owner},
 };

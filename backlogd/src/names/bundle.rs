@@ -16,7 +16,7 @@ use std::{collections::HashMap, path::PathBuf};
 
 use serde::Deserialize;
 
-use super::runtime::RuntimeNames;
+use super::cgroup::RuntimeNames;
 
 /// Ancestors walked up from the container's process (container init, a shell, the server:
 /// a few levels; the monitor is the first ancestor outside the container).

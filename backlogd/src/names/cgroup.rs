@@ -34,6 +34,20 @@ pub struct Container {
     pub name: Option<String>,
 }
 
+/// What a container's runtime adds to what its cgroup path says (`runtime.rs` asks the
+/// API, `bundle.rs` reads the bundle); kept here, beside what it completes.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RuntimeNames {
+    /// The runtime, where the path's cgroup did not say and the lookup did (kubelet's
+    /// cgroupfs layout says only `cri`; a `containerd-shim` or `conmon` ancestor says which).
+    pub runtime: Option<String>,
+    /// The container's name: Kubernetes' container name for a pod's container, the
+    /// runtime's own (`docker run --name`) otherwise.
+    pub container: Option<String>,
+    pub pod_name: Option<String>,
+    pub pod_namespace: Option<String>,
+}
+
 /// Scope-name prefixes of container managers (systemd cgroup driver), and the runtime.
 /// The monitor processes' scopes (`libpod-conmon-`, `crio-conmon-`) are not containers.
 const SCOPES: &[(&str, &str)] = &[
@@ -106,7 +120,7 @@ impl CgroupNames {
     }
 
     /// Adds what the container's runtime said of it.
-    pub fn add_runtime_names(&mut self, names: &super::runtime::RuntimeNames) {
+    pub fn add_runtime_names(&mut self, names: &RuntimeNames) {
         if let Some(c) = &mut self.container {
             c.name.clone_from(&names.container);
             if let Some(runtime) = &names.runtime {
@@ -298,7 +312,7 @@ mod tests {
         );
         assert_eq!(parse("/").owner(), None);
         let mut n = parse(&format!("/kubepods/pod{UID}/{ID}"));
-        n.add_runtime_names(&super::super::runtime::RuntimeNames {
+        n.add_runtime_names(&RuntimeNames {
             runtime: Some("containerd".into()),
             container: Some("nginx".into()),
             pod_name: Some("web-0".into()),

@@ -21,7 +21,7 @@ use hyper::body::Bytes;
 use hyper_util::rt::TokioIo;
 use serde::Deserialize;
 
-use super::cgroup::Container;
+use super::cgroup::{Container, RuntimeNames};
 
 /// A runtime or a container that could not be asked is asked again after this long.
 pub const RETRY_AFTER: Duration = Duration::from_secs(60);
@@ -31,19 +31,6 @@ const TIMEOUT: Duration = Duration::from_secs(2);
 const MAX_BODY: usize = 1 << 20;
 /// Containers remembered at once (a node runs a few hundred at most).
 const MAX_CACHED: usize = 4096;
-
-/// What the runtime says of one container.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct RuntimeNames {
-    /// The runtime, where the path's cgroup did not say and the lookup did (kubelet's
-    /// cgroupfs layout says only `cri`; a `containerd-shim` or `conmon` ancestor says which).
-    pub runtime: Option<String>,
-    /// The container's name: Kubernetes' container name for a pod's container, the
-    /// runtime's own (`docker run --name`) otherwise.
-    pub container: Option<String>,
-    pub pod_name: Option<String>,
-    pub pod_namespace: Option<String>,
-}
 
 /// The unix sockets each runtime serves its API on, in the order tried. podman's rootless
 /// service runs per user (`/run/user/UID/podman/podman.sock`): `uid` is the owner's.
