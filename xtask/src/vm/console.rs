@@ -7,8 +7,11 @@ use super::*;
 /// kernel has been seen to die of its own text patching (`Oops: int3` in
 /// syscall_exit_to_user_mode_prepare while a tracepoint was switched on: an int3 left
 /// behind by text_poke_bp still executed on the other vCPU), which says nothing about
-/// the suites; the crash is still printed and listed under the table.
-pub(super) const GUEST_CRASH_REBOOTS: usize = 1;
+/// the suites; the crash is still printed and listed under the table. Each boot goes on
+/// from the run that crashed. Three: trixie's 6.12 crashed so twice in a row on this
+/// machine kind (kprobe syn_drops, then tracepoint syn_drops), which one reboot could not
+/// absorb. A lockup or stall is never retried (`is_lockup`).
+pub(super) const GUEST_CRASH_REBOOTS: usize = 3;
 
 /// Whether a guest crash report is a soft lockup or an RCU stall (the kernel hung).
 pub(super) fn is_lockup(crash: &str) -> bool {
