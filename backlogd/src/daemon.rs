@@ -429,16 +429,24 @@ async fn follow_listener_events(ring: RingBuf<MapData>, shared: Arc<Shared>) -> 
         guard.clear_ready();
         if listened {
             // Off the event loop: it reads /proc and configuration files.
-            tokio::spawn(identify_programs(shared.clone()));
+            let shared = shared.clone();
+            tokio::spawn(async move {
+                // A pass over every listener only when a new one is in a container: an
+                // event batch must not cost O(listeners) (10k churned listeners).
+                if identify_programs(shared.clone()).await {
+                    name_containers(&shared).await;
+                }
+            });
         }
     }
 }
 
 /// Looks up the program behind each listener not looked up yet (`programs/`) and its
-/// owner's unit, container and pod (`names/`), one /proc read per process; then asks the
-/// container runtimes for the names only they know.
-async fn identify_programs(shared: Arc<Shared>) {
+/// owner's unit, container and pod (`names/`), one /proc read per process.
+/// Whether a listener it identified is in a container.
+async fn identify_programs(shared: Arc<Shared>) -> bool {
     let wanted = shared.listeners().unidentified();
+    let mut in_container = false;
     if !wanted.is_empty() {
         let found = tokio::task::spawn_blocking(move || {
             let mut processes = std::collections::HashMap::new();
@@ -457,15 +465,15 @@ async fn identify_programs(shared: Arc<Shared>) {
         .unwrap_or_default();
         let mut table = shared.write_listeners();
         for (inode, pid, known, names) in found {
+            in_container |= names.as_ref().is_some_and(|n| n.container.is_some());
             table.set_owner(inode, pid, known, names);
         }
     }
-    name_containers(&shared).await;
+    in_container
 }
 
-/// Container and pod names from the runtimes' APIs (`names/runtime.rs`), for every
-/// listener in a container; runs after each identification and each rescan, so names
-/// come once a runtime's API answers and go with the container.
+/// Container and pod names from the runtimes (`names/runtime.rs`), for every listener in
+/// a container; runs at each rescan and when an event brings a listener in a container.
 async fn name_containers(shared: &Arc<Shared>) {
     let Ok(mut resolver) = shared.runtime_names.try_lock() else {
         return;
@@ -518,6 +526,8 @@ async fn rescan(shared: &Arc<Shared>, maps: &SharedMaps) {
         .write_listeners()
         .finish_scan(generation, &found, &listed, &owners);
     identify_programs(shared.clone()).await;
+    // Every rescan: names come once a runtime answers, and go with their containers.
+    name_containers(shared).await;
     if added + removed > 0 {
         tracing::info!(
             added,
