@@ -115,8 +115,20 @@ impl Daemon {
         let (addr_tx, addr_rx) = mpsc::channel();
         let stderr = child.stderr.take().expect("piped stderr");
         let sink = log.clone();
+        // The kernel matrix's guests ask for a copy on disk: a suite stuck for minutes
+        // gets the daemons' last lines printed by the guest's watchdog (vm/image.rs).
+        let mut mirror = std::env::var_os("BACKLOGD_TEST_LOG_DIR").and_then(|dir| {
+            std::fs::File::create(
+                std::path::Path::new(&dir).join(format!("backlogd-{}.log", child.id())),
+            )
+            .ok()
+        });
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Some(file) = mirror.as_mut() {
+                    use std::io::Write as _;
+                    let _ = writeln!(file, "{line}");
+                }
                 if let Some(addr) = line
                     .split("serving metrics on http")
                     .nth(1)

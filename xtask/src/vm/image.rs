@@ -170,6 +170,8 @@ pub(super) fn build_initramfs(
         .replace("@MARK@", MARK)
         .replace("@RELEASE@", &kernel.release)
         .replace("@INSMODS@", &insmods)
+        .replace("@SLOW@", &SUITE_SLOW.as_secs().to_string())
+        .replace("@STUCK@", &SUITE_STUCK.as_secs().to_string())
         .replace("@RUNS@", runs);
     let init_path = root.join("init");
     std::fs::write(&init_path, init)?;
@@ -191,6 +193,13 @@ pub(super) fn build_initramfs(
     Ok(cpio)
 }
 
+/// A suite run this long gets the guest's state printed (tasks, kernel stacks, daemon
+/// logs): the slowest, stress, takes about 7 minutes under TCG on CI's machine.
+const SUITE_SLOW: Duration = Duration::from_secs(12 * 60);
+/// A suite run this long is killed (its row fails with rc=137 and the state printed), so
+/// the guest goes on with its other runs instead of reaching [`GUEST_TIMEOUT`].
+const SUITE_STUCK: Duration = Duration::from_secs(18 * 60);
+
 /// The guest's /init: mounts what backlogd and the suites need, loads modules, runs every
 /// suite per mode with markers the host parses, and powers off.
 pub(super) const INIT_TEMPLATE: &str = r#"#!/bin/busybox sh
@@ -207,12 +216,52 @@ ip link set lo up
 @INSMODS@
 echo "@MARK@ kernel $(uname -r) expected @RELEASE@ cpus $(nproc)"
 export BACKLOGD_BIN=/backlogd/backlogd RUST_BACKTRACE=1 NO_COLOR=1
+export BACKLOGD_TEST_LOG_DIR=/tmp/daemon-logs
+mkdir -p $BACKLOGD_TEST_LOG_DIR
+# What every user task is doing: state, CPU time, kernel stack; and the daemons' last lines.
+dump_state() {
+    echo "@MARK@ state: uptime $(cut -d' ' -f1 /proc/uptime) s, load $(cat /proc/loadavg)"
+    for t in /proc/[0-9]*/task/[0-9]*; do
+        [ -n "$(head -c 1 ${t%/task/*}/cmdline 2>/dev/null)" ] || continue
+        set -- $(sed 's/^.*) //' $t/stat)
+        echo "-- task ${t#/proc/} $(cat $t/comm) state $1 utime ${12} stime ${13} wchan $(cat $t/wchan 2>/dev/null)"
+        head -n 12 $t/stack 2>/dev/null
+    done
+    for f in $BACKLOGD_TEST_LOG_DIR/*.log; do
+        [ -e "$f" ] || continue
+        echo "-- last lines of $f"
+        tail -n 30 "$f"
+    done
+}
+# A suite still running after @SLOW@ s gets its state printed (it may only be slow);
+# after @STUCK@ s it is killed, so one hung suite does not cost the guest's other runs.
 run_suite() {
     mode=$1 suite=$2
     shift 2
     echo "@MARK@ begin mode=$mode suite=$suite"
-    BACKLOGD_HOOK_MODE=$mode /backlogd/tests/$suite --test-threads=1 "$@" 2>&1
-    echo "@MARK@ end mode=$mode suite=$suite rc=$?"
+    rm -f $BACKLOGD_TEST_LOG_DIR/*.log
+    BACKLOGD_HOOK_MODE=$mode /backlogd/tests/$suite --test-threads=1 "$@" 2>&1 &
+    pid=$!
+    (
+        sleep @SLOW@
+        kill -0 $pid 2>/dev/null || exit 0
+        echo "@MARK@ slow mode=$mode suite=$suite: still running after @SLOW@ s"
+        dump_state
+        sleep $((@STUCK@ - @SLOW@))
+        kill -0 $pid 2>/dev/null || exit 0
+        echo "@MARK@ stuck mode=$mode suite=$suite: killed after @STUCK@ s"
+        dump_state
+        for s in /proc/[0-9]*/stat; do
+            ppid=$(sed 's/^.*) //' $s 2>/dev/null | cut -d' ' -f2)
+            [ "$ppid" = "$pid" ] && c=${s%/stat} && kill -KILL ${c#/proc/}
+        done
+        kill -KILL $pid
+    ) &
+    watchdog=$!
+    wait $pid
+    rc=$?
+    kill $watchdog 2>/dev/null
+    echo "@MARK@ end mode=$mode suite=$suite rc=$rc"
 }
 @RUNS@
 echo "@MARK@ done"

@@ -66,7 +66,15 @@ pub struct Options {
     pub repeat: u32,
     /// Leave out the tests in [`CI_SKIPS`] (`cargo xtask test`), saying so in the table.
     pub ci: bool,
+    /// When the whole matrix must be over (`cargo xtask test`: CI's limit, less a margin).
+    /// Boots are cut short to end by then; a kernel with too little time left is not
+    /// booted. Either way its rows fail, saying so.
+    pub deadline: Option<Instant>,
 }
+
+/// A kernel is not booted with less time than this left before the deadline: a boot
+/// alone takes a minute under TCG, and a row cut short proves nothing either way.
+const MIN_BOOT_TIME: Duration = Duration::from_secs(4 * 60);
 
 /// Tests `cargo xtask test` leaves out of the matrix, each with the reason; `cargo xtask
 /// vm` runs them. (kernel, mode, suite, test, reason). Empty: the one that was here
@@ -151,6 +159,7 @@ pub fn run(opts: &Options) -> Result<()> {
     let mut excerpts = String::new();
     let mut crashes = Vec::new();
     let mut notes = Vec::new();
+    let mut out_of_time = Vec::new();
     for spec in kernels {
         let suites: Vec<(&str, Option<&str>)> = all_suites
             .iter()
@@ -198,7 +207,28 @@ pub fn run(opts: &Options) -> Result<()> {
         // Runs finished in earlier boots, and their console output.
         let mut done = 0;
         let mut transcript = String::new();
+        // Runs a kernel never got to because the time budget ran out.
+        let mut unrun: &[String] = &[];
         for boot_no in 0..=GUEST_CRASH_REBOOTS {
+            let left = opts
+                .deadline
+                .map(|d| d.saturating_duration_since(Instant::now()));
+            if left.is_some_and(|left| left < MIN_BOOT_TIME) {
+                out_of_time.push(format!(
+                    "{}: {} of its {} runs NOT RUN: the matrix's time budget ran out \
+                     before this kernel's boot {} ({} s left); `cargo xtask vm --kernel {}` \
+                     runs them",
+                    spec.label,
+                    runs.len() - done,
+                    runs.len(),
+                    boot_no + 1,
+                    left.unwrap_or_default().as_secs(),
+                    spec.label
+                ));
+                unrun = &runs[done..];
+                break;
+            }
+            let limit = left.map_or(GUEST_TIMEOUT, |left| left.min(GUEST_TIMEOUT));
             let initrd = build_initramfs(
                 &work,
                 &kernel,
@@ -216,7 +246,17 @@ pub fn run(opts: &Options) -> Result<()> {
                 log.display()
             );
             let started = Instant::now();
-            let outcome = boot(&kernel, &initrd, &log);
+            let outcome = boot(&kernel, &initrd, &log, limit);
+            if outcome.is_err() && limit < GUEST_TIMEOUT {
+                out_of_time.push(format!(
+                    "{}: boot {} was cut short at {} s by the matrix's time budget (a \
+                     guest gets {} s otherwise)",
+                    spec.label,
+                    boot_no + 1,
+                    limit.as_secs(),
+                    GUEST_TIMEOUT.as_secs()
+                ));
+            }
             let console = std::fs::read_to_string(&log).unwrap_or_default();
             eprintln!(
                 "xtask vm: {} finished in {:.0} s{}",
@@ -265,7 +305,9 @@ pub fn run(opts: &Options) -> Result<()> {
                 break;
             }
         }
-        rows.extend(parse_console(spec.label, &transcript, &modes));
+        let mut kernel_rows = parse_console(spec.label, &transcript, &modes);
+        mark_unrun(&mut kernel_rows, unrun);
+        rows.extend(kernel_rows);
         excerpts.push_str(&failure_excerpts(spec.label, &transcript));
     }
     // The failing suites' own output, so a CI log says what failed without the console
@@ -274,6 +316,9 @@ pub fn run(opts: &Options) -> Result<()> {
     let mut table = render_table(&rows, &all_suites, opts.repeat);
     for crash in &crashes {
         let _ = writeln!(table, "GUEST CRASH: {crash}");
+    }
+    for what in &out_of_time {
+        let _ = writeln!(table, "OUT OF TIME: {what}");
     }
     for note in &notes {
         let _ = writeln!(table, "NOTE: {note}");
