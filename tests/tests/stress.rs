@@ -309,12 +309,16 @@ fn map_entries_no_listener_claims_are_removed_after_a_rescan_interval() {
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     bpftool(&args);
     let keys = || inodes_in_maps(daemon.pid(), &["LISTENER_STATS"]);
-    assert!(keys().contains(&orphan), "the injected entry is there");
-
     let removed = |s: &backlogd_tests::Scrape| {
         s.value("backlogd_listener_map_orphans_removed_total", &[])
             .expect("orphans metric") as u64
     };
+    // Two rescans can pass between the update and this read when the machine is slow
+    // (under TCG bpftool alone takes seconds): then the entry is gone and counted already.
+    assert!(
+        keys().contains(&orphan) || removed(&daemon.scrape()) == 1,
+        "the injected entry is neither in the map nor counted as removed"
+    );
     // Judged at one rescan, removed at the next (wait_for gives up after 10 s: 10 intervals).
     daemon.wait_for("the orphan entry to be removed", |s| {
         (!keys().contains(&orphan)).then(|| removed(s))
