@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 
 use backlogd_common::{KernelOffsets, mib};
-use btf_rs::{Btf, Type};
+use btf_rs::{Backend, Btf, Type};
 use fallible_iterator::FallibleIterator as _;
 
 pub const KERNEL_BTF: &str = "/sys/kernel/btf/vmlinux";
@@ -87,6 +87,30 @@ const SYSCALL_REGS: (&str, usize, &str) = ("orig_ax", 8, "di");
 #[cfg(target_arch = "aarch64")]
 const SYSCALL_REGS: (&str, usize, &str) = ("syscallno", 4, "orig_x0");
 
+/// A file's bytes in an anonymous memory file (memfd), which can be mapped where the
+/// original (a sysfs attribute) cannot.
+struct InMemory(std::fs::File);
+
+impl InMemory {
+    fn copy_of(path: &Path) -> std::io::Result<Self> {
+        // SAFETY: memfd_create reads a NUL-terminated name and returns a new fd or -1.
+        let fd = unsafe { libc::memfd_create(c"backlogd-btf".as_ptr(), libc::MFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: fd was just created and is owned by nothing else.
+        let mut file = unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+        std::io::copy(&mut std::fs::File::open(path)?, &mut file)?;
+        Ok(Self(file))
+    }
+
+    /// A path that opens the same memory file.
+    fn path(&self) -> PathBuf {
+        use std::os::fd::AsRawFd as _;
+        PathBuf::from(format!("/proc/self/fd/{}", self.0.as_raw_fd()))
+    }
+}
+
 pub struct KernelBtf {
     btf: Btf,
 }
@@ -98,10 +122,24 @@ impl KernelBtf {
                 path: path.to_owned(),
             });
         }
-        let btf = Btf::from_file(path).map_err(|e| BtfError::Unreadable {
+        let unreadable = |reason: String| BtfError::Unreadable {
             path: path.to_owned(),
-            reason: e.to_string(),
-        })?;
+            reason,
+        };
+        // btf-rs's cached backend turns vmlinux's ~6 MiB of BTF into ~28 MiB of parsed
+        // types, most of the daemon's startup peak; its mmap backend reads the bytes in
+        // place. /sys/kernel/btf/vmlinux cannot be mapped before Linux 6.16 (nor with
+        // btf-rs's flags after), so the bytes are mapped from an in-memory copy.
+        // Where no memory file can be made (a seccomp filter without memfd_create), the
+        // cached backend still works, at its cost.
+        let btf = match InMemory::copy_of(path) {
+            Ok(copy) => Btf::from_file_with_backend(copy.path(), Backend::Mmap),
+            Err(e) => {
+                tracing::debug!(error = %e, "no memory file for the BTF; parsing it whole");
+                Btf::from_file(path)
+            }
+        }
+        .map_err(|e| unreadable(e.to_string()))?;
         Ok(Self { btf })
     }
 
