@@ -12,7 +12,12 @@ use std::{
 use clap::{Args, ValueEnum as _};
 use serde::{Deserialize, Serialize};
 
-use crate::loader::{btf::KERNEL_BTF, modes::HookModeArg};
+use backlogd_common::ACCEPT_WAIT_BUCKETS;
+
+use crate::{
+    api::AcceptWait,
+    loader::{btf::KERNEL_BTF, modes::HookModeArg},
+};
 
 /// Where `backlogd run` looks for its config file when `--config` is not given. A missing
 /// file there means built-in defaults; a missing file named by `--config` is an error.
@@ -60,6 +65,17 @@ pub struct Layer {
     /// last listen() event [default: 16384].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=MAX_LISTENERS_LIMIT))]
     pub max_listeners: Option<u64>,
+    /// Upper bounds, in seconds, of the backlogd_listen_accept_wait_seconds buckets /metrics
+    /// exports, or `all`. The kernel counts waits in 24 buckets of 2^i µs (0.000001 to
+    /// 8.388608 s); each bound must be one of those, and an exported bucket is the exact
+    /// sum of the kernel buckets up to its bound. The default keeps the answers an alert
+    /// needs: waits up to ~1 ms (the application keeps up with its queue) and up to ~1 s
+    /// (a longer wait costs the client more than a dropped SYN, retransmitted after 1 s),
+    /// with `+Inf`, `_sum` and `_count` 5 series per listener instead of 27. The JSON API
+    /// (`top`, `doctor`) always has every bucket. On the command line: comma-separated
+    /// [default: 0.001024,1.048576].
+    #[arg(long, value_name = "SECONDS,...|all")]
+    pub accept_wait_buckets: Option<AcceptWaitBuckets>,
     /// Log filter. On the command line this is the global `--log` flag (or BACKLOGD_LOG).
     #[arg(skip)]
     pub log: Option<String>,
@@ -112,6 +128,7 @@ pub struct Config {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pin_dir: Option<PathBuf>,
     pub max_listeners: u64,
+    pub accept_wait_buckets: AcceptWaitBuckets,
     pub log: String,
     pub http: HttpConfig,
 }
@@ -141,6 +158,7 @@ impl Default for Config {
             hook_mode: HookModeArg::Auto,
             pin_dir: None,
             max_listeners: u64::from(backlogd_common::LISTENER_STATS_ENTRIES),
+            accept_wait_buckets: AcceptWaitBuckets::default(),
             log: "info".into(),
             http: HttpConfig {
                 web_config_file: None,
@@ -256,6 +274,7 @@ impl Layer {
             "hook_mode" => self.hook_mode.is_some(),
             "pin_dir" => self.pin_dir.is_some(),
             "max_listeners" => self.max_listeners.is_some(),
+            "accept_wait_buckets" => self.accept_wait_buckets.is_some(),
             "log" => self.log.is_some(),
             "http.web_config_file" => self.http.web_config_file.is_some(),
             "http.max_connections" => self.http.max_connections.is_some(),
@@ -287,6 +306,7 @@ pub fn merge(file: Option<&Layer>, cli: &Layer) -> Config {
         hook_mode: pick!(hook_mode, d.hook_mode),
         pin_dir: cli.pin_dir.clone().or_else(|| f.pin_dir.clone()),
         max_listeners: pick!(max_listeners, d.max_listeners),
+        accept_wait_buckets: pick!(accept_wait_buckets, d.accept_wait_buckets),
         log: pick!(log, d.log),
         http: HttpConfig {
             web_config_file: cli
@@ -413,6 +433,141 @@ impl Config {
     }
 }
 
+/// The accept-wait buckets /metrics exports: a set of the kernel's bucket bounds, so
+/// every exported bucket is an exact sum of kernel buckets. Spelled `"all"` or as a list
+/// of bounds in seconds (`[0.001024, 1.048576]`; on the command line `0.001024,1.048576`);
+/// any other value is refused with the allowed ones listed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AcceptWaitBuckets {
+    /// Indices of the exported bounds in [`AcceptWait::bounds`], ascending, no repeats.
+    indices: Vec<usize>,
+}
+
+impl AcceptWaitBuckets {
+    /// The default bounds: 2^10 µs (~1 ms) and 2^20 µs (~1 s).
+    pub const DEFAULT: [usize; 2] = [10, 20];
+
+    /// Every kernel bound (the whole histogram).
+    pub fn all() -> Self {
+        Self {
+            indices: (0..ACCEPT_WAIT_BUCKETS).collect(),
+        }
+    }
+
+    /// Indices of the exported bounds among the kernel's ([`AcceptWait::bounds`]),
+    /// ascending.
+    pub fn indices(&self) -> &[usize] {
+        &self.indices
+    }
+
+    /// The exported bounds in seconds, ascending.
+    pub fn seconds(&self) -> Vec<f64> {
+        let bounds = AcceptWait::bounds();
+        self.indices.iter().map(|&i| bounds[i]).collect()
+    }
+
+    pub fn is_all(&self) -> bool {
+        self.indices.len() == ACCEPT_WAIT_BUCKETS
+    }
+
+    /// From bounds in seconds, in any order; an error naming the first that is not a
+    /// kernel bound and listing those that are.
+    pub fn from_seconds(values: &[f64]) -> Result<Self, String> {
+        let bounds = AcceptWait::bounds();
+        let mut indices = Vec::with_capacity(values.len());
+        for &v in values {
+            // Both sides are the double nearest the decimal bound; the tolerance only
+            // forgives a value written with more digits than needed.
+            match bounds.iter().position(|b| (b - v).abs() <= b * 1e-9) {
+                Some(i) => indices.push(i),
+                None => return Err(Self::not_a_bound(&v.to_string())),
+            }
+        }
+        indices.sort_unstable();
+        indices.dedup();
+        Ok(Self { indices })
+    }
+
+    fn not_a_bound(value: &str) -> String {
+        let allowed: Vec<String> = AcceptWait::bounds().iter().map(f64::to_string).collect();
+        format!(
+            "{value} is not one of the kernel's accept-wait bucket bounds \
+             (2^i microseconds, i = 0..23). Fix: use bounds from {}, or \"all\" for every one",
+            allowed.join(", ")
+        )
+    }
+}
+
+impl Default for AcceptWaitBuckets {
+    fn default() -> Self {
+        Self {
+            indices: Self::DEFAULT.to_vec(),
+        }
+    }
+}
+
+impl std::str::FromStr for AcceptWaitBuckets {
+    type Err = String;
+
+    /// `all`, or bounds in seconds separated by commas.
+    fn from_str(text: &str) -> Result<Self, String> {
+        let text = text.trim();
+        if text.eq_ignore_ascii_case("all") {
+            return Ok(Self::all());
+        }
+        let mut values = Vec::new();
+        for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            values.push(part.parse::<f64>().map_err(|_| Self::not_a_bound(part))?);
+        }
+        Self::from_seconds(&values)
+    }
+}
+
+impl Serialize for AcceptWaitBuckets {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        if self.is_all() {
+            s.serialize_str("all")
+        } else {
+            self.seconds().serialize(s)
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for AcceptWaitBuckets {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = AcceptWaitBuckets;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("\"all\" or a list of bucket bounds in seconds")
+            }
+
+            fn visit_str<E: serde::de::Error>(self, text: &str) -> Result<Self::Value, E> {
+                if text.eq_ignore_ascii_case("all") {
+                    Ok(AcceptWaitBuckets::all())
+                } else {
+                    Err(E::custom(AcceptWaitBuckets::not_a_bound(&format!(
+                        "\"{text}\""
+                    ))))
+                }
+            }
+
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<Self::Value, A::Error> {
+                let mut values = Vec::new();
+                while let Some(v) = seq.next_element::<f64>()? {
+                    values.push(v);
+                }
+                AcceptWaitBuckets::from_seconds(&values).map_err(serde::de::Error::custom)
+            }
+        }
+        d.deserialize_any(Visitor)
+    }
+}
+
 /// The hook mode in files is spelled as on the command line (`auto`, `fentry`, ...).
 mod hook_mode_serde {
     use super::*;
@@ -499,6 +654,75 @@ mod tests {
         let c = Config::default();
         let again = merge(Some(&parse(&c.to_toml()).unwrap()), &Layer::default());
         assert_eq!(c, again);
+    }
+
+    #[test]
+    fn accept_wait_buckets_default_all_and_lists() {
+        let d = Config::default().accept_wait_buckets;
+        assert_eq!(d.seconds(), [0.001024, 1.048576]);
+        assert_eq!(d.indices(), [10, 20]);
+        let all = parse("accept_wait_buckets = \"all\"\n").unwrap();
+        let all = all.accept_wait_buckets.unwrap();
+        assert_eq!(all.indices(), (0..24).collect::<Vec<_>>());
+        assert_eq!(all.seconds()[23], 8.388608);
+        // Any order, repeats once.
+        let l = parse("accept_wait_buckets = [1.048576, 0.000001, 0.016384, 0.000001]\n")
+            .unwrap()
+            .accept_wait_buckets
+            .unwrap();
+        assert_eq!(l.indices(), [0, 14, 20]);
+        assert_eq!(l.seconds(), [0.000001, 0.016384, 1.048576]);
+        let none = parse("accept_wait_buckets = []\n").unwrap();
+        assert_eq!(
+            none.accept_wait_buckets.unwrap().indices(),
+            [] as [usize; 0]
+        );
+        // The command line's spelling.
+        assert_eq!("all".parse::<AcceptWaitBuckets>().unwrap(), all);
+        assert_eq!(
+            "0.016384, 1.048576,0.000001"
+                .parse::<AcceptWaitBuckets>()
+                .unwrap(),
+            l
+        );
+        // What check-config prints reads back the same.
+        for buckets in [d, all, l] {
+            let c = Config {
+                accept_wait_buckets: buckets,
+                ..Config::default()
+            };
+            let again = merge(Some(&parse(&c.to_toml()).unwrap()), &Layer::default());
+            assert_eq!(c, again, "{}", c.to_toml());
+        }
+    }
+
+    #[test]
+    fn accept_wait_bound_not_a_kernel_bound_lists_the_allowed_ones() {
+        let allowed = "0.000001, 0.000002, 0.000004, 0.000008, 0.000016, 0.000032, \
+                       0.000064, 0.000128, 0.000256, 0.000512, 0.001024, 0.002048, 0.004096, \
+                       0.008192, 0.016384, 0.032768, 0.065536, 0.131072, 0.262144, 0.524288, \
+                       1.048576, 2.097152, 4.194304, 8.388608";
+        for (text, bad) in [
+            ("accept_wait_buckets = [0.001024, 0.5]\n", "0.5 is not one"),
+            (
+                "accept_wait_buckets = [16.777216]\n",
+                "16.777216 is not one",
+            ),
+            ("accept_wait_buckets = \"some\"\n", "\"some\" is not one"),
+        ] {
+            let err = parse(text).unwrap_err();
+            assert!(err.contains("line 1"), "{err}");
+            assert!(err.contains(bad), "{err}");
+            assert!(err.contains(allowed), "{err}");
+            assert!(err.contains("or \"all\""), "{err}");
+        }
+        let err = "0.001,1".parse::<AcceptWaitBuckets>().unwrap_err();
+        assert!(
+            err.starts_with("0.001 is not one") && err.contains(allowed),
+            "{err}"
+        );
+        let err = "1ms".parse::<AcceptWaitBuckets>().unwrap_err();
+        assert!(err.starts_with("1ms is not one"), "{err}");
     }
 
     #[test]

@@ -3,7 +3,7 @@
 use std::{
     collections::HashSet,
     net::SocketAddr,
-    sync::{Arc, Mutex},
+    sync::{Arc, Mutex, RwLock},
     time::Duration,
 };
 
@@ -155,6 +155,11 @@ async fn serve(
         probes.pinned,
         probes.enqueue_events,
     );
+    *metrics
+        .accept_wait_buckets
+        .write()
+        .unwrap_or_else(|e| e.into_inner()) = current.accept_wait_buckets.clone();
+    let accept_wait_buckets = metrics.accept_wait_buckets.clone();
     let listener =
         tokio::net::TcpListener::from_std(socket).context("registering the HTTP socket")?;
     let addr = listener.local_addr()?;
@@ -182,6 +187,7 @@ async fn serve(
         http: &http_tx,
         rescan: &rescan_tx,
         windows: &windows,
+        accept_wait_buckets: &accept_wait_buckets,
     };
     let outcome = loop {
         tokio::select! {
@@ -233,6 +239,7 @@ struct ReloadTargets<'a> {
     http: &'a watch::Sender<Arc<HttpSettings>>,
     rescan: &'a watch::Sender<Duration>,
     windows: &'a Arc<Mutex<QueueWindows>>,
+    accept_wait_buckets: &'a Arc<RwLock<config::AcceptWaitBuckets>>,
 }
 
 /// SIGHUP: reads the config again and applies what can change without reattaching. Any
@@ -301,6 +308,23 @@ fn apply_reload(
         changed.push(format!(
             "hwm_window {} -> {}",
             current.hwm_window, new.hwm_window
+        ));
+    }
+    if new.accept_wait_buckets != current.accept_wait_buckets {
+        *to.accept_wait_buckets
+            .write()
+            .unwrap_or_else(|e| e.into_inner()) = new.accept_wait_buckets.clone();
+        let show = |b: &config::AcceptWaitBuckets| {
+            if b.is_all() {
+                "all".to_owned()
+            } else {
+                format!("{:?}", b.seconds())
+            }
+        };
+        changed.push(format!(
+            "accept_wait_buckets {} -> {} (the histogram's exported buckets)",
+            show(&current.accept_wait_buckets),
+            show(&new.accept_wait_buckets)
         ));
     }
     if new.http != current.http {

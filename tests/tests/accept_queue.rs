@@ -5,8 +5,20 @@ use std::time::{Duration, Instant};
 
 use backlogd_tests::{
     Daemon, Exact, Netns, Scrape,
+    daemon::run_to_end,
     sockets::{Listener, kernel_queue},
+    tempdir::TempDir,
 };
+
+/// The histogram's `le` bounds /metrics exports by default (`accept_wait_buckets`).
+const DEFAULT_BOUNDS: [&str; 2] = ["0.001024", "1.048576"];
+
+/// Every bound of the kernel's buckets, 2^i µs (`accept_wait_buckets = "all"`).
+const ALL_BOUNDS: [&str; 24] = [
+    "0.000001", "0.000002", "0.000004", "0.000008", "0.000016", "0.000032", "0.000064", "0.000128",
+    "0.000256", "0.000512", "0.001024", "0.002048", "0.004096", "0.008192", "0.016384", "0.032768",
+    "0.065536", "0.131072", "0.262144", "0.524288", "1.048576", "2.097152", "4.194304", "8.388608",
+];
 
 fn value(scrape: &Scrape, name: &str, l: &Listener) -> f64 {
     scrape
@@ -14,9 +26,30 @@ fn value(scrape: &Scrape, name: &str, l: &Listener) -> f64 {
         .unwrap_or_else(|| panic!("no {name} for socket {} in:\n{}", l.inode, scrape.text))
 }
 
-#[test]
-fn slow_acceptor_depth_peak_counts_and_wait_match_kernel_and_application() {
-    let daemon = Daemon::start();
+/// The listener's accept waits from the JSON API, cumulative at each of the kernel's 24
+/// bounds: `(bound, waits at or below it)`, and the total. The API always has every
+/// bucket, whatever /metrics exports.
+fn api_cumulative(me: &serde_json::Value) -> (Vec<(f64, u64)>, u64) {
+    let buckets = me["accept_wait"]["buckets"].as_array().expect("buckets");
+    assert_eq!(buckets.len(), 25, "24 bounds and the rest: {buckets:?}");
+    let mut cumulative = Vec::new();
+    let mut seen = 0;
+    for (i, b) in buckets.iter().enumerate() {
+        seen += b["count"].as_u64().expect("count");
+        match b["le"].as_f64() {
+            Some(le) => {
+                assert_eq!(le, ALL_BOUNDS[i].parse::<f64>().unwrap(), "bucket {i}");
+                cumulative.push((le, seen));
+            }
+            None => assert_eq!(i, 24, "only the last bucket is unbounded"),
+        }
+    }
+    (cumulative, seen)
+}
+
+/// The slow-acceptor scenario against `daemon`, whose /metrics exports the accept-wait
+/// buckets `exported` (and `+Inf`).
+fn slow_acceptor(daemon: &Daemon, exported: &[&str]) {
     let ns = Netns::new();
     let listener = Listener::open(&ns, "127.0.0.1:0", 64);
     daemon.wait_for_listener(listener.inode);
@@ -55,11 +88,22 @@ fn slow_acceptor_depth_peak_counts_and_wait_match_kernel_and_application() {
     }
     let queue = kernel_queue(&ns, &listener);
     let scrape = daemon.scrape();
+    // The JSON API (what `backlogd top` and doctor read) with every kernel bucket.
+    let (status, body) = daemon.get("/api/v1/snapshot");
     drop(clients);
+    assert_eq!(status, 200, "{body}");
+    let snapshot: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+    let me = snapshot["listeners"]
+        .as_array()
+        .expect("listeners")
+        .iter()
+        .find(|l| l["inode"] == listener.inode)
+        .unwrap_or_else(|| panic!("listener {} not in {body}", listener.inode))
+        .clone();
 
     assert_eq!(queue.recv_q, 7, "7 connections left after 5 accepts");
     let v = |name| value(&scrape, name, &listener) as u64;
-    let mut exact = Exact::listener(&daemon, &ns, &listener);
+    let mut exact = Exact::listener(daemon, &ns, &listener);
     exact
         .evidence("socket (ss) after 5 accepts", &queue)
         .evidence("application accept waits (min, max) s", &app_waits)
@@ -138,20 +182,19 @@ fn slow_acceptor_depth_peak_counts_and_wait_match_kernel_and_application() {
         "accept wait sum: backlogd {measured} s, application between {lo} and {hi} s \
          (per connection: {app_waits:?})"
     );
-    // Each bucket holds the waits whose whole bracket is at or below its bound; a bound
-    // inside a bracket cannot be decided.
-    let le = |bound: &str| {
-        scrape
-            .value(
-                "backlogd_listen_accept_wait_seconds_bucket",
-                &[("socket", &socket), ("le", bound)],
-            )
-            .unwrap_or_else(|| panic!("no bucket le={bound}"))
+    // Each kernel bucket (the API's, all 24) holds the waits whose whole bracket is at or
+    // below its bound; a bound inside a bracket cannot be decided.
+    let (api, api_total) = api_cumulative(&me);
+    exact.eq("API accept waits vs the application's", api_total, 5);
+    let at = |bound: &str| {
+        let b: f64 = bound.parse().expect("bound");
+        api.iter()
+            .find(|(le, _)| *le == b)
+            .unwrap_or_else(|| panic!("no API bucket le={bound}: {api:?}"))
+            .1
     };
     let mut checked = 0;
-    for bound in [
-        "0.016384", "0.032768", "0.065536", "0.131072", "0.262144", "0.524288",
-    ] {
+    for bound in &ALL_BOUNDS[14..20] {
         let b: f64 = bound.parse().expect("bound");
         if app_waits.iter().any(|(wl, wh)| (*wl..=*wh).contains(&b)) {
             eprintln!("NOT CHECKED: bucket le={bound} lies inside an application bracket");
@@ -159,30 +202,43 @@ fn slow_acceptor_depth_peak_counts_and_wait_match_kernel_and_application() {
         }
         let expected = app_waits.iter().filter(|(_, wh)| *wh <= b).count() as u64;
         exact.eq(
-            &format!("accept waits at or below {bound} s vs the application's"),
-            le(bound) as u64,
+            &format!("API accept waits at or below {bound} s vs the application's"),
+            at(bound),
             expected,
         );
         checked += 1;
     }
     assert!(checked >= 4, "too few buckets decidable: {app_waits:?}");
+    // /metrics exports exactly the configured bounds and +Inf, each the API's cumulative
+    // count at that bound: merged, never interpolated.
+    let scraped: Vec<(String, u64)> = scrape
+        .find(
+            "backlogd_listen_accept_wait_seconds_bucket",
+            &[("socket", &socket)],
+        )
+        .iter()
+        .map(|s| (s.labels["le"].clone(), s.value as u64))
+        .collect();
+    let les: Vec<&str> = scraped.iter().map(|(le, _)| le.as_str()).collect();
+    let mut want: Vec<&str> = exported.to_vec();
+    want.push("+Inf");
+    assert_eq!(les, want, "exported buckets");
+    for (le, count) in &scraped {
+        let truth = if le == "+Inf" { api_total } else { at(le) };
+        exact.eq(
+            &format!("exported bucket le={le} vs the API's cumulative count"),
+            *count,
+            truth,
+        );
+    }
     exact.verify();
 
-    // The JSON API (what `backlogd top` reads) carries the same figures.
-    let (status, body) = daemon.get("/api/v1/snapshot");
-    assert_eq!(status, 200, "{body}");
-    let snapshot: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+    // The JSON API carries the same figures.
     let mode = snapshot["hook_mode"].as_str().expect("hook_mode");
     assert_eq!(
         scrape.value("backlogd_hook_mode", &[("mode", mode)]),
         Some(1.0)
     );
-    let me = snapshot["listeners"]
-        .as_array()
-        .expect("listeners")
-        .iter()
-        .find(|l| l["inode"] == listener.inode)
-        .unwrap_or_else(|| panic!("listener {} not in {body}", listener.inode));
     assert_eq!(me["queued"], 12);
     assert_eq!(me["accepted"], 5);
     assert_eq!(me["queues"]["accept_depth"], 7);
@@ -190,4 +246,58 @@ fn slow_acceptor_depth_peak_counts_and_wait_match_kernel_and_application() {
     assert_eq!(me["accept_wait"]["count"], 5);
     assert_eq!(me["granted"], 64);
     assert_eq!(me["drops"]["accept_queue_full"], 0);
+}
+
+#[test]
+fn slow_acceptor_depth_peak_counts_and_wait_match_kernel_and_application() {
+    slow_acceptor(&Daemon::start(), &DEFAULT_BOUNDS);
+}
+
+/// `accept_wait_buckets = "all"` in the config file: every kernel bucket is exported,
+/// each equal to the API's.
+#[test]
+fn accept_wait_buckets_all_exports_every_kernel_bucket() {
+    let dir = TempDir::new("accept-wait-all");
+    let config = dir.write(
+        "backlogd.toml",
+        "listen = \"127.0.0.1:0\"\naccept_wait_buckets = \"all\"\n",
+    );
+    let daemon = Daemon::start_with(&["--config", config.to_str().expect("UTF-8 path")]);
+    slow_acceptor(&daemon, &ALL_BOUNDS);
+}
+
+/// A bound that is not one of the kernel's is refused, in the file (check-config, run)
+/// and on the command line, with the allowed values listed.
+#[test]
+fn accept_wait_bound_not_a_kernel_bound_is_refused_with_the_allowed_values() {
+    let allowed = ALL_BOUNDS.join(", ");
+    let dir = TempDir::new("accept-wait-bad");
+    let config = dir.write("backlogd.toml", "accept_wait_buckets = [0.001024, 0.5]\n");
+    let config = config.to_str().expect("UTF-8 path");
+    for args in [
+        vec!["check-config", "--config", config],
+        vec!["run", "--config", config],
+        vec![
+            "run",
+            "--config",
+            "/dev/null",
+            "--listen",
+            "127.0.0.1:0",
+            "--accept-wait-buckets",
+            "0.001024,0.5",
+        ],
+    ] {
+        let out = run_to_end(&args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        // 2: the exit status of every error (and of clap's usage errors).
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains("0.5 is not one of the kernel's accept-wait bucket bounds"),
+            "{args:?}: {stderr}"
+        );
+        assert!(
+            stderr.contains(&format!("Fix: use bounds from {allowed}, or \"all\"")),
+            "{args:?}: {stderr}"
+        );
+    }
 }

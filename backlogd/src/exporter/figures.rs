@@ -4,7 +4,7 @@
 
 use std::{
     collections::HashMap,
-    sync::{Arc, Mutex},
+    sync::{Arc, Mutex, RwLock},
 };
 
 use backlogd_common::ListenerStats;
@@ -12,6 +12,7 @@ use backlogd_common::ListenerStats;
 use super::retired::Retired;
 use crate::{
     api::{ListenerSnapshot, NamespaceSnapshot, Snapshot},
+    config::AcceptWaitBuckets,
     kernel_maps::SharedMaps,
     loader::modes::{HookMode, KernelSupport},
     queues::{QueueFigures, QueueWindows},
@@ -32,6 +33,9 @@ pub struct Metrics {
     pub enqueue_events: bool,
     /// What closed members contributed to the group and process counters.
     pub retired: Arc<Mutex<Retired>>,
+    /// The accept-wait bounds /metrics exports (`accept_wait_buckets`; SIGHUP replaces
+    /// them). The JSON API always has every bucket.
+    pub accept_wait_buckets: Arc<RwLock<AcceptWaitBuckets>>,
 }
 
 /// The kernel maps' figures as of one read.
@@ -63,6 +67,7 @@ impl Metrics {
             pinned,
             enqueue_events,
             retired: Arc::default(),
+            accept_wait_buckets: Arc::default(),
         }
     }
 

@@ -175,10 +175,17 @@ impl<'a> Exposition<'a> {
 
     /// One histogram series: cumulative `_bucket{le}` samples from per-bucket counts
     /// (`counts[i]` below `bounds[i]`, the last count above every bound), `_sum`, `_count`.
+    /// Where `names` exports only some bounds, each exported bucket is the exact sum of
+    /// the counts at or below its bound.
     pub fn histogram(&mut self, names: &HistogramNames, set: &LabelSet, counts: &[u64], sum: f64) {
         let mut cumulative = 0u64;
-        for (i, le) in names.les.iter().enumerate() {
-            cumulative += counts.get(i).copied().unwrap_or(0);
+        let mut summed = 0;
+        for (le, upto) in &names.les {
+            let upto = (*upto).min(counts.len());
+            if upto > summed {
+                cumulative += counts[summed..upto].iter().sum::<u64>();
+                summed = upto;
+            }
             self.sample_suffix(&names.bucket, set, le, cumulative);
         }
         let total: u64 = counts.iter().sum();
@@ -224,17 +231,25 @@ pub struct HistogramNames {
     bucket: String,
     sum: String,
     count: String,
-    les: Vec<String>,
+    /// Each exported bucket's `le` suffix, and how many of the per-bucket counts (from
+    /// the first) it adds up.
+    les: Vec<(String, usize)>,
 }
 
 impl HistogramNames {
-    /// `bounds`: the buckets' upper bounds, ascending (`+Inf` is added).
-    pub fn new(name: &str, bounds: &[f64]) -> Self {
+    /// `bounds`: the buckets' upper bounds, ascending (`+Inf` is added), of which only
+    /// those at `exported` (indices into `bounds`, ascending) are exported: the buckets in
+    /// between are merged into the next exported one, exactly.
+    pub fn merged(name: &str, bounds: &[f64], exported: &[usize]) -> Self {
+        debug_assert!(exported.windows(2).all(|w| w[0] < w[1]));
         Self {
             bucket: format!("{name}_bucket"),
             sum: format!("{name}_sum"),
             count: format!("{name}_count"),
-            les: bounds.iter().map(|b| format!(",le=\"{b}\"}} ")).collect(),
+            les: exported
+                .iter()
+                .filter_map(|&i| Some((format!(",le=\"{}\"}} ", bounds.get(i)?), i + 1)))
+                .collect(),
         }
     }
 }
@@ -283,7 +298,7 @@ mod tests {
     fn histogram_buckets_are_cumulative() {
         let mut e = Exposition::default();
         e.histogram(
-            &HistogramNames::new("h", &[0.5, 1.0]),
+            &HistogramNames::merged("h", &[0.5, 1.0], &[0, 1]),
             &LabelSet::new(&[("a", "b")]),
             &[1, 2, 3],
             4.5,
@@ -292,6 +307,74 @@ mod tests {
             e.finish(),
             "h_bucket{a=\"b\",le=\"0.5\"} 1\nh_bucket{a=\"b\",le=\"1\"} 3\n\
              h_bucket{a=\"b\",le=\"+Inf\"} 6\nh_sum{a=\"b\"} 4.5\nh_count{a=\"b\"} 6\n"
+        );
+    }
+
+    #[test]
+    fn merged_buckets_are_exact_sums_of_the_buckets_below() {
+        // Eight kernel-style buckets (bounds 1..128) and the overflow slot.
+        let bounds = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0];
+        let counts = [1, 2, 4, 8, 16, 32, 64, 128, 256];
+        let render = |exported: &[usize]| {
+            let mut e = Exposition::default();
+            e.histogram(
+                &HistogramNames::merged("h", &bounds, exported),
+                &LabelSet::default(),
+                &counts,
+                2.5,
+            );
+            e.finish()
+        };
+        // le=4: buckets 1, 2, 4; le=64: those and 8..64; +Inf and _count: everything.
+        assert_eq!(
+            render(&[2, 6]),
+            "h_bucket{le=\"4\"} 7\nh_bucket{le=\"64\"} 127\nh_bucket{le=\"+Inf\"} 511\n\
+             h_sum 2.5\nh_count 511\n"
+        );
+        // The first and last bounds.
+        assert_eq!(
+            render(&[0, 7]),
+            "h_bucket{le=\"1\"} 1\nh_bucket{le=\"128\"} 255\nh_bucket{le=\"+Inf\"} 511\n\
+             h_sum 2.5\nh_count 511\n"
+        );
+        // No bound: only what does not depend on the buckets.
+        assert_eq!(
+            render(&[]),
+            "h_bucket{le=\"+Inf\"} 511\nh_sum 2.5\nh_count 511\n"
+        );
+        // Every bound: the unmerged histogram.
+        let every: Vec<usize> = (0..bounds.len()).collect();
+        assert_eq!(
+            render(&every),
+            "h_bucket{le=\"1\"} 1\nh_bucket{le=\"2\"} 3\nh_bucket{le=\"4\"} 7\n\
+             h_bucket{le=\"8\"} 15\nh_bucket{le=\"16\"} 31\nh_bucket{le=\"32\"} 63\n\
+             h_bucket{le=\"64\"} 127\nh_bucket{le=\"128\"} 255\nh_bucket{le=\"+Inf\"} 511\n\
+             h_sum 2.5\nh_count 511\n"
+        );
+    }
+
+    #[test]
+    fn merged_accept_wait_buckets_match_the_cumulative_kernel_counts() {
+        use crate::{api::AcceptWait, config::AcceptWaitBuckets};
+        // One wait in each kernel bucket i, i + 1 of them (and 25 over 8.4 s).
+        let counts: Vec<u64> = (1..=25).collect();
+        let mut e = Exposition::default();
+        e.histogram(
+            &HistogramNames::merged(
+                "w",
+                &AcceptWait::bounds(),
+                AcceptWaitBuckets::default().indices(),
+            ),
+            &LabelSet::default(),
+            &counts,
+            1.0,
+        );
+        // le=0.001024 (2^10 us): buckets 0..=10, 1+..+11 = 66; le=1.048576 (2^20 us):
+        // 1+..+21 = 231; all 25 slots: 325.
+        assert_eq!(
+            e.finish(),
+            "w_bucket{le=\"0.001024\"} 66\nw_bucket{le=\"1.048576\"} 231\n\
+             w_bucket{le=\"+Inf\"} 325\nw_sum 1\nw_count 325\n"
         );
     }
 }

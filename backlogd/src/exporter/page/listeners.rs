@@ -8,6 +8,7 @@ use backlogd_common::ListenerStats;
 use super::rows::{Row, reason_suffixes};
 use crate::{
     api::AcceptWait,
+    config::AcceptWaitBuckets,
     exporter::{
         catalogue::{Metric, OWNER_LABELS},
         figures::Figures,
@@ -44,7 +45,14 @@ const QUEUES: [(Metric, QueueField); 3] = [
     (Metric::ListenSynQueueMaxLength, |q| q.syn_max),
 ];
 
-pub fn render(e: &mut Exposition<'_>, rows: &[Row<'_>], figures: &Figures, enqueue_events: bool) {
+/// `accept_wait`: the accept-wait bounds to export (with enqueue events only).
+pub fn render(
+    e: &mut Exposition<'_>,
+    rows: &[Row<'_>],
+    figures: &Figures,
+    enqueue_events: bool,
+    accept_wait: &AcceptWaitBuckets,
+) {
     owners(e, rows);
     Metric::ListenBacklogRequested.open(e);
     for r in rows {
@@ -105,7 +113,9 @@ pub fn render(e: &mut Exposition<'_>, rows: &[Row<'_>], figures: &Figures, enque
     if enqueue_events {
         let metric = Metric::ListenAcceptWaitSeconds;
         metric.open(e);
-        let names = HistogramNames::new(metric.name(), &AcceptWait::bounds());
+        // Only the configured bounds; each exported bucket sums the kernel's below it.
+        let names =
+            HistogramNames::merged(metric.name(), &AcceptWait::bounds(), accept_wait.indices());
         for r in rows {
             let s = counters(r);
             e.histogram(

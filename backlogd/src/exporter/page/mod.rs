@@ -45,7 +45,12 @@ fn render_into(metrics: &Metrics, e: &mut Exposition<'_>) {
         a.finish()
     };
 
-    listeners::render(e, &rows, &figures, metrics.enqueue_events);
+    let accept_wait = metrics
+        .accept_wait_buckets
+        .read()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone();
+    listeners::render(e, &rows, &figures, metrics.enqueue_events, &accept_wait);
     e.rendered(&aggregated);
     netns::render(e, &namespaces);
 
