@@ -318,7 +318,8 @@ fn apply_reload(
             if b.is_all() {
                 "all".to_owned()
             } else {
-                format!("{:?}", b.seconds())
+                let bounds: Vec<String> = b.seconds().iter().map(f64::to_string).collect();
+                format!("[{}]", bounds.join(", "))
             }
         };
         changed.push(format!(

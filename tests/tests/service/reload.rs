@@ -10,6 +10,7 @@ use backlogd_tests::{
     Daemon, Netns, Scrape,
     http::{Reply, basic, exchange, get_request},
     kernel::tcp_ext,
+    sockets::Listener,
     tempdir::TempDir,
 };
 use socket2::{Domain, Socket, Type};
@@ -311,6 +312,144 @@ fn sighup_applies_reloadable_settings_and_keeps_the_old_config_when_the_new_is_b
         !line.contains("hwm_window"),
         "hwm_window did not change: {line}"
     );
+}
+
+/// accept_wait_buckets applies on SIGHUP: the exported buckets change at once, each the
+/// exact cumulative count of the API's (all 24) buckets; a bound that is not the kernel's
+/// is refused and the running buckets are kept.
+#[test]
+fn sighup_changes_the_exported_accept_wait_buckets() {
+    let dir = TempDir::new("reload-accept-wait");
+    let file = dir.write("backlogd.toml", "listen = \"127.0.0.1:0\"\n");
+    let notify = NotifySocket::bind("reload-accept-wait");
+    let daemon = Daemon::start_env(
+        &["--config", file.to_str().unwrap()],
+        &[("NOTIFY_SOCKET", &notify.name)],
+    );
+    notify.recv_until("READY=1", Duration::from_secs(30));
+    let ns = Netns::new();
+    let listener = Listener::open(&ns, "127.0.0.1:0", 16);
+    daemon.wait_for_listener(listener.inode);
+    let addr = listener.addr;
+    let clients: Vec<TcpStream> = ns.run(move || {
+        (0..3)
+            .map(|_| TcpStream::connect(addr).expect("connect"))
+            .collect()
+    });
+    // Every wait is at least 20 ms: over the first kernel bound (1 µs), far under the last.
+    std::thread::sleep(Duration::from_millis(20));
+    for _ in 0..3 {
+        listener.socket.accept().expect("accept");
+    }
+    let socket = listener.inode.to_string();
+    if daemon
+        .scrape()
+        .value("backlogd_listen_queued_total", &[("socket", &socket)])
+        .is_none()
+    {
+        eprintln!("SKIPPED: no enqueue events on this kernel, so no accept waits (documented)");
+        return;
+    }
+    // The API's cumulative counts at every kernel bound (`le` as /metrics writes it).
+    let (status, body) = daemon.get("/api/v1/snapshot");
+    assert_eq!(status, 200, "{body}");
+    let snapshot: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+    let me = snapshot["listeners"]
+        .as_array()
+        .expect("listeners")
+        .iter()
+        .find(|l| l["inode"] == listener.inode)
+        .unwrap_or_else(|| panic!("listener {} not in {body}", listener.inode));
+    let mut api: Vec<(String, u64)> = Vec::new();
+    let mut seen = 0;
+    for b in me["accept_wait"]["buckets"].as_array().expect("buckets") {
+        seen += b["count"].as_u64().expect("count");
+        let le = b["le"]
+            .as_f64()
+            .map_or("+Inf".to_owned(), |le| le.to_string());
+        api.push((le, seen));
+    }
+    let at = |le: &str| -> u64 {
+        api.iter()
+            .find(|(l, _)| l == le)
+            .unwrap_or_else(|| panic!("no API bucket le={le}: {api:?}"))
+            .1
+    };
+    assert_eq!(api.len(), 25, "{api:?}");
+    assert_eq!(at("0.000001"), 0, "no wait under 1 µs");
+    assert_eq!(at("8.388608"), 3, "every wait under 8.4 s");
+    assert_eq!(at("+Inf"), 3);
+    let exported = |daemon: &Daemon| -> Vec<(String, u64)> {
+        daemon
+            .scrape()
+            .find(
+                "backlogd_listen_accept_wait_seconds_bucket",
+                &[("socket", &socket)],
+            )
+            .iter()
+            .map(|s| (s.labels["le"].clone(), s.value as u64))
+            .collect()
+    };
+    let want = |les: &[&str]| -> Vec<(String, u64)> {
+        les.iter().map(|le| ((*le).to_owned(), at(le))).collect()
+    };
+    assert_eq!(
+        exported(&daemon),
+        want(&["0.001024", "1.048576", "+Inf"]),
+        "the default buckets"
+    );
+
+    std::fs::write(
+        &file,
+        "listen = \"127.0.0.1:0\"\naccept_wait_buckets = [8.388608, 0.000001]\n",
+    )
+    .unwrap();
+    reload(&daemon, &notify);
+    let line = wait_for_nth(&daemon, "configuration reloaded", 1);
+    assert!(
+        line.contains("accept_wait_buckets [0.001024, 1.048576] -> [0.000001, 8.388608]"),
+        "{line}"
+    );
+    assert_eq!(
+        exported(&daemon),
+        want(&["0.000001", "8.388608", "+Inf"]),
+        "after the reload"
+    );
+
+    // Not a kernel bound: refused, the running buckets kept.
+    std::fs::write(
+        &file,
+        "listen = \"127.0.0.1:0\"\naccept_wait_buckets = [0.5]\n",
+    )
+    .unwrap();
+    reload(&daemon, &notify);
+    wait_for_nth(&daemon, "config reload failed", 1);
+    assert!(
+        daemon
+            .log()
+            .contains("0.5 is not one of the kernel's accept-wait bucket bounds"),
+        "{}",
+        daemon.log()
+    );
+    assert_eq!(
+        exported(&daemon),
+        want(&["0.000001", "8.388608", "+Inf"]),
+        "after the refused reload"
+    );
+
+    std::fs::write(
+        &file,
+        "listen = \"127.0.0.1:0\"\naccept_wait_buckets = \"all\"\n",
+    )
+    .unwrap();
+    reload(&daemon, &notify);
+    let line = wait_for_nth(&daemon, "configuration reloaded", 2);
+    assert!(
+        line.contains("accept_wait_buckets [0.000001, 8.388608] -> all"),
+        "{line}"
+    );
+    assert_eq!(exported(&daemon), api, "every bucket");
+    drop(clients);
 }
 
 /// Waits for the `n`th log line containing `needle`.
