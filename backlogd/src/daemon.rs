@@ -424,6 +424,26 @@ async fn follow_listener_events(ring: RingBuf<MapData>, shared: Arc<Shared>) -> 
     let mut fd = unsafe { AsyncFd::register_with_interest(ring, Interest::READABLE) }
         .map_err(|e| e.into_parts().1)
         .context("polling the listener event ring buffer")?;
+    // One identification pass at a time: a burst of listen() events in many batches asks
+    // for one more pass, not one per batch (each pass looks at every listener not yet
+    // identified, so overlapping passes repeat each other's work: with 10k churned
+    // listeners under TCG they ran for tens of minutes).
+    let identify = Arc::new(tokio::sync::Notify::new());
+    // A JoinSet aborts its tasks when dropped: the worker ends with this function.
+    let mut worker = tokio::task::JoinSet::new();
+    worker.spawn({
+        let (shared, identify) = (shared.clone(), identify.clone());
+        async move {
+            loop {
+                identify.notified().await;
+                // A pass over every listener only when a new one is in a container: an
+                // event batch must not cost O(listeners) (10k churned listeners).
+                if identify_programs(shared.clone()).await {
+                    name_containers(&shared).await;
+                }
+            }
+        }
+    });
     loop {
         let mut guard = fd.readable_mut().await?;
         let mut listened = false;
@@ -454,14 +474,7 @@ async fn follow_listener_events(ring: RingBuf<MapData>, shared: Arc<Shared>) -> 
         guard.clear_ready();
         if listened {
             // Off the event loop: it reads /proc and configuration files.
-            let shared = shared.clone();
-            tokio::spawn(async move {
-                // A pass over every listener only when a new one is in a container: an
-                // event batch must not cost O(listeners) (10k churned listeners).
-                if identify_programs(shared.clone()).await {
-                    name_containers(&shared).await;
-                }
-            });
+            identify.notify_one();
         }
     }
 }
@@ -475,13 +488,21 @@ async fn identify_programs(shared: Arc<Shared>) -> bool {
     if !wanted.is_empty() {
         let found = tokio::task::spawn_blocking(move || {
             let mut processes = std::collections::HashMap::new();
+            // A process's program and configuration answer the same for every listener of
+            // it on one port (a server can own thousands of sockets).
+            let mut by_port = std::collections::HashMap::new();
             wanted
                 .into_iter()
                 .map(|(inode, pid, port)| {
                     let (process, names) = processes
                         .entry(pid)
                         .or_insert_with(|| (programs::Process::of(pid), names::of_process(pid)));
-                    let known = process.as_ref().and_then(|p| programs::identify(p, port));
+                    let known = by_port
+                        .entry((pid, port))
+                        .or_insert_with(|| {
+                            process.as_ref().and_then(|p| programs::identify(p, port))
+                        })
+                        .clone();
                     (inode, pid, known, names.clone())
                 })
                 .collect::<Vec<_>>()

@@ -14,6 +14,9 @@ pub struct Process {
     /// (`/proc/PID/root`, `/proc/PID/cwd`); tests point them at a directory.
     pub root: PathBuf,
     pub cwd: PathBuf,
+    /// [`Self::is_go`], once asked: it parses the executable's ELF headers, and a process
+    /// can own thousands of listeners.
+    pub go: std::sync::OnceLock<bool>,
 }
 
 impl Process {
@@ -33,6 +36,7 @@ impl Process {
                 .collect(),
             root: dir.join("root"),
             cwd: dir.join("cwd"),
+            go: std::sync::OnceLock::new(),
         })
     }
 
@@ -90,6 +94,10 @@ impl Process {
     /// Whether the executable is a Go program: Go's linker always writes a
     /// `.go.buildinfo` section (since Go 1.13), stripped binaries included.
     pub fn is_go(&self) -> bool {
+        *self.go.get_or_init(|| self.read_is_go())
+    }
+
+    fn read_is_go(&self) -> bool {
         self.exe.as_deref().is_some_and(|exe| {
             // Read through /proc/PID/exe: the path may be another mount namespace's.
             let path = if self.pid == 0 {

@@ -36,6 +36,7 @@ impl Root {
             cmdline: cmdline.iter().map(|s| s.to_string()).collect(),
             root: self.0.clone(),
             cwd: self.0.join("cwd"),
+            go: Default::default(),
         }
     }
 }
