@@ -253,6 +253,26 @@ impl Daemon {
         http::get(self.addr, path)
     }
 
+    /// The listener with socket inode `inode` in `/api/v1/snapshot` (what `top` and
+    /// `doctor` read), whole; panics with the snapshot if it is not there.
+    pub fn api_listener(&self, inode: u64) -> serde_json::Value {
+        let snapshot = self.api_snapshot();
+        snapshot["listeners"]
+            .as_array()
+            .expect("listeners")
+            .iter()
+            .find(|l| l["inode"] == inode)
+            .unwrap_or_else(|| panic!("listener {inode} not in {snapshot}"))
+            .clone()
+    }
+
+    /// `/api/v1/snapshot`, parsed.
+    pub fn api_snapshot(&self) -> serde_json::Value {
+        let (status, body) = self.get("/api/v1/snapshot");
+        assert_eq!(status, 200, "{body}");
+        serde_json::from_str(&body).expect("snapshot JSON")
+    }
+
     /// The hook mode the daemon reports, or None if it cannot be scraped (for failure
     /// reports, which must not fail themselves).
     pub fn try_hook_mode(&self) -> Option<String> {

@@ -89,17 +89,8 @@ fn slow_acceptor(daemon: &Daemon, exported: &[&str]) {
     let queue = kernel_queue(&ns, &listener);
     let scrape = daemon.scrape();
     // The JSON API (what `backlogd top` and doctor read) with every kernel bucket.
-    let (status, body) = daemon.get("/api/v1/snapshot");
+    let me = daemon.api_listener(listener.inode);
     drop(clients);
-    assert_eq!(status, 200, "{body}");
-    let snapshot: serde_json::Value = serde_json::from_str(&body).expect("JSON");
-    let me = snapshot["listeners"]
-        .as_array()
-        .expect("listeners")
-        .iter()
-        .find(|l| l["inode"] == listener.inode)
-        .unwrap_or_else(|| panic!("listener {} not in {body}", listener.inode))
-        .clone();
 
     assert_eq!(queue.recv_q, 7, "7 connections left after 5 accepts");
     let v = |name| value(&scrape, name, &listener) as u64;
@@ -234,6 +225,7 @@ fn slow_acceptor(daemon: &Daemon, exported: &[&str]) {
     exact.verify();
 
     // The JSON API carries the same figures.
+    let snapshot = daemon.api_snapshot();
     let mode = snapshot["hook_mode"].as_str().expect("hook_mode");
     assert_eq!(
         scrape.value("backlogd_hook_mode", &[("mode", mode)]),

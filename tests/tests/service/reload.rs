@@ -351,15 +351,7 @@ fn sighup_changes_the_exported_accept_wait_buckets() {
         return;
     }
     // The API's cumulative counts at every kernel bound (`le` as /metrics writes it).
-    let (status, body) = daemon.get("/api/v1/snapshot");
-    assert_eq!(status, 200, "{body}");
-    let snapshot: serde_json::Value = serde_json::from_str(&body).expect("JSON");
-    let me = snapshot["listeners"]
-        .as_array()
-        .expect("listeners")
-        .iter()
-        .find(|l| l["inode"] == listener.inode)
-        .unwrap_or_else(|| panic!("listener {} not in {body}", listener.inode));
+    let me = daemon.api_listener(listener.inode);
     let mut api: Vec<(String, u64)> = Vec::new();
     let mut seen = 0;
     for b in me["accept_wait"]["buckets"].as_array().expect("buckets") {
