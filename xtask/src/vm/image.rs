@@ -194,7 +194,9 @@ pub(super) fn build_initramfs(
 }
 
 /// A suite run this long gets the guest's state printed (tasks, kernel stacks, daemon
-/// logs): the slowest, stress, takes about 7 minutes under TCG on CI's machine.
+/// logs): a kernel's every suite in every mode took 8 to 15 minutes in all under TCG on a
+/// 2-CPU machine (`cargo xtask vm` at 731fe89), so one suite still running is stuck or
+/// starved.
 const SUITE_SLOW: Duration = Duration::from_secs(12 * 60);
 /// A suite run this long is killed (its row fails with rc=137 and the state printed), so
 /// the guest goes on with its other runs instead of reaching [`GUEST_TIMEOUT`].
