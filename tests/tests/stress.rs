@@ -89,41 +89,72 @@ fn bursts_stay_exact_while_bpftrace_traces_the_same_events() {
     exact.verify();
 }
 
-/// bpftrace running `script`, attached.
-struct Tracer(Child);
+/// bpftrace running `script`, every probe attached; stdout and stderr on one pipe.
+struct Tracer {
+    child: Child,
+    out: BufReader<std::io::PipeReader>,
+}
+
+/// bpftrace prints this line once every probe is attached when the variable of the same
+/// name is set (its runtime tests' hook; stderr in 0.17, stdout later, hence one pipe for
+/// both). "Attaching N probes..." is printed before the attaching, and 0.17 loses a SIGINT
+/// that arrives during it and then never exits: that hung this suite on 7.3 in fentry
+/// mode, where attaching trampolines under TCG outlasted the burst.
+const BPFTRACE_ATTACHED: &str = "__BPFTRACE_NOTIFY_PROBES_ATTACHED";
+
+/// How long bpftrace gets to print its maps and exit after SIGINT.
+const BPFTRACE_EXIT: Duration = Duration::from_secs(60);
 
 impl Tracer {
     fn start(script: &str) -> Self {
+        let (reader, writer) = std::io::pipe().expect("pipe for bpftrace's output");
         let mut child = Command::new("bpftrace")
             .args(["-e", script])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
+            .env(BPFTRACE_ATTACHED, "1")
+            .stdout(writer.try_clone().expect("pipe"))
+            .stderr(writer)
             .spawn()
             .expect("starting bpftrace");
-        // bpftrace prints "Attaching N probes..." once every probe is attached.
-        let mut out = BufReader::new(child.stdout.take().expect("piped"));
+        // The Command, and with it this process's copies of the write end, is gone: the
+        // pipe ends when bpftrace exits.
+        let mut out = BufReader::new(reader);
+        let mut said = String::new();
         let mut line = String::new();
         while out.read_line(&mut line).expect("bpftrace output") > 0 {
-            if line.contains("Attaching") {
-                let mut tracer = Self(child);
-                tracer.0.stdout = Some(out.into_inner());
-                return tracer;
+            if line.trim() == BPFTRACE_ATTACHED {
+                return Self { child, out };
             }
+            said.push_str(&line);
             line.clear();
         }
-        let err = child.wait_with_output().expect("bpftrace exit");
-        panic!(
-            "bpftrace never attached: {}",
-            String::from_utf8_lossy(&err.stderr)
-        );
+        let status = child.wait().expect("bpftrace exit");
+        panic!("bpftrace exited ({status}) before attaching every probe: {said}");
     }
 
     /// SIGINT: bpftrace prints its maps and exits. Returns them (`@name: count`).
-    fn stop(self) -> std::collections::BTreeMap<String, u64> {
-        // SAFETY: kill(2) on our own child.
-        unsafe { libc::kill(self.0.id() as i32, libc::SIGINT) };
-        let out = self.0.wait_with_output().expect("bpftrace exit");
-        let text = String::from_utf8_lossy(&out.stdout);
+    fn stop(mut self) -> std::collections::BTreeMap<String, u64> {
+        // SAFETY: kill(2) on our own child, not yet reaped.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
+        let mut out = self.out;
+        let reader = std::thread::spawn(move || {
+            let mut text = String::new();
+            let _ = std::io::Read::read_to_string(&mut out, &mut text);
+            text
+        });
+        let deadline = Instant::now() + BPFTRACE_EXIT;
+        while self.child.try_wait().expect("bpftrace exit").is_none() {
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                panic!(
+                    "bpftrace did not exit within {} s of SIGINT (killed); it printed: {}",
+                    BPFTRACE_EXIT.as_secs(),
+                    reader.join().unwrap_or_default()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let text = reader.join().expect("reading bpftrace's output");
         let maps: std::collections::BTreeMap<String, u64> = text
             .lines()
             .filter_map(|l| {

@@ -187,16 +187,27 @@ impl Daemon {
 /// A running bpftrace script.
 pub struct Bpftrace {
     pub proc: Watched,
-    /// From exec to "Attaching N probes" (parsing, LLVM, loading).
+    /// From exec to every probe attached (parsing, LLVM, loading, attaching).
     pub startup: Duration,
 }
+
+/// bpftrace prints this line once every probe is attached when the variable of the same
+/// name is set (its own runtime tests' hook; stderr in 0.17, stdout later: both are read).
+/// "Attaching N probes..." comes before the attaching, and a SIGINT that arrives during it
+/// is lost in 0.17: bpftrace then never exits.
+const BPFTRACE_ATTACHED: &str = "__BPFTRACE_NOTIFY_PROBES_ATTACHED";
 
 impl Bpftrace {
     pub fn start(script: &Path) -> Result<std::result::Result<Self, String>> {
         let started = Instant::now();
-        let mut proc = Watched::spawn(Command::new("bpftrace").arg(script), true)?;
+        let mut proc = Watched::spawn(
+            Command::new("bpftrace")
+                .arg(script)
+                .env(BPFTRACE_ATTACHED, "1"),
+            true,
+        )?;
         let ready = proc.wait_for(Duration::from_secs(120), |l| {
-            l.starts_with("Attaching").then_some(())
+            (l.trim() == BPFTRACE_ATTACHED).then_some(())
         })?;
         let startup = started.elapsed();
         Ok(ready.map(|()| Self { proc, startup }))

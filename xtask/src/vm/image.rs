@@ -194,13 +194,16 @@ pub(super) fn build_initramfs(
 }
 
 /// A suite run this long gets the guest's state printed (tasks, kernel stacks, daemon
-/// logs): a kernel's every suite in every mode took 8 to 15 minutes in all under TCG on a
-/// 2-CPU machine (`cargo xtask vm` at 731fe89), so one suite still running is stuck or
-/// starved.
-const SUITE_SLOW: Duration = Duration::from_secs(12 * 60);
+/// logs): a kernel's every suite in every mode (about 30 runs) took 8 to 15 minutes in all
+/// under TCG on a 2-CPU machine (`cargo xtask vm` at 731fe89), so one suite still running
+/// after 5 is stuck or starved. Guest time, which under TCG can run fast (5.10's ran
+/// up to 2.6x fast on that machine): each run's `end` marker carries its guest seconds
+/// (`secs=`), so the CI log shows how close any suite comes.
+const SUITE_SLOW: Duration = Duration::from_secs(5 * 60);
 /// A suite run this long is killed (its row fails with rc=137 and the state printed), so
-/// the guest goes on with its other runs instead of reaching [`GUEST_TIMEOUT`].
-const SUITE_STUCK: Duration = Duration::from_secs(18 * 60);
+/// the guest goes on with its other runs instead of reaching [`GUEST_TIMEOUT`]; 18 minutes
+/// here once cost a CI run its last kernel's remaining suites.
+const SUITE_STUCK: Duration = Duration::from_secs(9 * 60);
 
 /// The guest's /init: mounts what backlogd and the suites need, loads modules, runs every
 /// suite per mode with markers the host parses, and powers off.
@@ -241,6 +244,7 @@ run_suite() {
     mode=$1 suite=$2
     shift 2
     echo "@MARK@ begin mode=$mode suite=$suite"
+    began=$(cut -d. -f1 /proc/uptime)
     rm -f $BACKLOGD_TEST_LOG_DIR/*.log
     BACKLOGD_HOOK_MODE=$mode /backlogd/tests/$suite --test-threads=1 "$@" 2>&1 &
     pid=$!
@@ -263,7 +267,7 @@ run_suite() {
     wait $pid
     rc=$?
     kill $watchdog 2>/dev/null
-    echo "@MARK@ end mode=$mode suite=$suite rc=$rc"
+    echo "@MARK@ end mode=$mode suite=$suite secs=$(($(cut -d. -f1 /proc/uptime) - began)) rc=$rc"
 }
 @RUNS@
 echo "@MARK@ done"

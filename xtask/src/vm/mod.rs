@@ -247,17 +247,34 @@ pub fn run(opts: &Options) -> Result<()> {
             );
             let started = Instant::now();
             let outcome = boot(&kernel, &initrd, &log, limit);
-            if outcome.is_err() && limit < GUEST_TIMEOUT {
-                out_of_time.push(format!(
-                    "{}: boot {} was cut short at {} s by the matrix's time budget (a \
-                     guest gets {} s otherwise)",
-                    spec.label,
-                    boot_no + 1,
-                    limit.as_secs(),
-                    GUEST_TIMEOUT.as_secs()
-                ));
-            }
             let console = std::fs::read_to_string(&log).unwrap_or_default();
+            if outcome.is_err() && started.elapsed() >= limit && guest_crash(&console).is_none() {
+                let (finished, _) = finished_runs(&console);
+                let during = runs
+                    .get(done + finished)
+                    .map_or("after the last suite", |r| r.trim_end());
+                out_of_time.push(if limit < GUEST_TIMEOUT {
+                    format!(
+                        "{}: boot {} was cut short at {} s by the matrix's time budget (a \
+                         guest gets {} s otherwise) during `{during}`; {} later runs did \
+                         not run",
+                        spec.label,
+                        boot_no + 1,
+                        limit.as_secs(),
+                        GUEST_TIMEOUT.as_secs(),
+                        runs.len().saturating_sub(done + finished + 1)
+                    )
+                } else {
+                    format!(
+                        "{}: boot {} was killed at the guest's {} s limit during \
+                         `{during}`; {} later runs did not run",
+                        spec.label,
+                        boot_no + 1,
+                        limit.as_secs(),
+                        runs.len().saturating_sub(done + finished + 1)
+                    )
+                });
+            }
             eprintln!(
                 "xtask vm: {} finished in {:.0} s{}",
                 spec.label,
