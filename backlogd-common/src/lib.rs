@@ -110,6 +110,9 @@ pub struct SynStash {
     pub net: u64,
     /// Listener socket inode.
     pub ino: u64,
+    /// Tracepoint mode, final-ACK window: `struct sock *` of the child the listener cloned
+    /// for this segment, queued for accept when its handshake completes; 0 if none yet.
+    pub child: u64,
     /// [`segment_kind`].
     pub kind: u32,
     pub _pad: u32,
@@ -227,12 +230,8 @@ pub struct KernelOffsets {
     /// CPU's per-CPU area offset (kallsyms has no `__per_cpu_offset` on every kernel).
     pub bpf_array_pptrs: u32,
     /// `offsetof(struct inet_connection_sock, icsk_accept_queue)` +
-    /// `offsetof(struct request_sock_queue, rskq_accept_tail)`.
-    pub icsk_accept_tail: u32,
-    /// ... + `offsetof(struct request_sock_queue, qlen)`: the SYN queue length.
+    /// `offsetof(struct request_sock_queue, qlen)`: the SYN queue length.
     pub icsk_syn_qlen: u32,
-    /// `offsetof(struct request_sock, sk)`: the child socket of a queued request.
-    pub request_sock_sk: u32,
     /// `offsetof(struct request_sock, rsk_listener)`: the listener a request belongs to.
     pub request_sock_listener: u32,
     /// `offsetof(struct sk_buff, head)` and `transport_header`: the TCP header of a

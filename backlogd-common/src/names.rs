@@ -49,7 +49,6 @@ pub mod program {
     pub const SYN_CONSUMED: &str = "syn_consumed";
     pub const SYN_FREED: &str = "syn_freed";
     // accept.rs.
-    pub const QUEUED: &str = "queued";
     pub const ACCEPT_ENTER: &str = "accept_enter";
     pub const ACCEPT_EXIT: &str = "accept_exit";
     pub const ACCEPT_SYS_EXIT: &str = "accept_sys_exit";
@@ -76,7 +75,7 @@ pub mod program {
     pub const REQSK_QUEUE_ADD_KRETPROBE: &str = "reqsk_queue_add_kretprobe";
 
     /// Every program of the object.
-    pub const ALL: [&str; 30] = [
+    pub const ALL: [&str; 29] = [
         LISTEN_ENTER,
         LISTEN_EXIT,
         LISTENER_STATE,
@@ -84,7 +83,6 @@ pub mod program {
         LISTENER_INGRESS,
         SYN_CONSUMED,
         SYN_FREED,
-        QUEUED,
         ACCEPT_ENTER,
         ACCEPT_EXIT,
         ACCEPT_SYS_EXIT,

@@ -1,11 +1,13 @@
 //! The accept queue: connections queued for accept(), taken by accept(), how long they
 //! waited, and queue depths.
 //!
-//! Tracepoint mode: the `sk_data_ready` tracepoint fires on the listener right after the
-//! kernel appends a finished handshake to its accept queue, so the queue's tail is the new
-//! child: its enqueue time is recorded under the child's address. accept()/accept4() exit
-//! then finds the child behind the returned fd and the wait is the difference. (io_uring
-//! accepts do not pass these syscalls and are not counted as accepted.)
+//! Every mode records a child's enqueue time under the child's address ([`enqueued`]);
+//! the accept hooks find the child accept() returned and the wait is the difference.
+//! Tracepoint mode learns of the enqueue from the child's state changes inside the
+//! listener's segment window (`syn::child_cloned`, `syn::handshake_completed`), fentry and
+//! kprobe modes from `tcp_check_req`'s return (`syn::call_exit`). accept()/accept4() exit
+//! finds the child behind the returned fd. (io_uring accepts do not pass these syscalls
+//! and are not counted as accepted in tracepoint and kprobe modes.)
 //!
 //! The accept() syscall hooks differ by mode, each the cheapest that keeps the mode exact:
 //! - tracepoint mode: the classic `syscalls:sys_{enter,exit}_accept{,4}` tracepoints. They
@@ -18,8 +20,8 @@
 //!   unseen by the SYN kprobes. A raw tracepoint program does not take that guard; the
 //!   price is one run at the exit of every syscall on the host (BENCHMARKS.md has the
 //!   figure).
-//! - fentry mode: [`enqueued`] from `inet_csk_reqsk_queue_add`'s return (kprobe mode too)
-//!   and [`accepted`] from `inet_csk_accept`'s, which also sees io_uring accepts.
+//! - fentry mode: [`accepted`] from `inet_csk_accept`'s return, which also sees io_uring
+//!   accepts.
 
 use aya_ebpf::{
     helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns},
@@ -44,23 +46,6 @@ static QUEUED_AT: LruHashMap<u64, u64> = LruHashMap::with_max_entries(65536, 0);
 /// accept() fd parked between syscall entry and exit, by thread (tracepoint mode).
 #[map]
 static PENDING_ACCEPT: LruHashMap<u64, u64> = LruHashMap::with_max_entries(4096, 0);
-
-/// `TP_PROTO(const struct sock *sk)`.
-#[raw_tracepoint(tracepoint = "sk_data_ready")]
-pub fn queued(ctx: RawTracePointContext) -> u32 {
-    let _ = try_queued(KPtr(ctx.arg(0)));
-    0
-}
-
-fn try_queued(sk: KPtr) -> Result<()> {
-    if sk.is_null() || !is_tcp_listener(sk)? {
-        return Ok(());
-    }
-    let child = sk
-        .deref(offset(|o| &o.icsk_accept_tail))
-        .and_then(|req| req.deref(offset(|o| &o.request_sock_sk)));
-    enqueued(sk, child.ok())
-}
 
 /// `child` (when known) was appended to listener `sk`'s accept queue just now.
 #[inline(always)]

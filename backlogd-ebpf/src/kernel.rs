@@ -35,9 +35,7 @@ static OFFSETS: KernelOffsets = KernelOffsets {
     net_mib_stats: 0,
     mib_index: [0; 4],
     bpf_array_pptrs: 0,
-    icsk_accept_tail: 0,
     icsk_syn_qlen: 0,
-    request_sock_sk: 0,
     request_sock_listener: 0,
     skb_head: 0,
     skb_transport_header: 0,
@@ -137,7 +135,7 @@ pub fn socket_inode(sk: KPtr) -> Result<u64> {
 }
 
 /// Whether `sk` is a listening TCP socket (IPv4 or IPv6). Unix stream listeners use the
-/// same state value and pass through accept() and sk_data_ready too.
+/// same state value and pass through accept() too.
 #[inline(always)]
 pub fn is_tcp_listener(sk: KPtr) -> Result<bool> {
     let state: u8 = sk.read(offset(|o| &o.sk_state))?;

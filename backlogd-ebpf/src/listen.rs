@@ -129,10 +129,11 @@ pub fn listener_state(ctx: RawTracePointContext) -> u32 {
     let oldstate: u64 = ctx.arg(1);
     let newstate: u64 = ctx.arg(2);
     let _ = match (oldstate as u32, newstate as u32) {
-        // A listener leaves LISTEN only for CLOSE. (LISTEN -> SYN_RECV is every child
-        // being cloned from its listener: not a listener going away.)
+        // A listener leaves LISTEN only for CLOSE. LISTEN -> SYN_RECV is a child being
+        // cloned from its listener (`inet_csk_clone_lock`): not a listener going away.
         (TCP_LISTEN, TCP_CLOSE) => listener_closed(sk),
-        (TCP_SYN_RECV, TCP_ESTABLISHED) if is_tcp(sk) => crate::syn::handshake_completed(),
+        (TCP_LISTEN, TCP_SYN_RECV) if is_tcp(sk) => crate::syn::child_cloned(sk),
+        (TCP_SYN_RECV, TCP_ESTABLISHED) if is_tcp(sk) => crate::syn::handshake_completed(sk),
         _ => Ok(()),
     };
     0

@@ -102,20 +102,45 @@ fn try_listener_ingress(ctx: &SkBuffContext) -> Result<()> {
     Ok(())
 }
 
-/// Tracepoint mode: a child socket just became ESTABLISHED. During a final-ACK window
-/// that means the kernel has put it on the listener's accept queue, so look at the queue
-/// now: the ACK's skb may be released without a tracepoint (`__kfree_skb`), and by the
-/// next ingress accept() may already have drained the peak.
+/// Tracepoint mode: listener processing a segment on this CPU cloned `child` (LISTEN ->
+/// SYN_RECV). In a final-ACK window (`tcp_check_req`, `tcp_get_cookie_sock`) the child
+/// goes on the accept queue if the handshake completes, which [`handshake_completed`]
+/// sees. In a SYN window it is a Fast Open child, put on the accept queue right away by
+/// `tcp_conn_request`. These state changes replace a hook on `sk_data_ready`, which runs
+/// for every segment or datagram any socket receives.
 #[inline(always)]
-pub(crate) fn handshake_completed() -> Result<()> {
+pub(crate) fn child_cloned(child: KPtr) -> Result<()> {
     let slot = STASH.get_ptr_mut(0).ok_or(errno::ENOENT)?;
     // SAFETY: this CPU's element of STASH; the state change runs inside the window's
     // softirq, which ingress cannot interrupt.
-    let stash = unsafe { &*slot };
-    if stash.skb != 0 && stash.kind == segment_kind::ACK {
-        listener::observe_queues(KPtr(stash.sk), stash.ino)?;
+    let stash = unsafe { &mut *slot };
+    if stash.skb == 0 {
+        return Ok(());
     }
-    Ok(())
+    if stash.kind == segment_kind::SYN {
+        crate::accept::enqueued(KPtr(stash.sk), Some(child))
+    } else {
+        stash.child = child.0;
+        Ok(())
+    }
+}
+
+/// Tracepoint mode: `child` just became ESTABLISHED. If it is the child this CPU's window
+/// cloned, the kernel has put it on the listener's accept queue (`tcp_child_process`
+/// runs after the queueing): count it and look at the queue now, as the ACK's skb may be
+/// released without a tracepoint (`__kfree_skb`), and by the next ingress accept() may
+/// already have drained the peak. A Fast Open child completing its handshake later is no
+/// window's child, so it is not counted twice.
+#[inline(always)]
+pub(crate) fn handshake_completed(child: KPtr) -> Result<()> {
+    let slot = STASH.get_ptr_mut(0).ok_or(errno::ENOENT)?;
+    // SAFETY: as in child_cloned.
+    let stash = unsafe { &mut *slot };
+    if stash.skb == 0 || stash.child != child.0 {
+        return Ok(());
+    }
+    stash.child = 0;
+    crate::accept::enqueued(KPtr(stash.sk), Some(child))
 }
 
 /// Function-hook modes: the kernel starts processing `skb` on listener `sk` (`kind` SYN:
@@ -229,6 +254,7 @@ fn open_window(sk: KPtr, skb: u64, ino: u64, kind: u32) -> Result<SynStash> {
         skb,
         net: net.0,
         ino,
+        child: 0,
         kind,
         _pad: 0,
         mib: [0; mib::COUNT],

@@ -153,7 +153,6 @@ async fn serve(
         probes.mode,
         probes.kernel,
         probes.pinned,
-        probes.enqueue_events,
     );
     *metrics
         .accept_wait_buckets

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 use backlogd_tests::{
     Daemon, Exact, Netns, Scrape,
     daemon::run_to_end,
+    kernel::tcp_ext,
     sockets::{Listener, kernel_queue},
     tempdir::TempDir,
 };
@@ -114,35 +115,6 @@ fn slow_acceptor(daemon: &Daemon, exported: &[&str]) {
             5,
         );
     let socket = listener.inode.to_string();
-    let enqueue_events = scrape
-        .value("backlogd_listen_queued_total", &[("socket", &socket)])
-        .is_some();
-    if !enqueue_events {
-        // Tracepoint mode on a kernel without sock:sk_data_ready (Linux < 6.x, e.g. Debian
-        // 6.1): queued and accept waits are documented as not reported. Check that they
-        // are absent rather than wrong, and that the daemon said why.
-        assert!(
-            scrape
-                .find(
-                    "backlogd_listen_accept_wait_seconds_count",
-                    &[("socket", &socket)]
-                )
-                .is_empty(),
-            "accept waits reported without enqueue events"
-        );
-        exact.verify();
-        assert!(
-            daemon.log().contains("no sock:sk_data_ready"),
-            "{}",
-            daemon.log()
-        );
-        eprintln!(
-            "SKIPPED queued and accept-wait checks: this kernel has no sock:sk_data_ready \
-             tracepoint, so {} mode does not report them (documented)",
-            scrape.hook_mode()
-        );
-        return;
-    }
     exact
         .eq(
             "queued vs the clients' completed handshakes",
@@ -292,4 +264,81 @@ fn accept_wait_bound_not_a_kernel_bound_is_refused_with_the_allowed_values() {
             "{args:?}: {stderr}"
         );
     }
+}
+
+/// TCP Fast Open: the kernel creates the child at the SYN (data in the SYN, no cookie
+/// needed in this namespace) and queues it for accept inside `tcp_conn_request`, before
+/// any final ACK. Each mode must count it queued exactly once: not again when its
+/// handshake completes on the child itself.
+#[test]
+fn fast_open_children_are_queued_once_at_the_syn() {
+    const CLIENTS: usize = 6;
+    let daemon = Daemon::start();
+    let ns = Netns::new();
+    // Client and server enabled, no cookie asked or needed, no TCP_FASTOPEN option
+    // needed on the listener (TFO_CLIENT_ENABLE | TFO_SERVER_ENABLE |
+    // TFO_CLIENT_NO_COOKIE | TFO_SERVER_COOKIE_NOT_REQD | TFO_SERVER_WO_SOCKOPT1).
+    ns.sysctl(
+        "net.ipv4.tcp_fastopen",
+        &(0x1 | 0x2 | 0x4 | 0x200 | 0x400).to_string(),
+    );
+    let listener = Listener::open(&ns, "127.0.0.1:0", 64);
+    daemon.wait_for_listener(listener.inode);
+    let before = tcp_ext(&ns);
+    let addr = listener.addr;
+    let clients: Vec<socket2::Socket> = ns.run(move || {
+        (0..CLIENTS)
+            .map(|_| {
+                let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)
+                    .expect("client socket()");
+                // sendto(MSG_FASTOPEN) connects with the data in the SYN.
+                s.send_to_with_flags(b"hello", &addr.into(), libc::MSG_FASTOPEN)
+                    .expect("sendto(MSG_FASTOPEN)");
+                s
+            })
+            .collect()
+    });
+    // The clients' final ACKs complete the handshakes on the children.
+    std::thread::sleep(Duration::from_millis(50));
+    let passive = tcp_ext(&ns)["TCPFastOpenPassive"] - before["TCPFastOpenPassive"];
+    assert_eq!(
+        passive, CLIENTS as u64,
+        "the kernel created a child at the SYN for every client (TcpExt TCPFastOpenPassive)"
+    );
+    for _ in 0..2 {
+        listener.socket.accept().expect("accept");
+    }
+    let queue = kernel_queue(&ns, &listener);
+    let scrape = daemon.scrape();
+    drop(clients);
+    let v = |name| value(&scrape, name, &listener) as u64;
+    let mut exact = Exact::listener(&daemon, &ns, &listener);
+    exact
+        .evidence("socket (ss) after 2 accepts", &queue)
+        .eq(
+            "queued vs the kernel's Fast Open children (TCPFastOpenPassive)",
+            v("backlogd_listen_queued_total"),
+            passive,
+        )
+        .eq(
+            "accepted vs the application's accept() calls",
+            v("backlogd_listen_accepted_total"),
+            2,
+        )
+        .eq(
+            "queued - accepted vs Recv-Q",
+            v("backlogd_listen_queued_total").saturating_sub(v("backlogd_listen_accepted_total")),
+            queue.recv_q,
+        )
+        .eq(
+            "accept waits vs the application's accept() calls",
+            v("backlogd_listen_accept_wait_seconds_count"),
+            2,
+        )
+        .eq(
+            "SYNs received vs the clients",
+            v("backlogd_listen_syns_received_total"),
+            CLIENTS as u64,
+        );
+    exact.verify();
 }

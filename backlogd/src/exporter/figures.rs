@@ -29,8 +29,6 @@ pub struct Metrics {
     pub kernel: KernelSupport,
     /// The kernel state survives a daemon restart (pinned).
     pub pinned: bool,
-    /// Queued counts and accept waits are only exported when enqueue events are seen.
-    pub enqueue_events: bool,
     /// What closed members contributed to the group and process counters.
     pub retired: Arc<Mutex<Retired>>,
     /// The accept-wait bounds /metrics exports (`accept_wait_buckets`; SIGHUP replaces
@@ -56,7 +54,6 @@ impl Metrics {
         mode: HookMode,
         kernel: KernelSupport,
         pinned: bool,
-        enqueue_events: bool,
     ) -> Self {
         Self {
             shared,
@@ -65,7 +62,6 @@ impl Metrics {
             mode,
             kernel,
             pinned,
-            enqueue_events,
             retired: Arc::default(),
             accept_wait_buckets: Arc::default(),
         }

@@ -180,11 +180,8 @@ impl KernelBtf {
                 self.mib_offset("LINUX_MIB_TCPREQQFULLDOCOOKIES")?,
             ],
             bpf_array_pptrs: self.offset_of("bpf_array", "pptrs", None)?,
-            icsk_accept_tail: self.offset_of("inet_connection_sock", "icsk_accept_queue", None)?
-                + f("request_sock_queue", "rskq_accept_tail", 8)?,
             icsk_syn_qlen: self.offset_of("inet_connection_sock", "icsk_accept_queue", None)?
                 + f("request_sock_queue", "qlen", 4)?,
-            request_sock_sk: f("request_sock", "sk", 8)?,
             // `rsk_listener` is a macro for this field.
             request_sock_listener: f("request_sock", "__req_common.skc_listener", 8)?,
             skb_head: f("sk_buff", "head", 8)?,

@@ -11,8 +11,8 @@
 //! - kprobe: kprobes/kretprobes on the same functions, accept() at the raw `sys_exit`
 //!   tracepoint;
 //! - tracepoint: a cgroup_skb ingress program on the cgroup v2 root plus skb-release
-//!   tp_btf hooks (backlogd-ebpf/src/syn.rs), raw `sk_data_ready`, accept() syscall
-//!   tracepoints.
+//!   tp_btf hooks (backlogd-ebpf/src/syn.rs), accept() syscall tracepoints; the enqueue
+//!   comes from `inet_sock_set_state` inside the listener's window.
 //!
 //! A classic-tracepoint or kprobe program makes the kernel skip every other such program
 //! that fires on its CPU while it runs (see backlogd-ebpf/src/kprobe.rs); raw tracepoint,
@@ -199,12 +199,6 @@ const TRACEPOINT_ACCEPT: &[Hook] = &[
     },
 ];
 
-/// Tracepoint mode's enqueue hook, where the kernel has the tracepoint (Linux 6.x).
-const TRACEPOINT_QUEUED: Hook = Hook::RawTracepoint {
-    program: p::QUEUED,
-    tracepoint: "sk_data_ready",
-};
-
 /// Tracepoint mode's SYN path. The skb-release hooks first: an ingress stash is only
 /// useful once they run. BTF tracepoints have per-program recursion protection (classic
 /// tracepoints skip a BPF program whenever any other tracing program is running on the
@@ -223,18 +217,14 @@ const TRACEPOINT_SYN: &[Hook] = &[
     },
 ];
 
-/// The hooks of `mode`, in attach order; `enqueue_events`: whether tracepoint mode's
-/// enqueue tracepoint exists on this kernel (see [`TRACEPOINT_QUEUED`]).
-pub fn for_mode(mode: HookMode, enqueue_events: bool) -> Vec<Hook> {
+/// The hooks of `mode`, in attach order.
+pub fn for_mode(mode: HookMode) -> Vec<Hook> {
     let mut hooks = COMMON.to_vec();
     match mode {
         HookMode::Fentry => hooks.extend_from_slice(FENTRY),
         HookMode::Kprobe => hooks.extend_from_slice(KPROBE),
         HookMode::Tracepoint => {
             hooks.extend_from_slice(TRACEPOINT_ACCEPT);
-            if enqueue_events {
-                hooks.push(TRACEPOINT_QUEUED);
-            }
             hooks.extend_from_slice(TRACEPOINT_SYN);
         }
     }
@@ -251,7 +241,7 @@ mod tests {
     fn every_program_has_a_hook_in_some_mode_and_none_twice_in_one() {
         let mut used = BTreeSet::new();
         for mode in [HookMode::Fentry, HookMode::Kprobe, HookMode::Tracepoint] {
-            let hooks = for_mode(mode, true);
+            let hooks = for_mode(mode);
             let programs: BTreeSet<&str> = hooks.iter().map(Hook::program).collect();
             assert_eq!(
                 programs.len(),
@@ -268,10 +258,8 @@ mod tests {
     }
 
     #[test]
-    fn tracepoint_mode_attaches_its_ingress_last_and_the_enqueue_hook_only_if_it_exists() {
-        let with = for_mode(HookMode::Tracepoint, true);
-        assert_eq!(with.last().map(Hook::program), Some(p::LISTENER_INGRESS));
-        assert!(with.contains(&TRACEPOINT_QUEUED));
-        assert!(!for_mode(HookMode::Tracepoint, false).contains(&TRACEPOINT_QUEUED));
+    fn tracepoint_mode_attaches_its_ingress_last() {
+        let hooks = for_mode(HookMode::Tracepoint);
+        assert_eq!(hooks.last().map(Hook::program), Some(p::LISTENER_INGRESS));
     }
 }

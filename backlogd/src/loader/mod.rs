@@ -62,8 +62,6 @@ pub struct Probes {
     _cgroup_ingress: Option<CgroupAttachment>,
     pub mode: HookMode,
     pub kernel: KernelSupport,
-    /// Whether enqueue events (`sk_data_ready`) are seen: queued and accept wait.
-    pub enqueue_events: bool,
     /// The programs were already attached and counting: adopted from pinned state.
     pub adopted: bool,
     /// The kernel state is pinned under pin_dir: it survives a restart of the daemon.
@@ -226,10 +224,6 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 /// Takes over the programs a previous daemon of this build left pinned in `mode`: they
 /// have been counting all along, so nothing is loaded or attached.
 fn adopt(pins: &PinDir, mode: HookMode) -> Result<Probes, LoadError> {
-    let enqueue_events = match mode {
-        HookMode::Tracepoint => has_sk_data_ready()?,
-        HookMode::Fentry | HookMode::Kprobe => true,
-    };
     let [events, events_lost, stats, stats_full, queues, epoch, seen] =
         DAEMON.map(|name| pins.open_map(mode, name).map(|map| (name, map)));
     let listener_stats = typed(stats?)?;
@@ -248,7 +242,6 @@ fn adopt(pins: &PinDir, mode: HookMode) -> Result<Probes, LoadError> {
         _cgroup_ingress: None,
         mode,
         kernel: KernelSupport::default(),
-        enqueue_events,
         adopted: true,
         pinned: true,
     };
@@ -285,19 +278,8 @@ fn load_mode(
     let mut pinning = pins.map(|p| p.begin(mode)).transpose()?;
     let pinning = &mut pinning;
     let queue_epoch = start_epochs(typed_map(&mut ebpf, map::QUEUE_EPOCH, pinning)?)?;
-    let enqueue_events = match mode {
-        HookMode::Fentry | HookMode::Kprobe => true,
-        HookMode::Tracepoint => has_sk_data_ready()?,
-    };
-    if !enqueue_events {
-        tracing::warn!(
-            "this kernel has no sock:sk_data_ready tracepoint: in tracepoint mode, \
-             connections queued for accept and accept-queue wait times are not \
-             reported (other figures are; fentry and kprobe modes report them)"
-        );
-    }
     let mut cgroup_ingress = None;
-    for hook in hooks::for_mode(mode, enqueue_events) {
+    for hook in hooks::for_mode(mode) {
         if let Some(attachment) = attach::attach(&mut ebpf, kernel_btf, &hook, pinning)? {
             cgroup_ingress = Some(attachment);
         }
@@ -322,7 +304,6 @@ fn load_mode(
             queue_epoch,
             listens_seen,
         },
-        enqueue_events,
         adopted: false,
         pinned: false,
         mode,
@@ -351,16 +332,6 @@ fn tracepoint_offsets(o: &mut KernelOffsets) -> Result<(), TracefsError> {
         });
     }
     Ok(())
-}
-
-/// The `sk_data_ready` tracepoint is recent (Linux 6.x); without it, tracepoint mode does
-/// not see the enqueue moment (queued, accept wait).
-fn has_sk_data_ready() -> Result<bool, TracefsError> {
-    match Format::read(&tracefs::tracing_dir()?, "sock", "sk_data_ready") {
-        Ok(_) => Ok(true),
-        Err(TracefsError::NoTracepoint { .. }) => Ok(false),
-        Err(e) => Err(e),
-    }
 }
 
 #[cfg(test)]

@@ -45,12 +45,11 @@ const QUEUES: [(Metric, QueueField); 3] = [
     (Metric::ListenSynQueueMaxLength, |q| q.syn_max),
 ];
 
-/// `accept_wait`: the accept-wait bounds to export (with enqueue events only).
+/// `accept_wait`: the accept-wait bounds to export.
 pub fn render(
     e: &mut Exposition<'_>,
     rows: &[Row<'_>],
     figures: &Figures,
-    enqueue_events: bool,
     accept_wait: &AcceptWaitBuckets,
 ) {
     owners(e, rows);
@@ -80,9 +79,6 @@ pub fn render(
     let stats: &HashMap<u64, ListenerStats> = &figures.stats;
     let counters = |r: &Row<'_>| stats.get(&r.listener.inode).unwrap_or(&zero);
     for (metric, value) in COUNTERS {
-        if metric == Metric::ListenQueued && !enqueue_events {
-            continue;
-        }
         metric.open(e);
         for r in rows {
             e.sample_with(metric.name(), &r.set, &[], value(counters(r)));
@@ -110,21 +106,18 @@ pub fn render(
         }
     }
 
-    if enqueue_events {
-        let metric = Metric::ListenAcceptWaitSeconds;
-        metric.open(e);
-        // Only the configured bounds; each exported bucket sums the kernel's below it.
-        let names =
-            HistogramNames::merged(metric.name(), &AcceptWait::bounds(), accept_wait.indices());
-        for r in rows {
-            let s = counters(r);
-            e.histogram(
-                &names,
-                &r.set,
-                &s.accept_wait,
-                s.accept_wait_sum_ns as f64 / 1e9,
-            );
-        }
+    let metric = Metric::ListenAcceptWaitSeconds;
+    metric.open(e);
+    // Only the configured bounds; each exported bucket sums the kernel's below it.
+    let names = HistogramNames::merged(metric.name(), &AcceptWait::bounds(), accept_wait.indices());
+    for r in rows {
+        let s = counters(r);
+        e.histogram(
+            &names,
+            &r.set,
+            &s.accept_wait,
+            s.accept_wait_sum_ns as f64 / 1e9,
+        );
     }
 }
 

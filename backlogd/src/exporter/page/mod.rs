@@ -50,7 +50,7 @@ fn render_into(metrics: &Metrics, e: &mut Exposition<'_>) {
         .read()
         .unwrap_or_else(|e| e.into_inner())
         .clone();
-    listeners::render(e, &rows, &figures, metrics.enqueue_events, &accept_wait);
+    listeners::render(e, &rows, &figures, &accept_wait);
     e.rendered(&aggregated);
     netns::render(e, &namespaces);
 
