@@ -64,6 +64,10 @@ enum Cmd {
         /// Shorter runs and a smaller scale (about 1 minute instead of 4).
         #[arg(long)]
         quick: bool,
+        /// Run only these sections (repeatable): programs, syscalls, capacity, bystander,
+        /// daemon, drop, scale, bpftrace.
+        #[arg(long, value_name = "NAME")]
+        section: Vec<String>,
         /// Internal: hold COUNT connections to PORTS listeners from FIRST_PORT on
         /// 127.0.0.1 until stdin closes (a helper process of the scale test).
         #[arg(long, hide = true, value_name = "COUNT,FIRST_PORT,PORTS")]
@@ -159,10 +163,14 @@ fn main() -> Result<()> {
         Cmd::Bench {
             hold: Some(spec), ..
         } => bench::hold(&spec),
-        Cmd::Bench { quick, hold: None } => {
+        Cmd::Bench {
+            quick,
+            section,
+            hold: None,
+        } => {
             setup::run()?;
             cargo(&["build", "--release", "--package", "backlogd"])?;
-            bench::run(quick)
+            bench::run(quick, &section)
         }
         Cmd::Install {
             prefix,

@@ -5,12 +5,14 @@
 //!
 //! Sections, in order: per-event cost of every eBPF program in each hook mode (kernel
 //! bpf_stats); what every syscall on the host pays (the raw `sys_exit` accept hook and the
-//! listen(2) syscall tracepoints); handshake capacity with and without the daemon; the daemon's CPU and memory
+//! listen(2) syscall tracepoints); handshake capacity with and without the daemon; traffic
+//! that never meets a listen queue (UDP and TCP bulk over loopback); the daemon's CPU and memory
 //! under SYN load; how long a drop takes to show; scrape cost at scale (listeners and
 //! established connections), with `ss`/`nstat` polling beside it; a bpftrace script on
 //! the same tracepoints.
 
 mod bpftrace;
+mod bystander;
 mod capacity;
 mod daemon_cost;
 mod drop_latency;
@@ -35,8 +37,8 @@ use load::{FullListener, Netns};
 use procs::{BpfStats, Bpftrace, Daemon, Memory, Watched};
 
 use self::{
-    bpftrace::*, capacity::*, daemon_cost::*, drop_latency::*, programs::*, scale::*, stats::*,
-    summary::*, syscalls::*,
+    bpftrace::*, bystander::*, capacity::*, daemon_cost::*, drop_latency::*, programs::*, scale::*,
+    stats::*, summary::*, syscalls::*,
 };
 use crate::setup::output;
 
@@ -105,6 +107,8 @@ struct Targets {
     scrape_ms: Option<(usize, f64)>,
     scrape_established_ms: Option<f64>,
     drop_visible_ms: Option<(f64, f64)>,
+    /// Per flow of the bystander section: (flow, median, min, max) % of without.
+    bystander: Vec<(&'static str, f64, f64, f64)>,
 }
 
 #[derive(Default)]
@@ -131,10 +135,30 @@ impl Report {
 
 pub use load::hold;
 
-pub fn run(quick: bool) -> Result<()> {
+/// The report's sections: (name for `--section`, title).
+const SECTIONS: [(&str, &str); 8] = [
+    ("programs", "Per-event cost of the eBPF programs"),
+    ("syscalls", "Cost on every syscall"),
+    ("capacity", "Connection-rate capacity"),
+    ("bystander", "Traffic that never meets a listen queue"),
+    ("daemon", "Daemon CPU and memory under SYN load"),
+    ("drop", "From a drop to /metrics and the JSON API"),
+    ("scale", "Scale: listeners and established connections"),
+    ("bpftrace", "bpftrace on the same tracepoints"),
+];
+
+/// `only`: section names to run (all when empty).
+pub fn run(quick: bool, only: &[String]) -> Result<()> {
     // SAFETY: plain libc call.
     if unsafe { libc::geteuid() } != 0 {
         bail!("cargo xtask bench loads eBPF programs and makes network namespaces: run it as root");
+    }
+    if let Some(unknown) = only.iter().find(|o| !SECTIONS.iter().any(|(n, _)| n == o)) {
+        let names: Vec<&str> = SECTIONS.iter().map(|(n, _)| *n).collect();
+        bail!(
+            "--section {unknown}: no such section. Fix: one of {}",
+            names.join(", ")
+        );
     }
     let p = if quick { &QUICK } else { &FULL };
     let started = Instant::now();
@@ -143,25 +167,21 @@ pub fn run(quick: bool) -> Result<()> {
 
     let ns = Netns::new()?;
     ns.sysctl("net.ipv4.ip_local_port_range", "1024 65535");
-    section(&mut r, "Per-event cost of the eBPF programs", |r| {
-        program_cost(p, &ns, r)
-    });
-    section(&mut r, "Cost on every syscall", |r| syscall_overhead(p, r));
-    section(&mut r, "Connection-rate capacity", |r| capacity(p, &ns, r));
-    section(&mut r, "Daemon CPU and memory under SYN load", |r| {
-        daemon_cost(p, &ns, r)
-    });
-    section(&mut r, "From a drop to /metrics and the JSON API", |r| {
-        drop_latency(p, &ns, r)
-    });
-    section(
-        &mut r,
-        "Scale: listeners and established connections",
-        |r| scale(p, r),
-    );
-    section(&mut r, "bpftrace on the same tracepoints", |r| {
-        bpftrace(p, &ns, r)
-    });
+    for (name, title) in SECTIONS {
+        if !only.is_empty() && !only.iter().any(|o| o == name) {
+            continue;
+        }
+        section(&mut r, title, |r| match name {
+            "programs" => program_cost(p, &ns, r),
+            "syscalls" => syscall_overhead(p, r),
+            "capacity" => capacity(p, &ns, r),
+            "bystander" => bystander(p, &ns, r),
+            "daemon" => daemon_cost(p, &ns, r),
+            "drop" => drop_latency(p, &ns, r),
+            "scale" => scale(p, r),
+            _ => bpftrace(p, &ns, r),
+        });
+    }
     drop(ns);
     summary(&mut r);
     r.line(format!(

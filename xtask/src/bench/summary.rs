@@ -27,14 +27,29 @@ pub(super) fn summary(r: &mut Report) {
         }),
     );
     row(
-        "capacity with backlogd >= 97% of without",
+        "capacity with backlogd >= 98% of without",
         t.capacity.map_or_else(missing, |(m, lo, hi)| {
             vec![
                 format!("{m:.1}% median (range {lo:.1}-{hi:.1}%)"),
-                verdict(m >= 97.0).into(),
+                verdict(m >= 98.0).into(),
             ]
         }),
     );
+    if t.bystander.is_empty() {
+        row(
+            "traffic that never meets a listen queue >= 99% of without",
+            missing(),
+        );
+    }
+    for (flow, m, lo, hi) in &t.bystander {
+        row(
+            &format!("{flow}: >= 99% of without"),
+            vec![
+                format!("{m:.1}% median (range {lo:.1}-{hi:.1}%)"),
+                verdict(*m >= 99.0).into(),
+            ],
+        );
+    }
     row(
         "daemon < 1% of one core and < 30 MiB RSS at 10k SYN/s",
         t.cpu_10k.map_or_else(missing, |(cpu, rss, peak)| {
