@@ -249,6 +249,9 @@ pub struct KernelOffsets {
     /// arm64 `orig_x0`: `x0` already holds the return value).
     pub regs_syscall_nr: u32,
     pub regs_arg0: u32,
+    /// The second argument in the `struct pt_regs` a syscall wrapper receives (x86-64 `si`,
+    /// arm64 `regs[1]`): fentry mode's listen(2) hook reads the backlog there.
+    pub regs_arg1: u32,
     /// This architecture's numbers of accept(2) and accept4(2).
     pub nr_accept: u32,
     pub nr_accept4: u32,

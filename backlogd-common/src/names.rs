@@ -63,6 +63,7 @@ pub mod program {
     pub const REQ_ERR_EXIT: &str = "req_err_exit";
     pub const REQSK_QUEUE_ADD_EXIT: &str = "reqsk_queue_add_exit";
     pub const INET_CSK_ACCEPT_EXIT: &str = "inet_csk_accept_exit";
+    pub const LISTEN_SYSCALL_EXIT: &str = "listen_syscall_exit";
     // kprobe.rs.
     pub const CONN_REQUEST_KPROBE: &str = "conn_request_kprobe";
     pub const CONN_REQUEST_KRETPROBE: &str = "conn_request_kretprobe";
@@ -75,7 +76,7 @@ pub mod program {
     pub const REQSK_QUEUE_ADD_KRETPROBE: &str = "reqsk_queue_add_kretprobe";
 
     /// Every program of the object.
-    pub const ALL: [&str; 29] = [
+    pub const ALL: [&str; 30] = [
         LISTEN_ENTER,
         LISTEN_EXIT,
         LISTENER_STATE,
@@ -96,6 +97,7 @@ pub mod program {
         REQ_ERR_EXIT,
         REQSK_QUEUE_ADD_EXIT,
         INET_CSK_ACCEPT_EXIT,
+        LISTEN_SYSCALL_EXIT,
         CONN_REQUEST_KPROBE,
         CONN_REQUEST_KRETPROBE,
         CHECK_REQ_KPROBE,

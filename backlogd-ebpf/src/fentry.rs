@@ -14,6 +14,9 @@
 //! - the final-ACK functions' return, and `inet_csk_reqsk_queue_add`'s for Fast Open: a
 //!   connection queued for accept.
 //! - `inet_csk_accept` return: a connection accepted, and how long it waited.
+//! - the listen(2) syscall's return (`__x64_sys_listen`): the backlog asked for and the one
+//!   granted. An fexit there, not the syscall tracepoints the other modes use: any syscall
+//!   tracepoint sends every syscall of every task through the kernel's slow path.
 
 use aya_ebpf::{
     macros::{fentry, fexit},
@@ -23,8 +26,8 @@ use backlogd_common::segment_kind::{ACK, OTHER, SYN};
 
 use crate::{
     accept,
-    kernel::{KPtr, Result, errno, launder},
-    syn,
+    kernel::{KPtr, Result, errno, launder, offset},
+    listen, syn,
 };
 
 /// Argument `n` of the traced function as a plain address. The verifier tracks typed
@@ -140,4 +143,23 @@ fn try_accept_exit(ctx: &FExitContext) -> Result<()> {
         return Ok(());
     }
     accept::accepted(arg_ptr(ctx.arg(0))?, KPtr(child))
+}
+
+/// `long __x64_sys_listen(const struct pt_regs *regs)` (arm64: `__arm64_sys_listen`): the
+/// syscall's entry point, called through the syscall table from another compilation unit,
+/// so never inlined (unlike `__sys_listen`). The user's registers hold its arguments
+/// still at return.
+#[fexit(function = "__x64_sys_listen")]
+pub fn listen_syscall_exit(ctx: FExitContext) -> i32 {
+    let _ = try_listen_syscall_exit(&ctx);
+    0
+}
+
+fn try_listen_syscall_exit(ctx: &FExitContext) -> Result<()> {
+    let ret: i64 = ctx.ret()?;
+    let regs = arg_ptr(ctx.arg(0))?;
+    let fd: u64 = regs.read(offset(|o| &o.regs_arg0))?;
+    let backlog: u64 = regs.read(offset(|o| &o.regs_arg1))?;
+    // The syscall takes an int: the low 32 bits, as the tracepoints' record has it.
+    listen::listened(fd, backlog as i32, ret)
 }

@@ -42,6 +42,7 @@ static OFFSETS: KernelOffsets = KernelOffsets {
     tp_accept_fd: 0,
     regs_syscall_nr: 0,
     regs_arg0: 0,
+    regs_arg1: 0,
     nr_accept: 0,
     nr_accept4: 0,
 };

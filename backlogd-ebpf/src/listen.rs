@@ -1,10 +1,13 @@
 //! Listener lifecycle: who listens where, with which backlog asked for and granted.
 //!
 //! `listen(2)` clamps the backlog to `net.core.somaxconn` of the socket's netns before the
-//! protocol code stores it in `sk_max_ack_backlog`, so only syscall entry sees what the
-//! application asked for, and only syscall exit sees what it got. The pair is joined
-//! through `PENDING_LISTEN`, keyed by thread. A repeated `listen()` on a listener emits a
-//! new LISTEN event with the new figures.
+//! protocol code stores it in `sk_max_ack_backlog`, so only the syscall's arguments show
+//! what the application asked for, and only its return what it got. Tracepoint and kprobe
+//! modes take the syscall tracepoints, joined through `PENDING_LISTEN`, keyed by thread;
+//! fentry mode one fexit on the syscall itself, which has both
+//! (`fentry::listen_syscall_exit`) and spares every other syscall the slow path that any
+//! syscall tracepoint puts them on. A repeated `listen()` on a listener emits a new LISTEN
+//! event with the new figures.
 //!
 //! A listener going away shows up as `inet_sock_set_state` LISTEN -> CLOSE, taken as a raw
 //! tracepoint (it fires in process context on every connect() and close(); a classic
@@ -75,15 +78,25 @@ pub fn listen_exit(ctx: TracePointContext) -> u32 {
 }
 
 fn try_listen_exit(ctx: &TracePointContext) -> Result<()> {
-    let id = bpf_get_current_pid_tgid();
     let Some(pending) = take_pending(&PENDING_LISTEN) else {
         return Ok(());
     };
-    let ret: i64 = tp_field(ctx, offset(|o| &o.tp_exit_ret))?;
+    listened(
+        pending.fd,
+        pending.backlog,
+        tp_field(ctx, offset(|o| &o.tp_exit_ret))?,
+    )
+}
+
+/// listen(`fd`, `requested`) returned `ret` in the current thread: a TCP listener's
+/// LISTEN event, with what it asked for and what it got.
+#[inline(always)]
+pub(crate) fn listened(fd: u64, requested: i32, ret: i64) -> Result<()> {
     if ret != 0 {
         return Ok(());
     }
-    let socket = socket_of_fd(pending.fd)?;
+    let id = bpf_get_current_pid_tgid();
+    let socket = socket_of_fd(fd)?;
     let sk = socket.deref(offset(|o| &o.socket_sk))?;
     let family: u16 = sk.read(offset(|o| &o.sk_family))?;
     if family != AF_INET && family != AF_INET6 {
@@ -111,7 +124,7 @@ fn try_listen_exit(ctx: &TracePointContext) -> Result<()> {
         netns: netns_inum(sk)?,
         tgid: (id >> 32) as u32,
         pid: id as u32,
-        requested: pending.backlog,
+        requested,
         granted: sk.read(offset(|o| &o.sk_max_ack_backlog))?,
         _pad: 0,
         addr,

@@ -86,6 +86,11 @@ fn check_mib_pairs(index: &[u32; mib::COUNT]) -> Result<(), BtfError> {
 const SYSCALL_REGS: (&str, usize, &str) = ("orig_ax", 8, "di");
 #[cfg(target_arch = "aarch64")]
 const SYSCALL_REGS: (&str, usize, &str) = ("syscallno", 4, "orig_x0");
+/// The member holding a syscall's second argument, and the byte offset within it.
+#[cfg(target_arch = "x86_64")]
+const SYSCALL_ARG1: (&str, u32) = ("si", 0);
+#[cfg(target_arch = "aarch64")]
+const SYSCALL_ARG1: (&str, u32) = ("regs", 8);
 
 /// A file's bytes in an anonymous memory file (memfd), which can be mapped where the
 /// original (a sysfs attribute) cannot.
@@ -188,6 +193,7 @@ impl KernelBtf {
             skb_transport_header: f("sk_buff", "transport_header", 2)?,
             regs_syscall_nr: f("pt_regs", SYSCALL_REGS.0, SYSCALL_REGS.1)?,
             regs_arg0: f("pt_regs", SYSCALL_REGS.2, 8)?,
+            regs_arg1: self.offset_of("pt_regs", SYSCALL_ARG1.0, None)? + SYSCALL_ARG1.1,
             nr_accept: libc::SYS_accept as u32,
             nr_accept4: libc::SYS_accept4 as u32,
             ..KernelOffsets::default()
@@ -348,6 +354,8 @@ mod tests {
         // x86-64 pt_regs is ABI: di and orig_ax are its 15th and 16th words.
         #[cfg(target_arch = "x86_64")]
         assert_eq!((o.regs_arg0, o.regs_syscall_nr), (14 * 8, 15 * 8));
+        #[cfg(target_arch = "x86_64")]
+        assert_eq!(o.regs_arg1, 13 * 8, "si");
     }
 
     #[test]

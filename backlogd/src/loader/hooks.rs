@@ -2,23 +2,24 @@
 //! [`for_mode`]'s list in order (`attach.rs` knows how); why each hook was chosen is in
 //! the eBPF crate's module docs and the README's hook-mode matrix.
 //!
-//! Listener lifecycle and SYN-ACK retransmits use tracepoints every kernel has, in every
-//! mode: the listen(2) syscall tracepoints, and `inet_sock_set_state` and
-//! `tcp_retransmit_synack` as raw tracepoints. The SYN path and the accept queue depend on
-//! the mode:
+//! Listeners closing and SYN-ACK retransmits use tracepoints every kernel has, in every
+//! mode: `inet_sock_set_state` and `tcp_retransmit_synack` as raw tracepoints. listen(2),
+//! the SYN path and the accept queue depend on the mode:
 //! - fentry: fentry/fexit on tcp_conn_request, tcp_check_req, tcp_get_cookie_sock,
-//!   tcp_req_err, inet_csk_reqsk_queue_add and inet_csk_accept;
-//! - kprobe: kprobes/kretprobes on the same functions, accept() at the raw `sys_exit`
-//!   tracepoint;
+//!   tcp_req_err, inet_csk_reqsk_queue_add and inet_csk_accept, and an fexit on the
+//!   listen(2) syscall itself: no syscall tracepoint, so other syscalls keep the kernel's
+//!   fast path;
+//! - kprobe: kprobes/kretprobes on the same functions, the listen(2) syscall tracepoints,
+//!   accept() at the raw `sys_exit` tracepoint;
 //! - tracepoint: a cgroup_skb ingress program on the cgroup v2 root plus skb-release
-//!   tp_btf hooks (backlogd-ebpf/src/syn.rs), accept() syscall tracepoints; the enqueue
-//!   comes from `inet_sock_set_state` inside the listener's window.
+//!   tp_btf hooks (backlogd-ebpf/src/syn.rs), listen(2) and accept() syscall tracepoints;
+//!   the enqueue comes from `inet_sock_set_state` inside the listener's window.
 //!
 //! A classic-tracepoint or kprobe program makes the kernel skip every other such program
 //! that fires on its CPU while it runs (see backlogd-ebpf/src/kprobe.rs); raw tracepoint,
 //! tp_btf, fentry and cgroup programs do not. So classic tracepoints are used only where
-//! nothing of the mode can be skipped because of them: listen(2) (rare) everywhere, and
-//! accept() in tracepoint mode.
+//! nothing of the mode can be skipped because of them: listen(2) (rare) in kprobe and
+//! tracepoint modes, and accept() in tracepoint mode.
 
 use backlogd_common::names::program as p;
 
@@ -72,16 +73,8 @@ impl Hook {
     }
 }
 
-/// Every mode: listen(2), listeners closing, SYN-ACK retransmits.
+/// Every mode: listeners closing, SYN-ACK retransmits.
 const COMMON: &[Hook] = &[
-    Hook::Tracepoint {
-        program: p::LISTEN_ENTER,
-        at: &[("syscalls", "sys_enter_listen")],
-    },
-    Hook::Tracepoint {
-        program: p::LISTEN_EXIT,
-        at: &[("syscalls", "sys_exit_listen")],
-    },
     Hook::RawTracepoint {
         program: p::LISTENER_STATE,
         tracepoint: "inet_sock_set_state",
@@ -92,7 +85,31 @@ const COMMON: &[Hook] = &[
     },
 ];
 
+/// listen(2) in kprobe and tracepoint modes: its syscall tracepoints (entry has the backlog
+/// asked for, exit what the kernel granted).
+const LISTEN_TRACEPOINTS: &[Hook] = &[
+    Hook::Tracepoint {
+        program: p::LISTEN_ENTER,
+        at: &[("syscalls", "sys_enter_listen")],
+    },
+    Hook::Tracepoint {
+        program: p::LISTEN_EXIT,
+        at: &[("syscalls", "sys_exit_listen")],
+    },
+];
+
+/// The listen(2) syscall's entry point on this architecture (`SYSCALL_DEFINE2(listen)`'s
+/// wrapper, called through the syscall table).
+#[cfg(target_arch = "x86_64")]
+const LISTEN_SYSCALL: &str = "__x64_sys_listen";
+#[cfg(target_arch = "aarch64")]
+const LISTEN_SYSCALL: &str = "__arm64_sys_listen";
+
 const FENTRY: &[Hook] = &[
+    Hook::Fexit {
+        program: p::LISTEN_SYSCALL_EXIT,
+        function: LISTEN_SYSCALL,
+    },
     Hook::Fentry {
         program: p::CONN_REQUEST_ENTER,
         function: "tcp_conn_request",
@@ -222,8 +239,12 @@ pub fn for_mode(mode: HookMode) -> Vec<Hook> {
     let mut hooks = COMMON.to_vec();
     match mode {
         HookMode::Fentry => hooks.extend_from_slice(FENTRY),
-        HookMode::Kprobe => hooks.extend_from_slice(KPROBE),
+        HookMode::Kprobe => {
+            hooks.extend_from_slice(LISTEN_TRACEPOINTS);
+            hooks.extend_from_slice(KPROBE);
+        }
         HookMode::Tracepoint => {
+            hooks.extend_from_slice(LISTEN_TRACEPOINTS);
             hooks.extend_from_slice(TRACEPOINT_ACCEPT);
             hooks.extend_from_slice(TRACEPOINT_SYN);
         }
