@@ -64,8 +64,8 @@ enum Cmd {
         /// Shorter runs and a smaller scale (about 1 minute instead of 4).
         #[arg(long)]
         quick: bool,
-        /// Run only these sections (repeatable): programs, syscalls, capacity, bystander,
-        /// daemon, drop, scale, bpftrace.
+        /// Run only these sections (repeatable): programs, syscalls, capacity, nginx,
+        /// bystander, daemon, drop, scale, bpftrace.
         #[arg(long, value_name = "NAME")]
         section: Vec<String>,
         /// Internal: hold COUNT connections to PORTS listeners from FIRST_PORT on

@@ -5,11 +5,11 @@
 //!
 //! Sections, in order: per-event cost of every eBPF program in each hook mode (kernel
 //! bpf_stats); what every syscall on the host pays (the raw `sys_exit` accept hook and the
-//! listen(2) syscall tracepoints); handshake capacity with and without the daemon; traffic
-//! that never meets a listen queue (UDP and TCP bulk over loopback); the daemon's CPU and memory
-//! under SYN load; how long a drop takes to show; scrape cost at scale (listeners and
-//! established connections), with `ss`/`nstat` polling beside it; a bpftrace script on
-//! the same tracepoints.
+//! listen(2) syscall tracepoints); handshake capacity with and without the daemon (an
+//! in-process loop, then nginx + wrk); traffic that never meets a listen queue (UDP and TCP
+//! bulk over loopback); the daemon's CPU and memory under SYN load; how long a drop takes
+//! to show; scrape cost at scale (listeners and established connections), with `ss`/`nstat`
+//! polling beside it; a bpftrace script on the same tracepoints.
 
 mod bpftrace;
 mod bystander;
@@ -17,6 +17,7 @@ mod capacity;
 mod daemon_cost;
 mod drop_latency;
 mod load;
+mod nginx;
 mod procs;
 mod programs;
 mod scale;
@@ -37,8 +38,8 @@ use load::{FullListener, Netns};
 use procs::{BpfStats, Bpftrace, Daemon, Memory, Watched};
 
 use self::{
-    bpftrace::*, bystander::*, capacity::*, daemon_cost::*, drop_latency::*, programs::*, scale::*,
-    stats::*, summary::*, syscalls::*,
+    bpftrace::*, bystander::*, capacity::*, daemon_cost::*, drop_latency::*, nginx::*, programs::*,
+    scale::*, stats::*, summary::*, syscalls::*,
 };
 use crate::setup::output;
 
@@ -102,6 +103,8 @@ struct Targets {
     per_syn_ns: Option<f64>,
     per_handshake_ns: Option<f64>,
     capacity: Option<(f64, f64, f64)>,
+    /// nginx + wrk requests/s with / without: (median, min, max) %.
+    nginx: Option<(f64, f64, f64)>,
     cpu_10k: Option<(f64, f64, f64)>,
     /// (listeners, median ms)
     scrape_ms: Option<(usize, f64)>,
@@ -136,10 +139,14 @@ impl Report {
 pub use load::hold;
 
 /// The report's sections: (name for `--section`, title).
-const SECTIONS: [(&str, &str); 8] = [
+const SECTIONS: [(&str, &str); 9] = [
     ("programs", "Per-event cost of the eBPF programs"),
     ("syscalls", "Cost on every syscall"),
     ("capacity", "Connection-rate capacity"),
+    (
+        "nginx",
+        "Connection-rate capacity of a real server: nginx and wrk",
+    ),
     ("bystander", "Traffic that never meets a listen queue"),
     ("daemon", "Daemon CPU and memory under SYN load"),
     ("drop", "From a drop to /metrics and the JSON API"),
@@ -175,6 +182,7 @@ pub fn run(quick: bool, only: &[String]) -> Result<()> {
             "programs" => program_cost(p, &ns, r),
             "syscalls" => syscall_overhead(p, r),
             "capacity" => capacity(p, &ns, r),
+            "nginx" => nginx_capacity(p, &ns, r),
             "bystander" => bystander(p, &ns, r),
             "daemon" => daemon_cost(p, &ns, r),
             "drop" => drop_latency(p, &ns, r),

@@ -35,6 +35,15 @@ pub(super) fn summary(r: &mut Report) {
             ]
         }),
     );
+    row(
+        "nginx + wrk (Connection: close) with backlogd >= 98% of without",
+        t.nginx.map_or_else(missing, |(m, lo, hi)| {
+            vec![
+                format!("{m:.1}% median (range {lo:.1}-{hi:.1}%)"),
+                verdict(m >= 98.0).into(),
+            ]
+        }),
+    );
     if t.bystander.is_empty() {
         row(
             "traffic that never meets a listen queue >= 99% of without",
