@@ -42,9 +42,13 @@ impl Nginx {
             .spawn()
             .context("starting nginx (Debian package nginx-light; `cargo xtask setup`)")?;
         let nginx = Self { child, dir };
-        // Serving once a request gets its answer.
+        // Serving once it accepts a connection.
+        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], NGINX_PORT));
         let deadline = Instant::now() + Duration::from_secs(10);
-        while wrk(ns, 0.2).is_err() {
+        while ns
+            .scoped(|| Ok(std::net::TcpStream::connect(addr)?))
+            .is_err()
+        {
             if Instant::now() > deadline {
                 bail!(
                     "nginx does not answer on 127.0.0.1:{NGINX_PORT}; its log: {}",
@@ -65,13 +69,14 @@ impl Drop for Nginx {
     }
 }
 
-/// Requests per second wrk got in `secs` (one thread, 32 connections, a new connection per
-/// request), failing if any request failed.
+/// Requests per second wrk got in `secs` (whole seconds, at least 1: wrk takes no
+/// fractions; one thread, 32 connections, a new connection per request), failing if any
+/// request failed.
 fn wrk(ns: &Netns, secs: f64) -> Result<f64> {
     let out = output(ns.command("wrk").args([
         "-t1",
         "-c32",
-        &format!("-d{}ms", (secs * 1000.0) as u64),
+        &format!("-d{}s", secs.round().max(1.0) as u64),
         "-H",
         "Connection: close",
         &format!("http://127.0.0.1:{NGINX_PORT}/"),
