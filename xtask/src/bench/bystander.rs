@@ -95,36 +95,11 @@ pub(super) fn bystander(p: &Params, ns: &Netns, r: &mut Report) -> Result<()> {
     for flow in &FLOWS {
         // Warm-up: the first run in a namespace is slower.
         rate(ns, flow, 1.0)?;
-        let (mut rows, mut pct) = (Vec::new(), Vec::new());
-        for i in 0..p.capacity_pairs {
-            let mut pair = [0.0; 2];
-            let order = if i % 2 == 0 {
-                [false, true]
-            } else {
-                [true, false]
-            };
-            for with in order {
-                let daemon = if with {
-                    let d = Daemon::start("auto", &[])?
-                        .map_err(|e| anyhow!("backlogd did not start: {e}"))?;
-                    mode = hook_mode(&d).unwrap_or_default();
-                    thread::sleep(Duration::from_millis(500));
-                    Some(d)
-                } else {
-                    None
-                };
-                pair[usize::from(with)] = rate(ns, flow, p.capacity_secs)?;
-                drop(daemon);
-            }
-            let ratio = pair[1] / pair[0] * 100.0;
-            pct.push(ratio);
-            rows.push(vec![
-                format!("{}", i + 1),
-                format!("{:.0}", pair[0]),
-                format!("{:.0}", pair[1]),
-                format!("{ratio:.1}%"),
-            ]);
-        }
+        let (rows, pct) = alternating_pairs(
+            p,
+            || auto_daemon(&mut mode),
+            || rate(ns, flow, p.capacity_secs),
+        )?;
         r.line(format!("**{}** (with: {mode} mode)\n", flow.label));
         r.table(
             &[

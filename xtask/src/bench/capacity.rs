@@ -2,17 +2,15 @@
 
 use super::*;
 
-/// Alternating runs without and with what `attach` starts (dropped to detach); returns
-/// the table rows and the ratios with/without in percent.
-pub(super) fn capacity_pairs<T>(
+/// Alternating runs of `measure` (a rate) without and with what `attach` starts (dropped
+/// to detach); returns the table rows and the ratios with/without in percent. The caller
+/// warms up first.
+pub(super) fn alternating_pairs<T>(
     p: &Params,
-    ns: &Netns,
     mut attach: impl FnMut() -> Result<T>,
+    mut measure: impl FnMut() -> Result<f64>,
 ) -> Result<(Vec<Vec<String>>, Vec<f64>)> {
-    let secs = Duration::from_secs_f64(p.capacity_secs);
     let mut without = Vec::new();
-    // Warm-up: the first run after namespace creation is slower.
-    load::handshakes(ns, CLIENTS, secs, None)?;
     let (mut rows, mut pct) = (Vec::new(), Vec::new());
     for i in 0..p.capacity_pairs {
         let mut pair = [0.0; 2];
@@ -24,8 +22,7 @@ pub(super) fn capacity_pairs<T>(
         };
         for with in order {
             let attached = if with { Some(attach()?) } else { None };
-            let (n, took) = load::handshakes(ns, CLIENTS, secs, None)?;
-            pair[usize::from(with)] = n as f64 / took;
+            pair[usize::from(with)] = measure()?;
             drop(attached);
         }
         let ratio = pair[1] / pair[0] * 100.0;
@@ -56,15 +53,33 @@ pub(super) fn capacity_pairs<T>(
     Ok((rows, pct))
 }
 
+/// [`alternating_pairs`] of the in-process handshake loop.
+pub(super) fn capacity_pairs<T>(
+    p: &Params,
+    ns: &Netns,
+    attach: impl FnMut() -> Result<T>,
+) -> Result<(Vec<Vec<String>>, Vec<f64>)> {
+    let secs = Duration::from_secs_f64(p.capacity_secs);
+    // Warm-up: the first run after namespace creation is slower.
+    load::handshakes(ns, CLIENTS, secs, None)?;
+    alternating_pairs(p, attach, || {
+        let (n, took) = load::handshakes(ns, CLIENTS, secs, None)?;
+        Ok(n as f64 / took)
+    })
+}
+
+/// A daemon in `--hook-mode auto`, serving, its startup scan done; its mode into `mode`.
+pub(super) fn auto_daemon(mode: &mut String) -> Result<Daemon> {
+    let d = Daemon::start("auto", &[])?.map_err(|e| anyhow!("backlogd did not start: {e}"))?;
+    *mode = hook_mode(&d).unwrap_or_default();
+    // Let the startup scan finish before measuring.
+    thread::sleep(Duration::from_millis(500));
+    Ok(d)
+}
+
 pub(super) fn capacity(p: &Params, ns: &Netns, r: &mut Report) -> Result<()> {
     let mut mode = String::new();
-    let (rows, pct) = capacity_pairs(p, ns, || {
-        let d = Daemon::start("auto", &[])?.map_err(|e| anyhow!("backlogd did not start: {e}"))?;
-        mode = hook_mode(&d).unwrap_or_default();
-        // Let the startup scan finish before measuring.
-        thread::sleep(Duration::from_millis(500));
-        Ok(d)
-    })?;
+    let (rows, pct) = capacity_pairs(p, ns, || auto_daemon(&mut mode))?;
     r.line(format!(
         "Handshakes per second on loopback in a fresh network namespace: one thread accepts \
          and closes, {CLIENTS} threads connect and close (RST), {} s per run, {} pairs \

@@ -103,37 +103,7 @@ pub(super) fn nginx_capacity(p: &Params, ns: &Netns, r: &mut Report) -> Result<(
     // Warm-up: the first run in a namespace is slower.
     wrk(ns, 1.0)?;
     let mut mode = String::new();
-    let (mut rows, mut pct, mut without) = (Vec::new(), Vec::new(), Vec::new());
-    for i in 0..p.capacity_pairs {
-        let mut pair = [0.0; 2];
-        let order = if i % 2 == 0 {
-            [false, true]
-        } else {
-            [true, false]
-        };
-        for with in order {
-            let daemon = if with {
-                let d = Daemon::start("auto", &[])?
-                    .map_err(|e| anyhow!("backlogd did not start: {e}"))?;
-                mode = hook_mode(&d).unwrap_or_default();
-                thread::sleep(Duration::from_millis(500));
-                Some(d)
-            } else {
-                None
-            };
-            pair[usize::from(with)] = wrk(ns, p.capacity_secs)?;
-            drop(daemon);
-        }
-        let ratio = pair[1] / pair[0] * 100.0;
-        pct.push(ratio);
-        without.push(pair[0]);
-        rows.push(vec![
-            format!("{}", i + 1),
-            format!("{:.0}", pair[0]),
-            format!("{:.0}", pair[1]),
-            format!("{ratio:.1}%"),
-        ]);
-    }
+    let (rows, pct) = alternating_pairs(p, || auto_daemon(&mut mode), || wrk(ns, p.capacity_secs))?;
     r.line(format!(
         "Debian's nginx (1 worker, `listen ... backlog=511`, `return 200`) in the \
          benchmark's namespace, `wrk -t1 -c32 -H 'Connection: close'`: one handshake per \
@@ -146,14 +116,6 @@ pub(super) fn nginx_capacity(p: &Params, ns: &Netns, r: &mut Report) -> Result<(
         &["pair", "without (requests/s)", "with", "with / without"],
         &rows,
     );
-    let drift = max(&without) / min(&without);
-    if drift > 1.1 {
-        r.line(format!(
-            "**note**: the runs without differ by {:.0}%: other work competed for the \
-             CPUs; treat these ratios with care.\n",
-            (drift - 1.0) * 100.0
-        ));
-    }
     r.line(format!("Ratio with/without: {}.\n", spread(&pct, "%")));
     r.targets.nginx = Some((median(&pct), min(&pct), max(&pct)));
     Ok(())
