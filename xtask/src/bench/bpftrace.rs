@@ -90,19 +90,10 @@ pub(super) fn bpftrace(p: &Params, ns: &Netns, r: &mut Report) -> Result<()> {
     complaints(r, &bt.proc);
     drop(bt);
 
-    let (rows, pct) = capacity_pairs(p, ns, || {
+    let pairs = capacity_pairs(p, ns, || {
         Bpftrace::start(&script)?.map_err(|e| anyhow!("bpftrace did not start: {e}"))
     })?;
     r.line("Connection-rate capacity with this script attached, measured as for backlogd:\n");
-    r.table(
-        &[
-            "pair",
-            "without (handshakes/s)",
-            "with bpftrace",
-            "with / without",
-        ],
-        &rows,
-    );
-    r.line(format!("Ratio with/without: {}.\n", spread(&pct, "%")));
+    report_pairs(r, "without (handshakes/s)", "with bpftrace", pairs);
     Ok(())
 }

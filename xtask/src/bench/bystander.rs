@@ -95,25 +95,14 @@ pub(super) fn bystander(p: &Params, ns: &Netns, r: &mut Report) -> Result<()> {
     for flow in &FLOWS {
         // Warm-up: the first run in a namespace is slower.
         rate(ns, flow, 1.0)?;
-        let (rows, pct) = alternating_pairs(
+        let pairs = alternating_pairs(
             p,
             || auto_daemon(&mut mode),
             || rate(ns, flow, p.capacity_secs),
         )?;
         r.line(format!("**{}** (with: {mode} mode)\n", flow.label));
-        r.table(
-            &[
-                "pair",
-                &format!("without ({}s/s)", flow.unit),
-                "with",
-                "with / without",
-            ],
-            &rows,
-        );
-        r.line(format!("Ratio with/without: {}.\n", spread(&pct, "%")));
-        r.targets
-            .bystander
-            .push((flow.label, median(&pct), min(&pct), max(&pct)));
+        let ratio = report_pairs(r, &format!("without ({}s/s)", flow.unit), "with", pairs);
+        r.targets.bystander.push((flow.label, ratio));
     }
 
     let stats = BpfStats::enable()?;

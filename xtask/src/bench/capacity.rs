@@ -53,6 +53,22 @@ pub(super) fn alternating_pairs<T>(
     Ok((rows, pct))
 }
 
+/// The median, lowest and highest with/without ratio, in percent.
+pub(super) type Ratio = (f64, f64, f64);
+
+/// Prints [`alternating_pairs`]' table (`without`: the rate's column header, `with`: the
+/// other's) and its ratio line; returns the ratio's spread.
+pub(super) fn report_pairs(
+    r: &mut Report,
+    without: &str,
+    with: &str,
+    (rows, pct): (Vec<Vec<String>>, Vec<f64>),
+) -> Ratio {
+    r.table(&["pair", without, with, "with / without"], &rows);
+    r.line(format!("Ratio with/without: {}.\n", spread(&pct, "%")));
+    (median(&pct), min(&pct), max(&pct))
+}
+
 /// [`alternating_pairs`] of the in-process handshake loop.
 pub(super) fn capacity_pairs<T>(
     p: &Params,
@@ -79,7 +95,7 @@ pub(super) fn auto_daemon(mode: &mut String) -> Result<Daemon> {
 
 pub(super) fn capacity(p: &Params, ns: &Netns, r: &mut Report) -> Result<()> {
     let mut mode = String::new();
-    let (rows, pct) = capacity_pairs(p, ns, || auto_daemon(&mut mode))?;
+    let pairs = capacity_pairs(p, ns, || auto_daemon(&mut mode))?;
     r.line(format!(
         "Handshakes per second on loopback in a fresh network namespace: one thread accepts \
          and closes, {CLIENTS} threads connect and close (RST), {} s per run, {} pairs \
@@ -87,12 +103,7 @@ pub(super) fn capacity(p: &Params, ns: &Netns, r: &mut Report) -> Result<()> {
          every other pair. bpf_stats as before the benchmark.\n",
         p.capacity_secs, p.capacity_pairs
     ));
-    r.table(
-        &["pair", "without (handshakes/s)", "with", "with / without"],
-        &rows,
-    );
-    r.line(format!("Ratio with/without: {}.\n", spread(&pct, "%")));
-    r.targets.capacity = Some((median(&pct), min(&pct), max(&pct)));
+    r.targets.capacity = Some(report_pairs(r, "without (handshakes/s)", "with", pairs));
     Ok(())
 }
 

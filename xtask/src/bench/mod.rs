@@ -102,16 +102,16 @@ const ESTABLISHED_LISTENERS: u16 = 8;
 struct Targets {
     per_syn_ns: Option<f64>,
     per_handshake_ns: Option<f64>,
-    capacity: Option<(f64, f64, f64)>,
-    /// nginx + wrk requests/s with / without: (median, min, max) %.
-    nginx: Option<(f64, f64, f64)>,
+    capacity: Option<Ratio>,
+    /// nginx + wrk requests/s with / without.
+    nginx: Option<Ratio>,
     cpu_10k: Option<(f64, f64, f64)>,
     /// (listeners, median ms)
     scrape_ms: Option<(usize, f64)>,
     scrape_established_ms: Option<f64>,
     drop_visible_ms: Option<(f64, f64)>,
-    /// Per flow of the bystander section: (flow, median, min, max) % of without.
-    bystander: Vec<(&'static str, f64, f64, f64)>,
+    /// Per flow of the bystander section: its messages/s with / without.
+    bystander: Vec<(&'static str, Ratio)>,
 }
 
 #[derive(Default)]

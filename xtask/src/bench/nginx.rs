@@ -103,7 +103,7 @@ pub(super) fn nginx_capacity(p: &Params, ns: &Netns, r: &mut Report) -> Result<(
     // Warm-up: the first run in a namespace is slower.
     wrk(ns, 1.0)?;
     let mut mode = String::new();
-    let (rows, pct) = alternating_pairs(p, || auto_daemon(&mut mode), || wrk(ns, p.capacity_secs))?;
+    let pairs = alternating_pairs(p, || auto_daemon(&mut mode), || wrk(ns, p.capacity_secs))?;
     r.line(format!(
         "Debian's nginx (1 worker, `listen ... backlog=511`, `return 200`) in the \
          benchmark's namespace, `wrk -t1 -c32 -H 'Connection: close'`: one handshake per \
@@ -112,11 +112,6 @@ pub(super) fn nginx_capacity(p: &Params, ns: &Netns, r: &mut Report) -> Result<(
          socket error fails the section.\n",
         p.capacity_secs, p.capacity_pairs
     ));
-    r.table(
-        &["pair", "without (requests/s)", "with", "with / without"],
-        &rows,
-    );
-    r.line(format!("Ratio with/without: {}.\n", spread(&pct, "%")));
-    r.targets.nginx = Some((median(&pct), min(&pct), max(&pct)));
+    r.targets.nginx = Some(report_pairs(r, "without (requests/s)", "with", pairs));
     Ok(())
 }

@@ -26,23 +26,20 @@ pub(super) fn summary(r: &mut Report) {
             ]
         }),
     );
+    // A with/without ratio against its target (percent).
+    let ratio = |(m, lo, hi): Ratio, target: f64| {
+        vec![
+            format!("{m:.1}% median (range {lo:.1}-{hi:.1}%)"),
+            verdict(m >= target).into(),
+        ]
+    };
     row(
         "capacity with backlogd >= 98% of without",
-        t.capacity.map_or_else(missing, |(m, lo, hi)| {
-            vec![
-                format!("{m:.1}% median (range {lo:.1}-{hi:.1}%)"),
-                verdict(m >= 98.0).into(),
-            ]
-        }),
+        t.capacity.map_or_else(missing, |c| ratio(c, 98.0)),
     );
     row(
         "nginx + wrk (Connection: close) with backlogd >= 98% of without",
-        t.nginx.map_or_else(missing, |(m, lo, hi)| {
-            vec![
-                format!("{m:.1}% median (range {lo:.1}-{hi:.1}%)"),
-                verdict(m >= 98.0).into(),
-            ]
-        }),
+        t.nginx.map_or_else(missing, |n| ratio(n, 98.0)),
     );
     if t.bystander.is_empty() {
         row(
@@ -50,14 +47,8 @@ pub(super) fn summary(r: &mut Report) {
             missing(),
         );
     }
-    for (flow, m, lo, hi) in &t.bystander {
-        row(
-            &format!("{flow}: >= 99% of without"),
-            vec![
-                format!("{m:.1}% median (range {lo:.1}-{hi:.1}%)"),
-                verdict(*m >= 99.0).into(),
-            ],
-        );
+    for (flow, b) in &t.bystander {
+        row(&format!("{flow}: >= 99% of without"), ratio(*b, 99.0));
     }
     row(
         "daemon < 1% of one core and < 30 MiB RSS at 10k SYN/s",

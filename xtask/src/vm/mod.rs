@@ -248,32 +248,28 @@ pub fn run(opts: &Options) -> Result<()> {
             let started = Instant::now();
             let outcome = boot(&kernel, &initrd, &log, limit);
             let console = std::fs::read_to_string(&log).unwrap_or_default();
-            if outcome.is_err() && started.elapsed() >= limit && guest_crash(&console).is_none() {
-                let (finished, _) = finished_runs(&console);
-                let during = runs
-                    .get(done + finished)
-                    .map_or("after the last suite", |r| r.trim_end());
-                out_of_time.push(if limit < GUEST_TIMEOUT {
+            let crash = guest_crash(&console);
+            let (finished, output) = finished_runs(&console);
+            let during = runs
+                .get(done + finished)
+                .map_or("after the last suite", |r| r.trim_end());
+            if outcome.is_err() && started.elapsed() >= limit && crash.is_none() {
+                let cut = if limit < GUEST_TIMEOUT {
                     format!(
-                        "{}: boot {} was cut short at {} s by the matrix's time budget (a \
-                         guest gets {} s otherwise) during `{during}`; {} later runs did \
-                         not run",
-                        spec.label,
-                        boot_no + 1,
+                        "cut short at {} s by the matrix's time budget (a guest gets {} s \
+                         otherwise)",
                         limit.as_secs(),
-                        GUEST_TIMEOUT.as_secs(),
-                        runs.len().saturating_sub(done + finished + 1)
+                        GUEST_TIMEOUT.as_secs()
                     )
                 } else {
-                    format!(
-                        "{}: boot {} was killed at the guest's {} s limit during \
-                         `{during}`; {} later runs did not run",
-                        spec.label,
-                        boot_no + 1,
-                        limit.as_secs(),
-                        runs.len().saturating_sub(done + finished + 1)
-                    )
-                });
+                    format!("killed at the guest's {} s limit", limit.as_secs())
+                };
+                out_of_time.push(format!(
+                    "{}: boot {} was {cut} during `{during}`; {} later runs did not run",
+                    spec.label,
+                    boot_no + 1,
+                    runs.len().saturating_sub(done + finished + 1)
+                ));
             }
             eprintln!(
                 "xtask vm: {} finished in {:.0} s{}",
@@ -284,14 +280,10 @@ pub fn run(opts: &Options) -> Result<()> {
                     Err(e) => format!(": {e:#}"),
                 }
             );
-            let Some(crash) = guest_crash(&console) else {
+            let Some(crash) = crash else {
                 transcript.push_str(&console);
                 break;
             };
-            let (finished, output) = finished_runs(&console);
-            let during = runs
-                .get(done + finished)
-                .map_or("after the last suite", |r| r.trim_end());
             eprintln!(
                 "xtask vm: THE GUEST KERNEL CRASHED on {} during `{during}`:\n{crash}",
                 spec.label
