@@ -2,19 +2,16 @@
 //! group of one) and per owning process: sums of the per-socket figures, so a stalled
 //! member or worker stands out against its siblings.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 
 use backlogd_common::ListenerStats;
 
-use super::{
-    listeners::DROPS,
-    rows::{Row, reason_suffixes},
-};
+use super::rows::{Row, reason_suffixes};
 use crate::{
     exporter::{
-        catalogue::{GROUP_LABELS, Metric, PROCESS_LABELS},
-        retired::{GroupKey, Retired},
-        text::{Exposition, LabelSet},
+        catalogue::Metric,
+        retired::{Counted, GroupKey, Now, Retired},
+        text::Exposition,
     },
     queues::QueueFigures,
 };
@@ -22,8 +19,15 @@ use crate::{
 #[derive(Default)]
 struct Sum {
     sockets: u64,
-    stats: ListenerStats,
+    counted: Counted,
     accept_depth: u64,
+}
+
+/// The group and process sums of one render, each with its labels (part of its first
+/// listener's), in key order.
+pub struct Sums<'r> {
+    groups: Vec<(&'r str, Sum)>,
+    processes: Vec<(&'r str, Sum)>,
 }
 
 /// The families of one kind of aggregate, in page order.
@@ -51,90 +55,101 @@ const PROCESS: Families = Families {
     drops: Metric::ProcessDrops,
 };
 
-/// Renders the group and process families; `retired` learns this render's members first.
-pub fn render(
-    e: &mut Exposition<'_>,
-    rows: &[Row<'_>],
+/// Sums the listeners into their groups and processes; `retired` learns this render's
+/// members first and adds what closed members counted. Apart from [`render`], so the
+/// retired-counters lock is not held while a slow client takes the streamed page.
+pub fn sum<'r>(
+    rows: &'r [Row<'_>],
     stats: &HashMap<u64, ListenerStats>,
     queues: &HashMap<u64, QueueFigures>,
     retired: &mut Retired,
-) {
-    retired.update(
-        rows.iter()
-            .map(|r| {
-                let l = r.listener;
-                let group = (l.netns, l.addr, l.port);
-                let process = (l.pid, l.comm.clone());
-                let figures = stats.get(&l.inode).copied();
-                (l.inode, (group, process, figures))
-            })
-            .collect(),
-    );
-    // Keyed by typed values (no per-listener allocation); each aggregate's label set is
-    // rendered once, when it is first seen.
-    let mut groups: BTreeMap<GroupKey, (LabelSet, Sum)> = BTreeMap::new();
-    let mut processes: BTreeMap<(u32, &str), (LabelSet, Sum)> = BTreeMap::new();
-    for r in rows {
+) -> Sums<'r> {
+    retired.update(rows.iter().map(|r| {
         let l = r.listener;
-        let group = groups.entry((l.netns, l.addr, l.port)).or_insert_with(|| {
-            let labels = GROUP_LABELS.map(|name| (name, r.value(name)));
-            (LabelSet::new(&labels), Sum::default())
-        });
-        let mine = retired.last.get(&l.inode).map(|(_, _, s)| s);
+        Now {
+            inode: l.inode,
+            group: (l.netns, l.addr, l.port),
+            pid: l.pid,
+            comm: &l.comm,
+            counted: stats.get(&l.inode).map(Counted::of),
+        }
+    }));
+    // Keyed by typed values, indexing into the sums, each with its first row.
+    let mut group_of: HashMap<GroupKey, usize> = HashMap::new();
+    let mut process_of: HashMap<(u32, &str), usize> = HashMap::new();
+    let mut groups: Vec<(GroupKey, usize, Sum)> = Vec::new();
+    let mut processes: Vec<((u32, &str), usize, Sum)> = Vec::new();
+    for (i, r) in rows.iter().enumerate() {
+        let l = r.listener;
+        let mine = retired.counted(l.inode);
         let depth = u64::from(queues.get(&l.inode).map_or(0, |q| q.accept_depth));
-        let sum = &mut group.1;
-        sum.sockets += 1;
-        if let Some(s) = mine {
-            sum.stats.add(s);
+        let key = (l.netns, l.addr, l.port);
+        let g = *group_of.entry(key).or_insert_with(|| {
+            groups.push((key, i, Sum::default()));
+            groups.len() - 1
+        });
+        let key = (l.pid, l.comm.as_str());
+        let p = *process_of.entry(key).or_insert_with(|| {
+            processes.push((key, i, Sum::default()));
+            processes.len() - 1
+        });
+        for sum in [&mut groups[g].2, &mut processes[p].2] {
+            sum.sockets += 1;
+            if let Some(c) = mine {
+                sum.counted.add(c);
+            }
+            sum.accept_depth += depth;
         }
-        sum.accept_depth += depth;
-        let process = processes
-            .entry((l.pid, l.comm.as_str()))
-            .or_insert_with(|| {
-                let labels = PROCESS_LABELS.map(|name| (name, r.value(name)));
-                (LabelSet::new(&labels), Sum::default())
-            });
-        process.1.sockets += 1;
-        if let Some(s) = mine {
-            process.1.stats.add(s);
-        }
-        process.1.accept_depth += depth;
     }
     if !retired.groups.is_empty() {
-        for (key, (_, sum)) in &mut groups {
+        for (key, _, sum) in &mut groups {
             if let Some(gone) = retired.groups.get(key) {
-                sum.stats.add(gone);
+                sum.counted.add(gone);
             }
         }
     }
     if !retired.processes.is_empty() {
-        for ((pid, comm), (_, sum)) in &mut processes {
+        for ((pid, comm), _, sum) in &mut processes {
             if let Some(gone) = retired.processes.get(&(*pid, (*comm).to_owned())) {
-                sum.stats.add(gone);
+                sum.counted.add(gone);
             }
         }
     }
-    let groups: Vec<&(LabelSet, Sum)> = groups.values().collect();
-    let processes: Vec<&(LabelSet, Sum)> = processes.values().collect();
-    for (families, sums) in [(GROUP, &groups), (PROCESS, &processes)] {
+    groups.sort_unstable_by_key(|g| g.0);
+    processes.sort_unstable_by_key(|p| p.0);
+    Sums {
+        groups: groups
+            .into_iter()
+            .map(|(_, row, sum)| (rows[row].group_labels(), sum))
+            .collect(),
+        processes: processes
+            .into_iter()
+            .map(|(_, row, sum)| (rows[row].process_labels(), sum))
+            .collect(),
+    }
+}
+
+/// Renders the group and process families.
+pub fn render(e: &mut Exposition<'_>, sums: &Sums<'_>) {
+    for (families, sums) in [(GROUP, &sums.groups), (PROCESS, &sums.processes)] {
         type SumField = fn(&Sum) -> u64;
         let singles: [(Metric, SumField); 4] = [
             (families.listeners, |s| s.sockets),
             (families.accept_queue_length, |s| s.accept_depth),
-            (families.syns_received, |s| s.stats.syns),
-            (families.accepted, |s| s.stats.accepted),
+            (families.syns_received, |s| s.counted.syns),
+            (families.accepted, |s| s.counted.accepted),
         ];
         for (metric, value) in singles {
             metric.open(e);
-            for (set, sum) in sums.iter().copied() {
+            for (set, sum) in sums {
                 e.sample_with(metric.name(), set, &[], value(sum));
             }
         }
         families.drops.open(e);
         let reasons = reason_suffixes();
-        for (set, sum) in sums.iter().copied() {
-            for (suffix, field) in reasons.iter().zip(DROPS) {
-                e.sample_suffix(families.drops.name(), set, suffix, field(&sum.stats));
+        for (set, sum) in sums {
+            for (suffix, count) in reasons.iter().zip(sum.counted.drops) {
+                e.sample_suffix(families.drops.name(), set, suffix, count);
             }
         }
     }

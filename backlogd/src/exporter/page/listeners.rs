@@ -21,7 +21,7 @@ use crate::{
 type Field = fn(&ListenerStats) -> u64;
 
 /// Drop counts in `catalogue::DROP_REASONS` order.
-pub const DROPS: [Field; 4] = [
+const DROPS: [Field; 4] = [
     |s| s.drop_accept_queue_full,
     |s| s.drop_syn_queue_full,
     |s| s.drop_final_ack_overflow,
@@ -74,35 +74,39 @@ pub fn render(
         );
     }
 
-    // A listener no SYN has reached yet has no map entry: its counters are zero.
+    // A listener no SYN has reached yet has no map entry: its counters are zero. Looked
+    // up once per listener, not once per family.
     let zero = ListenerStats::default();
+    let no_queue = QueueFigures::default();
     let stats: &HashMap<u64, ListenerStats> = &figures.stats;
-    let counters = |r: &Row<'_>| stats.get(&r.listener.inode).unwrap_or(&zero);
+    let found: Vec<(&ListenerStats, QueueFigures)> = rows
+        .iter()
+        .map(|r| {
+            let inode = r.listener.inode;
+            (
+                stats.get(&inode).unwrap_or(&zero),
+                *figures.queues.get(&inode).unwrap_or(&no_queue),
+            )
+        })
+        .collect();
     for (metric, value) in COUNTERS {
         metric.open(e);
-        for r in rows {
-            e.sample_with(metric.name(), &r.set, &[], value(counters(r)));
+        for (r, (s, _)) in rows.iter().zip(&found) {
+            e.sample_with(metric.name(), &r.set, &[], value(s));
         }
     }
     Metric::ListenDrops.open(e);
     let reasons = reason_suffixes();
-    for r in rows {
+    for (r, (s, _)) in rows.iter().zip(&found) {
         for (suffix, count) in reasons.iter().zip(DROPS) {
-            e.sample_suffix(
-                Metric::ListenDrops.name(),
-                &r.set,
-                suffix,
-                count(counters(r)),
-            );
+            e.sample_suffix(Metric::ListenDrops.name(), &r.set, suffix, count(s));
         }
     }
 
-    let no_queue = QueueFigures::default();
-    let queue = |r: &Row<'_>| *figures.queues.get(&r.listener.inode).unwrap_or(&no_queue);
     for (metric, value) in QUEUES {
         metric.open(e);
-        for r in rows {
-            e.sample_with(metric.name(), &r.set, &[], value(queue(r)));
+        for (r, (_, q)) in rows.iter().zip(&found) {
+            e.sample_with(metric.name(), &r.set, &[], value(*q));
         }
     }
 
@@ -110,8 +114,7 @@ pub fn render(
     metric.open(e);
     // Only the configured bounds; each exported bucket sums the kernel's below it.
     let names = HistogramNames::merged(metric.name(), &AcceptWait::bounds(), accept_wait.indices());
-    for r in rows {
-        let s = counters(r);
+    for (r, (s, _)) in rows.iter().zip(&found) {
         e.histogram(
             &names,
             &r.set,
@@ -128,11 +131,12 @@ pub fn render(
 /// label sets and a container's series do not change identity when it is named.
 fn owners(e: &mut Exposition<'_>, rows: &[Row<'_>]) {
     Metric::ListenerOwnerInfo.open(e);
+    let mut ints = itoa::Buffer::new();
     for r in rows {
         let n = r.listener.names.as_ref();
         let container = n.and_then(|n| n.container.as_ref());
         let values: [&str; 8] = [
-            &r.values[3],
+            ints.format(r.listener.inode),
             n.and_then(|n| n.unit.as_deref()).unwrap_or(""),
             container.map_or("", |c| c.runtime.as_str()),
             container.map_or("", |c| c.id.as_str()),

@@ -35,14 +35,9 @@ fn render_into(metrics: &Metrics, e: &mut Exposition<'_>) {
     // A copy, so the event loop is not held off the table while the text is written.
     let table: Vec<Listener> = metrics.shared.listeners().iter().cloned().collect();
     let rows: Vec<Row<'_>> = table.iter().map(Row::new).collect();
-    // The group and process sums need the retired-counters lock: rendered first, into
-    // memory (a few lines per group and process), so that no lock is held while a slow
-    // client takes the streamed page.
-    let aggregated = {
+    let sums = {
         let mut retired = metrics.retired.lock().unwrap_or_else(|e| e.into_inner());
-        let mut a = Exposition::with_capacity(4096);
-        aggregates::render(&mut a, &rows, &figures.stats, &figures.queues, &mut retired);
-        a.finish()
+        aggregates::sum(&rows, &figures.stats, &figures.queues, &mut retired)
     };
 
     let accept_wait = metrics
@@ -51,7 +46,7 @@ fn render_into(metrics: &Metrics, e: &mut Exposition<'_>) {
         .unwrap_or_else(|e| e.into_inner())
         .clone();
     listeners::render(e, &rows, &figures, &accept_wait);
-    e.rendered(&aggregated);
+    aggregates::render(e, &sums);
     netns::render(e, &namespaces);
 
     // One look at the maps for both figures read outside `gather`.

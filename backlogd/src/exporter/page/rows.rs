@@ -1,45 +1,63 @@
 //! The listeners of one render, each with its labels rendered once.
 
 use crate::{
-    exporter::{catalogue::LISTENER_LABELS, text::LabelSet},
+    exporter::{
+        catalogue::{GROUP_LABELS, LISTENER_LABELS, PROCESS_LABELS},
+        text::LabelSet,
+    },
     listeners::Listener,
 };
 
-/// One listener of the page: its label values (in [`LISTENER_LABELS`] order) and the
-/// label set made from them.
+/// One listener of the page and its label set ([`LISTENER_LABELS`], in order). Its group's
+/// labels are the set's first ones and its process's the last, so the group and process
+/// families use parts of it instead of label sets of their own.
 pub struct Row<'a> {
-    pub values: [String; 6],
     pub set: LabelSet,
+    /// End of the group's labels in `set`.
+    group_end: usize,
+    /// Start of the process's labels in `set`.
+    process_start: usize,
     pub listener: &'a Listener,
 }
 
 impl<'a> Row<'a> {
     pub fn new(l: &'a Listener) -> Self {
-        let values = [
-            l.netns.to_string(),
-            l.addr.to_string(),
-            l.port.to_string(),
-            l.inode.to_string(),
-            l.pid.to_string(),
-            l.comm.clone(),
-        ];
-        let labels: [(&str, &str); 6] =
-            std::array::from_fn(|i| (LISTENER_LABELS[i], values[i].as_str()));
-        let set = LabelSet::new(&labels);
+        let mut set = LabelSet::default();
+        let (mut group_end, mut process_start) = (0, 0);
+        let mut ints = itoa::Buffer::new();
+        for (i, name) in LISTENER_LABELS.into_iter().enumerate() {
+            if i == LISTENER_LABELS.len() - PROCESS_LABELS.len() {
+                process_start = set.len() + 1;
+            }
+            match name {
+                "netns" => set.push(name, ints.format(l.netns)),
+                "address" => set.push(name, &l.addr.to_string()),
+                "port" => set.push(name, ints.format(l.port)),
+                "socket" => set.push(name, ints.format(l.inode)),
+                "pid" => set.push(name, ints.format(l.pid)),
+                "comm" => set.push(name, &l.comm),
+                _ => unreachable!("{name} has no value in Row::new"),
+            }
+            if i + 1 == GROUP_LABELS.len() {
+                group_end = set.len();
+            }
+        }
         Self {
-            values,
             set,
+            group_end,
+            process_start,
             listener: l,
         }
     }
 
-    /// The value of label `name` (one of [`LISTENER_LABELS`]).
-    pub fn value(&self, name: &str) -> &str {
-        let i = LISTENER_LABELS
-            .iter()
-            .position(|l| *l == name)
-            .unwrap_or_else(|| panic!("{name} is not a listener label"));
-        &self.values[i]
+    /// `group="..."` labels of the listener's SO_REUSEPORT group ([`GROUP_LABELS`]).
+    pub fn group_labels(&self) -> &str {
+        &self.set[..self.group_end]
+    }
+
+    /// The labels of the listener's process ([`PROCESS_LABELS`]).
+    pub fn process_labels(&self) -> &str {
+        &self.set[self.process_start..]
     }
 }
 
@@ -47,4 +65,36 @@ impl<'a> Row<'a> {
 pub fn reason_suffixes() -> [String; 4] {
     crate::exporter::catalogue::DROP_REASONS
         .map(|reason| format!(",{}=\"{reason}\"}} ", crate::exporter::catalogue::REASON))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn group_and_process_labels_are_the_ends_of_the_listener_set() {
+        assert_eq!(LISTENER_LABELS[..GROUP_LABELS.len()], GROUP_LABELS);
+        assert_eq!(
+            LISTENER_LABELS[LISTENER_LABELS.len() - PROCESS_LABELS.len()..],
+            PROCESS_LABELS
+        );
+        let l: Listener = serde_json::from_value(serde_json::json!({
+            "inode": 77, "netns": 4026531840u32, "addr": "::1", "port": 8080, "pid": 12,
+            "comm": "we\"ird\\name", "requested": null, "granted": 128
+        }))
+        .expect("a listener");
+        let row = Row::new(&l);
+        assert_eq!(
+            &*row.set,
+            r#"netns="4026531840",address="::1",port="8080",socket="77",pid="12",comm="we\"ird\\name""#
+        );
+        let group = [
+            ("netns", "4026531840"),
+            ("address", "::1"),
+            ("port", "8080"),
+        ];
+        assert_eq!(row.group_labels(), &*LabelSet::new(&group));
+        let process = [("pid", "12"), ("comm", "we\"ird\\name")];
+        assert_eq!(row.process_labels(), &*LabelSet::new(&process));
+    }
 }
