@@ -4,6 +4,7 @@
 use std::{
     collections::{HashMap, HashSet},
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
+    sync::Arc,
 };
 
 use backlogd_common::{AF_INET, ListenerEvent, event_kind};
@@ -64,10 +65,11 @@ impl Listener {
     }
 }
 
-/// Live listeners keyed by socket inode.
+/// Live listeners keyed by socket inode. Shared (`Arc`), so a scrape takes the whole
+/// table by reference counts, and a change copies only an entry a scrape still holds.
 #[derive(Debug, Default)]
 pub struct ListenerTable {
-    by_inode: HashMap<u64, Listener>,
+    by_inode: HashMap<u64, Arc<Listener>>,
     generation: u64,
     /// Inodes closed since the current scan began: the scan may still report them.
     closed_during_scan: HashSet<u64>,
@@ -78,7 +80,7 @@ impl ListenerTable {
         match event.kind {
             event_kind::LISTEN => {
                 let listener = self.listener_of(event);
-                self.by_inode.insert(event.ino, listener);
+                self.by_inode.insert(event.ino, Arc::new(listener));
             }
             event_kind::CLOSE => {
                 self.by_inode.remove(&event.ino);
@@ -97,7 +99,7 @@ impl ListenerTable {
             && !self.closed_during_scan.contains(&event.ino)
         {
             let listener = self.listener_of(event);
-            self.by_inode.insert(event.ino, listener);
+            self.by_inode.insert(event.ino, Arc::new(listener));
         }
     }
 
@@ -111,6 +113,11 @@ impl ListenerTable {
     }
 
     pub fn iter(&self) -> impl Iterator<Item = &Listener> {
+        self.by_inode.values().map(|l| &**l)
+    }
+
+    /// The listeners, to keep past the table's lock at the cost of a reference count each.
+    pub fn shared(&self) -> impl Iterator<Item = &Arc<Listener>> {
         self.by_inode.values()
     }
 
@@ -142,7 +149,9 @@ impl ListenerTable {
         let mut added = 0;
         for d in found {
             if let Some(known) = self.by_inode.get_mut(&d.inode) {
-                known.scanned_queue = Some(d.accept_queue);
+                if known.scanned_queue != Some(d.accept_queue) {
+                    Arc::make_mut(known).scanned_queue = Some(d.accept_queue);
+                }
                 continue;
             }
             if self.closed_during_scan.contains(&d.inode) {
@@ -151,7 +160,7 @@ impl ListenerTable {
             let owner = owners.get(&d.inode);
             self.by_inode.insert(
                 d.inode,
-                Listener {
+                Arc::new(Listener {
                     inode: d.inode,
                     netns: d.netns,
                     addr: d.addr,
@@ -165,7 +174,7 @@ impl ListenerTable {
                     identified: false,
                     scanned_queue: Some(d.accept_queue),
                     generation,
-                },
+                }),
             );
             added += 1;
         }
@@ -194,6 +203,7 @@ impl ListenerTable {
         if let Some(l) = self.by_inode.get_mut(&inode)
             && l.pid == pid
         {
+            let l = Arc::make_mut(l);
             l.program = program;
             l.names = names;
             l.identified = true;
@@ -217,8 +227,12 @@ impl ListenerTable {
     pub fn set_runtime_names<'a>(&mut self, names: impl Fn(&str) -> Option<&'a RuntimeNames>) {
         let empty = RuntimeNames::default();
         for l in self.by_inode.values_mut() {
-            if let Some(n) = &mut l.names
-                && let Some(id) = n.container.as_ref().map(|c| c.id.clone())
+            // Only a container's listeners are written to (copied if a scrape holds them).
+            if let Some(id) = l
+                .names
+                .as_ref()
+                .and_then(|n| Some(n.container.as_ref()?.id.clone()))
+                && let Some(n) = &mut Arc::make_mut(l).names
             {
                 n.add_runtime_names(names(&id).unwrap_or(&empty));
             }

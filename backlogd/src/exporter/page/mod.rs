@@ -17,6 +17,8 @@ use super::{
     figures::{Figures, Metrics},
     text::{Exposition, Sink},
 };
+use std::sync::Arc;
+
 use crate::listeners::Listener;
 
 /// Renders the page into `sink` in chunks (see [`Exposition::streamed`]).
@@ -32,9 +34,10 @@ fn render_into(metrics: &Metrics, e: &mut Exposition<'_>) {
     // Before taking the table's read guard: netns_counters() takes it too, and a second
     // read lock on one thread deadlocks with a writer (the event loop) waiting between.
     let namespaces = metrics.shared.netns_counters();
-    // A copy, so the event loop is not held off the table while the text is written.
-    let table: Vec<Listener> = metrics.shared.listeners().iter().cloned().collect();
-    let rows: Vec<Row<'_>> = table.iter().map(Row::new).collect();
+    // Taken out of the table, so the event loop is not held off it while the text is
+    // written.
+    let table: Vec<Arc<Listener>> = metrics.shared.listeners().shared().cloned().collect();
+    let rows: Vec<Row<'_>> = table.iter().map(|l| Row::new(l)).collect();
     let sums = {
         let mut retired = metrics.retired.lock().unwrap_or_else(|e| e.into_inner());
         aggregates::sum(&rows, &figures.stats, &figures.queues, &mut retired)
