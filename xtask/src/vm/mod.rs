@@ -43,6 +43,7 @@ const GUEST_SUITES: &[(&str, Option<&str>)] = &[
     ("lifecycle", None),
     ("pinning", None),
     ("capacity", None),
+    ("program_runs", None),
     ("stress", None),
     ("container", None),
 ];
