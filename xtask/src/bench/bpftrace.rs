@@ -57,6 +57,13 @@ pub(super) fn bpftrace(p: &Params, ns: &Netns, r: &mut Report) -> Result<()> {
     let startup_mem = bt.proc.memory()?;
     let full = FullListener::new(ns)?;
     let costs = measure_programs(p, ns, &bt.proc, &full)?;
+    for c in &costs {
+        let ns = Some(median(&c.per_event_ns));
+        match c.workload {
+            Workload::DroppedSyns => r.targets.bpftrace_per_syn_ns = ns,
+            Workload::Handshakes => r.targets.bpftrace_per_handshake_ns = ns,
+        }
+    }
     let names = procs::prog_names()?;
     drop(stats);
     let rows = load_rows(p, ns, &bt.proc, None, &full)?;
@@ -94,6 +101,11 @@ pub(super) fn bpftrace(p: &Params, ns: &Netns, r: &mut Report) -> Result<()> {
         Bpftrace::start(&script)?.map_err(|e| anyhow!("bpftrace did not start: {e}"))
     })?;
     r.line("Connection-rate capacity with this script attached, measured as for backlogd:\n");
-    report_pairs(r, "without (handshakes/s)", "with bpftrace", pairs);
+    r.targets.bpftrace_capacity = Some(report_pairs(
+        r,
+        "without (handshakes/s)",
+        "with bpftrace",
+        pairs,
+    ));
     Ok(())
 }

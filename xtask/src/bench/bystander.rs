@@ -91,16 +91,16 @@ pub(super) fn bystander(p: &Params, ns: &Netns, r: &mut Report) -> Result<()> {
          iperf3's own control connection.\n",
         p.capacity_secs, p.capacity_pairs
     ));
-    let mut mode = String::new();
+    let mut auto = String::new();
     for flow in &FLOWS {
         // Warm-up: the first run in a namespace is slower.
         rate(ns, flow, 1.0)?;
         let pairs = alternating_pairs(
             p,
-            || auto_daemon(&mut mode),
+            || auto_daemon(&mut auto),
             || rate(ns, flow, p.capacity_secs),
         )?;
-        r.line(format!("**{}** (with: {mode} mode)\n", flow.label));
+        r.line(format!("**{}** (with: {auto} mode)\n", flow.label));
         let ratio = report_pairs(r, &format!("without ({}s/s)", flow.unit), "with", pairs);
         r.targets.bystander.push((flow.label, ratio));
     }
@@ -145,6 +145,9 @@ pub(super) fn bystander(p: &Params, ns: &Netns, r: &mut Report) -> Result<()> {
                     format!("{:.2}", runs / messages),
                     format!("{ns_run:.0}"),
                 ]);
+            }
+            if *mode == auto {
+                r.targets.bystander_ns.push((flow.label, total_ns));
             }
             rows.push(vec![
                 flow.label.to_owned(),

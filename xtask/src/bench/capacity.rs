@@ -9,7 +9,7 @@ pub(super) fn alternating_pairs<T>(
     p: &Params,
     mut attach: impl FnMut() -> Result<T>,
     mut measure: impl FnMut() -> Result<f64>,
-) -> Result<(Vec<Vec<String>>, Vec<f64>)> {
+) -> Result<Pairs> {
     let mut without = Vec::new();
     let (mut rows, mut pct) = (Vec::new(), Vec::new());
     for i in 0..p.capacity_pairs {
@@ -50,23 +50,41 @@ pub(super) fn alternating_pairs<T>(
             String::new(),
         ]);
     }
-    Ok((rows, pct))
+    Ok(Pairs { rows, pct, without })
 }
 
-/// The median, lowest and highest with/without ratio, in percent.
-pub(super) type Ratio = (f64, f64, f64);
+/// What [`alternating_pairs`] measured: its table's rows, each pair's with/without ratio
+/// (percent) and each rate without.
+pub(super) struct Pairs {
+    rows: Vec<Vec<String>>,
+    pct: Vec<f64>,
+    without: Vec<f64>,
+}
+
+/// The median, lowest and highest with/without ratio, in percent, and the median rate
+/// without (the idle baseline).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Ratio {
+    pub(super) median: f64,
+    pub(super) lo: f64,
+    pub(super) hi: f64,
+    pub(super) without: f64,
+}
 
 /// Prints [`alternating_pairs`]' table (`without`: the rate's column header, `with`: the
 /// other's) and its ratio line; returns the ratio's spread.
-pub(super) fn report_pairs(
-    r: &mut Report,
-    without: &str,
-    with: &str,
-    (rows, pct): (Vec<Vec<String>>, Vec<f64>),
-) -> Ratio {
-    r.table(&["pair", without, with, "with / without"], &rows);
-    r.line(format!("Ratio with/without: {}.\n", spread(&pct, "%")));
-    (median(&pct), min(&pct), max(&pct))
+pub(super) fn report_pairs(r: &mut Report, without: &str, with: &str, pairs: Pairs) -> Ratio {
+    r.table(&["pair", without, with, "with / without"], &pairs.rows);
+    r.line(format!(
+        "Ratio with/without: {}.\n",
+        spread(&pairs.pct, "%")
+    ));
+    Ratio {
+        median: median(&pairs.pct),
+        lo: min(&pairs.pct),
+        hi: max(&pairs.pct),
+        without: median(&pairs.without),
+    }
 }
 
 /// [`alternating_pairs`] of the in-process handshake loop.
@@ -74,7 +92,7 @@ pub(super) fn capacity_pairs<T>(
     p: &Params,
     ns: &Netns,
     attach: impl FnMut() -> Result<T>,
-) -> Result<(Vec<Vec<String>>, Vec<f64>)> {
+) -> Result<Pairs> {
     let secs = Duration::from_secs_f64(p.capacity_secs);
     // Warm-up: the first run after namespace creation is slower.
     load::handshakes(ns, CLIENTS, secs, None)?;

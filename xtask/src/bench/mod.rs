@@ -97,27 +97,44 @@ const SCALE_PORT: u16 = 33_000;
 const ESTABLISHED_PORT: u16 = 60_000;
 const ESTABLISHED_LISTENERS: u16 = 8;
 
-/// The figures the issue sets targets for, filled in by the sections that measure them.
+/// The figures the issue sets targets for, filled in by the sections that measure them,
+/// with what they are compared with (bpftrace, the rates without backlogd, `ss` polling).
 #[derive(Default)]
 struct Targets {
     per_syn_ns: Option<f64>,
     per_handshake_ns: Option<f64>,
+    /// The mode of the two figures above: the best the kernel runs.
+    per_event_mode: Option<String>,
+    bpftrace_per_syn_ns: Option<f64>,
+    bpftrace_per_handshake_ns: Option<f64>,
     capacity: Option<Ratio>,
+    bpftrace_capacity: Option<Ratio>,
     /// nginx + wrk requests/s with / without.
     nginx: Option<Ratio>,
     cpu_10k: Option<(f64, f64, f64)>,
     /// (listeners, median ms)
     scrape_ms: Option<(usize, f64)>,
-    scrape_established_ms: Option<f64>,
+    /// (established connections, median ms)
+    scrape_established_ms: Option<(usize, f64)>,
+    /// `ss -ltn` in the same namespace with the listeners: what a user would poll.
+    ss_poll_ms: Option<f64>,
+    series_per_listener: Option<f64>,
     drop_visible_ms: Option<(f64, f64)>,
     /// Per flow of the bystander section: its messages/s with / without.
     bystander: Vec<(&'static str, Ratio)>,
+    /// Per flow: BPF ns per message in the mode `auto` picks.
+    bystander_ns: Vec<(&'static str, f64)>,
 }
 
 #[derive(Default)]
 struct Report {
     md: String,
     targets: Targets,
+    /// `git describe` of the tree and the date of the run.
+    commit: String,
+    date: String,
+    /// Where in `md` the summary goes: after the machine table.
+    summary_at: usize,
 }
 
 impl Report {
@@ -191,7 +208,8 @@ pub fn run(quick: bool, only: &[String]) -> Result<()> {
         });
     }
     drop(ns);
-    summary(&mut r);
+    // Only a whole run is the next one's "previous run".
+    summary(&mut r, !quick && only.is_empty())?;
     r.line(format!(
         "Whole run: {:.0} s; load average at the end: {}.",
         started.elapsed().as_secs_f64(),
@@ -282,5 +300,8 @@ fn machine(r: &mut Report, quick: bool) -> Result<()> {
             vec!["date".into(), date.trim().into()],
         ],
     );
+    r.commit = commit.trim().into();
+    r.date = date.trim().into();
+    r.summary_at = r.md.len();
     Ok(())
 }

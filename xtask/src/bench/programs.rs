@@ -182,6 +182,9 @@ pub(super) fn program_cost(p: &Params, ns: &Netns, r: &mut Report) -> Result<()>
                 let names = procs::prog_names()?;
                 r.line(format!("**`--hook-mode {mode}`**\n"));
                 render_costs(r, &costs, &names);
+                if r.targets.per_event_mode.is_none() {
+                    r.targets.per_event_mode = Some(mode.to_string());
+                }
                 for c in &costs {
                     let v = Some(median(&c.per_event_ns));
                     match c.workload {

@@ -6,6 +6,8 @@ use super::*;
 pub(super) struct Scrapes {
     pub(super) metrics_ms: Vec<f64>,
     pub(super) metrics_bytes: usize,
+    /// Samples on the page.
+    pub(super) metrics_series: usize,
     pub(super) snapshot_ms: Vec<f64>,
     pub(super) snapshot_bytes: usize,
 }
@@ -14,6 +16,7 @@ pub(super) fn scrapes(d: &Daemon, samples: usize) -> Result<Scrapes> {
     let mut s = Scrapes {
         metrics_ms: Vec::new(),
         metrics_bytes: 0,
+        metrics_series: 0,
         snapshot_ms: Vec::new(),
         snapshot_bytes: 0,
     };
@@ -21,6 +24,10 @@ pub(super) fn scrapes(d: &Daemon, samples: usize) -> Result<Scrapes> {
         let (took, body) = d.get("/metrics")?;
         s.metrics_ms.push(took.as_secs_f64() * 1e3);
         s.metrics_bytes = body.len();
+        s.metrics_series = body
+            .lines()
+            .filter(|l| !l.is_empty() && !l.starts_with('#'))
+            .count();
         let (took, body) = d.get("/api/v1/snapshot")?;
         s.snapshot_ms.push(took.as_secs_f64() * 1e3);
         s.snapshot_bytes = body.len();
@@ -225,7 +232,18 @@ pub(super) fn scale(p: &Params, r: &mut Report) -> Result<()> {
          were there before (other engineers' tests, the system's own).\n"
     ));
     r.targets.scrape_ms = Some((p.listeners, median(&with_listeners.scrapes.metrics_ms)));
-    r.targets.scrape_established_ms = Some(median(&with_established.scrapes.metrics_ms));
+    r.targets.scrape_established_ms =
+        Some((p.established, median(&with_established.scrapes.metrics_ms)));
+    r.targets.ss_poll_ms = with_listeners
+        .polls
+        .iter()
+        .find(|poll| poll.label.starts_with("`ss"))
+        .map(|poll| median(&poll.wall_ms));
+    // Series of the listeners' own families: the page with them less the page without.
+    r.targets.series_per_listener = Some(
+        (with_listeners.scrapes.metrics_series - empty.scrapes.metrics_series) as f64
+            / p.listeners as f64,
+    );
 
     r.line("**What a user would poll instead**, in the same namespace and states:\n");
     let mut rows = Vec::new();
