@@ -13,19 +13,29 @@ pub fn bpftool(args: &[&str]) -> serde_json::Value {
     serde_json::from_slice(&out.stdout).expect("bpftool JSON")
 }
 
-/// ID of process `pid`'s map named `name` (the kernel keeps 15 characters of a name).
-pub fn map_of(pid: u32, name: &str) -> String {
-    let ids: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/fdinfo"))
+/// The `field` (`map_id`, `prog_id`) of each of process `pid`'s fds that has one, sorted and
+/// without repeats (a program shows in its own fd and in its links').
+pub fn fd_object_ids(pid: u32, field: &str) -> Vec<String> {
+    let prefix = format!("{field}:");
+    let mut ids: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/fdinfo"))
         .expect("fdinfo")
         .flatten()
         .filter_map(|fd| std::fs::read_to_string(fd.path()).ok())
         .filter_map(|info| {
             info.lines()
-                .find_map(|l| l.strip_prefix("map_id:"))
+                .find_map(|l| l.strip_prefix(&prefix))
                 .map(|id| id.trim().to_owned())
         })
         .collect();
-    ids.into_iter()
+    ids.sort();
+    ids.dedup();
+    ids
+}
+
+/// ID of process `pid`'s map named `name` (the kernel keeps 15 characters of a name).
+pub fn map_of(pid: u32, name: &str) -> String {
+    fd_object_ids(pid, "map_id")
+        .into_iter()
         .find(|id| bpftool(&["map", "show", "id", id])["name"] == name)
         .unwrap_or_else(|| panic!("process {pid} holds no map {name}"))
 }

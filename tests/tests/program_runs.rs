@@ -16,7 +16,7 @@ use std::{
 
 use backlogd_tests::{
     Daemon, Netns,
-    bpf::bpftool,
+    bpf::{bpftool, fd_object_ids},
     sockets::{Listener, connect_burst, fill_accept_queue},
 };
 
@@ -43,20 +43,8 @@ impl Drop for BpfStats {
 
 /// Run counts of the daemon's programs (those its prog and link fds hold), by name.
 fn runs(daemon: &Daemon) -> BTreeMap<String, u64> {
-    let mut ids: Vec<String> = std::fs::read_dir(format!("/proc/{}/fdinfo", daemon.pid()))
-        .expect("fdinfo")
-        .flatten()
-        .filter_map(|fd| std::fs::read_to_string(fd.path()).ok())
-        .filter_map(|info| {
-            info.lines()
-                .find_map(|l| l.strip_prefix("prog_id:"))
-                .map(|id| id.trim().to_owned())
-        })
-        .collect();
-    ids.sort();
-    ids.dedup();
     let mut out = BTreeMap::new();
-    for id in ids {
+    for id in fd_object_ids(daemon.pid(), "prog_id") {
         let prog = bpftool(&["prog", "show", "id", &id]);
         let name = prog["name"].as_str().expect("program name").to_owned();
         *out.entry(name).or_default() += prog["run_cnt"].as_u64().unwrap_or(0);

@@ -88,27 +88,36 @@ fn figures(t: &Targets) -> Vec<Figure> {
             section: "nginx",
         },
     ];
-    for (flow, r) in &t.bystander {
+    // Per flow: its rate with / without, then what backlogd's programs cost per message.
+    let flows = t.bystander.iter().map(|(flow, r)| {
+        (
+            format!("bystander {flow}"),
+            format!("{flow}, with / without"),
+            "≥ 99%",
+            ratio_text(Some(*r)),
+            format!("{:.0}/s", r.without),
+            verdict(Some(r.median >= 99.0)),
+        )
+    });
+    let costs = t.bystander_ns.iter().map(|(flow, ns)| {
+        (
+            format!("bystander_ns {flow}"),
+            format!("BPF per message, {flow}"),
+            "",
+            format!("{ns:.0} ns"),
+            "0".to_owned(),
+            "",
+        )
+    });
+    for (key, name, target, this, without, verdict) in flows.chain(costs) {
         out.push(Figure {
-            key: format!("bystander {flow}"),
-            name: format!("{flow}, with / without"),
-            target: "≥ 99%",
-            this: ratio_text(Some(*r)),
+            key,
+            name,
+            target,
+            this,
             bpftrace: String::new(),
-            without: format!("{:.0}/s", r.without),
-            verdict: verdict(Some(r.median >= 99.0)),
-            section: "bystander",
-        });
-    }
-    for (flow, ns) in &t.bystander_ns {
-        out.push(Figure {
-            key: format!("bystander_ns {flow}"),
-            name: format!("BPF per message, {flow}"),
-            target: "",
-            this: format!("{ns:.0} ns"),
-            bpftrace: String::new(),
-            without: "0".into(),
-            verdict: "",
+            without,
+            verdict,
             section: "bystander",
         });
     }
