@@ -216,3 +216,49 @@ fn stalled_member_of_a_four_socket_group_stands_out_and_matches_the_kernel() {
         "process drops after a member closed"
     );
 }
+
+/// A listener alone on its port is no group on the page (its own series say the same);
+/// a second member makes the group appear, and it stays when one of the two closes,
+/// carrying the closed member's counts.
+#[test]
+fn a_group_is_exported_once_its_port_is_shared_and_outlives_a_member() {
+    let daemon = Daemon::start();
+    let ns = Netns::new();
+    let first = Listener::open_reuseport(&ns, "127.0.0.1:0", 8);
+    daemon.wait_for_listener(first.inode);
+    let netns = ns.inode().to_string();
+    let port = first.addr.port().to_string();
+    let group = [("netns", netns.as_str()), ("port", port.as_str())];
+    let members = |s: &backlogd_tests::Scrape| s.value("backlogd_listen_group_listeners", &group);
+    drop(connect_burst(&ns, first.addr, 1));
+    let syns = |s: &backlogd_tests::Scrape, l: &Listener| {
+        s.value(
+            "backlogd_listen_syns_received_total",
+            &[("socket", &l.inode.to_string())],
+        )
+    };
+    let lone = daemon.wait_for("the lone listener's SYN", |s| {
+        (syns(s, &first) == Some(1.0)).then(|| s.clone())
+    });
+    assert_eq!(members(&lone), None, "a lone listener has no group series");
+
+    let second = Listener::open_reuseport(&ns, &first.addr.to_string(), 8);
+    daemon.wait_for_listener(second.inode);
+    let shared = daemon.scrape();
+    assert_eq!(members(&shared), Some(2.0), "two members");
+    assert_eq!(
+        shared.value("backlogd_listen_group_syns_received_total", &group),
+        Some(1.0),
+        "the group sums its members' SYNs"
+    );
+
+    drop(first);
+    let after = daemon.wait_for("the closed member to leave its group", |s| {
+        (members(s) == Some(1.0)).then(|| s.clone())
+    });
+    assert_eq!(
+        after.value("backlogd_listen_group_syns_received_total", &group),
+        Some(1.0),
+        "the group keeps the closed member's SYN"
+    );
+}

