@@ -218,7 +218,9 @@ fn closed_by_server(s: &TcpStream) -> bool {
 fn a_large_scrape_read_slowly_is_not_truncated_when_a_flood_hits_the_connection_limit() {
     const MAX: usize = 4;
     const FLOOD: usize = 16;
-    const LISTENERS: usize = 600;
+    // About 3 KB of page each (a 3 MB page): at least 8 times what the slow reader takes
+    // before the flood.
+    const LISTENERS: usize = 1000;
     // The daemon serves inside a namespace of the test's, so that the namespace's tcp_wmem
     // can cap the send buffer of its connections (below).
     let ns = Netns::new();
