@@ -3,7 +3,7 @@
 //! per-listener figures.
 
 use std::{
-    collections::{HashMap, HashSet},
+    collections::HashSet,
     os::fd::{AsFd as _, AsRawFd as _},
     sync::{Arc, Mutex},
     time::Instant,
@@ -85,7 +85,7 @@ impl KernelMaps {
     }
 
     /// Per-listener counters summed over CPUs.
-    pub fn listener_stats(&self) -> HashMap<u64, ListenerStats> {
+    pub fn listener_stats<M: FromIterator<(u64, ListenerStats)>>(&self) -> M {
         fold_per_cpu(&self.listener_stats, |per_cpu| {
             let mut total = ListenerStats::default();
             per_cpu.iter().for_each(|s| total.add(s));
@@ -96,7 +96,7 @@ impl KernelMaps {
     }
 
     /// Each listener's queue state merged over CPUs for sampling epoch `epoch`.
-    pub fn queue_states(&self, epoch: u32) -> HashMap<u64, QueueState> {
+    pub fn queue_states<M: FromIterator<(u64, QueueState)>>(&self, epoch: u32) -> M {
         fold_per_cpu(&self.listener_queues, |per_cpu| merge(per_cpu, epoch))
             .into_iter()
             .collect()

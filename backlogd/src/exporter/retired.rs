@@ -1,6 +1,8 @@
 //! What closed members contributed to the group and process counters (see [`Retired`]).
 
-use std::collections::{HashMap, HashSet};
+// Keyed by kernel-made values (inodes, addresses): no adversary picks them, so a fast
+// hash, rebuilt or probed 10k times per scrape, suits.
+use foldhash::{HashMap, HashSet};
 
 use backlogd_common::ListenerStats;
 

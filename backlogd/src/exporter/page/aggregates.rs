@@ -4,14 +4,13 @@
 //! one listener that never lost a member is not exported: its sums are that listener's
 //! own series, and they would add 8 series to each lone listener (28 instead of 20).
 
-use std::collections::HashMap;
-
 use backlogd_common::ListenerStats;
 
 use super::rows::{Row, reason_suffixes};
 use crate::{
     exporter::{
         catalogue::Metric,
+        figures::ByInode,
         retired::{Counted, GroupKey, Now, Retired},
         text::Exposition,
     },
@@ -64,8 +63,8 @@ const PROCESS: Families = Families {
 /// retired-counters lock is not held while a slow client takes the streamed page.
 pub fn sum<'r>(
     rows: &'r [Row<'_>],
-    stats: &HashMap<u64, ListenerStats>,
-    queues: &HashMap<u64, QueueFigures>,
+    stats: &ByInode<ListenerStats>,
+    queues: &ByInode<QueueFigures>,
     retired: &mut Retired,
 ) -> Sums<'r> {
     retired.update(rows.iter().map(|r| {
@@ -79,8 +78,8 @@ pub fn sum<'r>(
         }
     }));
     // Keyed by typed values, indexing into the sums, each with its first row.
-    let mut group_of: HashMap<GroupKey, usize> = HashMap::new();
-    let mut process_of: HashMap<(u32, &str), usize> = HashMap::new();
+    let mut group_of: foldhash::HashMap<GroupKey, usize> = foldhash::HashMap::default();
+    let mut process_of: foldhash::HashMap<(u32, &str), usize> = foldhash::HashMap::default();
     let mut groups: Vec<(GroupKey, usize, Sum)> = Vec::new();
     let mut processes: Vec<((u32, &str), usize, Sum)> = Vec::new();
     for (i, r) in rows.iter().enumerate() {

@@ -1,8 +1,6 @@
 //! Per-listener families: backlogs, SYN-path counters, drops by reason, queue lengths and
 //! the accept-wait histogram.
 
-use std::collections::HashMap;
-
 use backlogd_common::ListenerStats;
 
 use super::rows::{Row, reason_suffixes};
@@ -78,7 +76,7 @@ pub fn render(
     // up once per listener, not once per family.
     let zero = ListenerStats::default();
     let no_queue = QueueFigures::default();
-    let stats: &HashMap<u64, ListenerStats> = &figures.stats;
+    let stats = &figures.stats;
     let found: Vec<(&ListenerStats, QueueFigures)> = rows
         .iter()
         .map(|r| {
