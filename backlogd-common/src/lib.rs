@@ -58,6 +58,17 @@ pub struct ListenerStats {
 }
 
 impl ListenerStats {
+    /// The drop counters, accept queue full, SYN queue full, final-ACK overflow, other:
+    /// the order of the exporter's `reason` values.
+    pub fn drops(&self) -> [u64; 4] {
+        [
+            self.drop_accept_queue_full,
+            self.drop_syn_queue_full,
+            self.drop_final_ack_overflow,
+            self.drop_other,
+        ]
+    }
+
     /// Adds another CPU's counters.
     pub fn add(&mut self, o: &Self) {
         self.syns += o.syns;

@@ -239,7 +239,9 @@ pub(super) fn scale(p: &Params, r: &mut Report) -> Result<()> {
         .iter()
         .find(|poll| poll.label.starts_with("`ss"))
         .map(|poll| median(&poll.wall_ms));
-    // Series of the listeners' own families: the page with them less the page without.
+    // The page with the listeners less the page without: their own families and the
+    // group and process series they bring (plus the few of the helper process and the
+    // namespace, 0.001 per listener).
     r.targets.series_per_listener = Some(
         (with_listeners.scrapes.metrics_series - empty.scrapes.metrics_series) as f64
             / p.listeners as f64,

@@ -26,6 +26,13 @@ struct Sum {
     accept_depth: u64,
 }
 
+impl Sum {
+    fn add_retired(&mut self, gone: &Counted) {
+        self.counted.add(gone);
+        self.retired = true;
+    }
+}
+
 /// The group and process sums of one render, each with its labels (part of its first
 /// listener's), in key order.
 pub struct Sums<'r> {
@@ -104,20 +111,16 @@ pub fn sum<'r>(
             sum.accept_depth += depth;
         }
     }
-    if !retired.groups.is_empty() {
-        for (key, _, sum) in &mut groups {
-            if let Some(gone) = retired.groups.get(key) {
-                sum.counted.add(gone);
-                sum.retired = true;
-            }
+    // Closed members' counts: every retired aggregate still has a member (`Retired`
+    // forgets the others), so each is found among this render's.
+    for (key, gone) in &retired.groups {
+        if let Some(&g) = group_of.get(key) {
+            groups[g].2.add_retired(gone);
         }
     }
-    if !retired.processes.is_empty() {
-        for ((pid, comm), _, sum) in &mut processes {
-            if let Some(gone) = retired.processes.get(&(*pid, (*comm).to_owned())) {
-                sum.counted.add(gone);
-                sum.retired = true;
-            }
+    for ((pid, comm), gone) in &retired.processes {
+        if let Some(&p) = process_of.get(&(*pid, comm.as_str())) {
+            processes[p].2.add_retired(gone);
         }
     }
     // Once exported, an aggregate stays while it has members: a group shrinking to one

@@ -18,14 +18,6 @@ use crate::{
 /// Reads one counter of a listener.
 type Field = fn(&ListenerStats) -> u64;
 
-/// Drop counts in `catalogue::DROP_REASONS` order.
-const DROPS: [Field; 4] = [
-    |s| s.drop_accept_queue_full,
-    |s| s.drop_syn_queue_full,
-    |s| s.drop_final_ack_overflow,
-    |s| s.drop_other,
-];
-
 const COUNTERS: [(Metric, Field); 5] = [
     (Metric::ListenSynsReceived, |s| s.syns),
     (Metric::ListenSyncookiesSent, |s| s.syncookies),
@@ -96,8 +88,8 @@ pub fn render(
     Metric::ListenDrops.open(e);
     let reasons = reason_suffixes();
     for (r, (s, _)) in rows.iter().zip(&found) {
-        for (suffix, count) in reasons.iter().zip(DROPS) {
-            e.sample_suffix(Metric::ListenDrops.name(), &r.set, suffix, count(s));
+        for (suffix, count) in reasons.iter().zip(s.drops()) {
+            e.sample_suffix(Metric::ListenDrops.name(), &r.set, suffix, count);
         }
     }
 

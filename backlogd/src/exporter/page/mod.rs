@@ -13,12 +13,12 @@ mod own;
 mod rows;
 
 use self::{own::Own, rows::Row};
+use std::sync::Arc;
+
 use super::{
     figures::{Figures, Metrics},
     text::{Exposition, Sink},
 };
-use std::sync::Arc;
-
 use crate::listeners::Listener;
 
 /// Renders the page into `sink` in chunks (see [`Exposition::streamed`]).

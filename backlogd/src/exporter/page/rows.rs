@@ -1,16 +1,11 @@
 //! The listeners of one render, each with its labels rendered once.
 
-use crate::{
-    exporter::{
-        catalogue::{GROUP_LABELS, LISTENER_LABELS, PROCESS_LABELS},
-        text::LabelSet,
-    },
-    listeners::Listener,
-};
+use crate::{exporter::text::LabelSet, listeners::Listener};
 
-/// One listener of the page and its label set ([`LISTENER_LABELS`], in order). Its group's
-/// labels are the set's first ones and its process's the last, so the group and process
-/// families use parts of it instead of label sets of their own.
+/// One listener of the page and its label set
+/// ([`LISTENER_LABELS`](crate::exporter::catalogue::LISTENER_LABELS), in order). Its
+/// group's labels are the set's first ones and its process's the last, so the group and
+/// process families use parts of it instead of label sets of their own.
 pub struct Row<'a> {
     pub set: LabelSet,
     /// End of the group's labels in `set`.
@@ -22,26 +17,17 @@ pub struct Row<'a> {
 
 impl<'a> Row<'a> {
     pub fn new(l: &'a Listener) -> Self {
-        let mut set = LabelSet::default();
-        let (mut group_end, mut process_start) = (0, 0);
+        // In LISTENER_LABELS order (the test below holds them to it).
         let mut ints = itoa::Buffer::new();
-        for (i, name) in LISTENER_LABELS.into_iter().enumerate() {
-            if i == LISTENER_LABELS.len() - PROCESS_LABELS.len() {
-                process_start = set.len() + 1;
-            }
-            match name {
-                "netns" => set.push(name, ints.format(l.netns)),
-                "address" => set.push(name, &l.addr.to_string()),
-                "port" => set.push(name, ints.format(l.port)),
-                "socket" => set.push(name, ints.format(l.inode)),
-                "pid" => set.push(name, ints.format(l.pid)),
-                "comm" => set.push(name, &l.comm),
-                _ => unreachable!("{name} has no value in Row::new"),
-            }
-            if i + 1 == GROUP_LABELS.len() {
-                group_end = set.len();
-            }
-        }
+        let mut set = LabelSet::default();
+        set.push("netns", ints.format(l.netns));
+        set.push("address", &l.addr.to_string());
+        set.push("port", ints.format(l.port));
+        let group_end = set.len();
+        set.push("socket", ints.format(l.inode));
+        let process_start = set.len() + 1;
+        set.push("pid", ints.format(l.pid));
+        set.push("comm", &l.comm);
         Self {
             set,
             group_end,
@@ -50,12 +36,12 @@ impl<'a> Row<'a> {
         }
     }
 
-    /// `group="..."` labels of the listener's SO_REUSEPORT group ([`GROUP_LABELS`]).
+    /// The labels of the listener's SO_REUSEPORT group ([`GROUP_LABELS`](crate::exporter::catalogue::GROUP_LABELS)).
     pub fn group_labels(&self) -> &str {
         &self.set[..self.group_end]
     }
 
-    /// The labels of the listener's process ([`PROCESS_LABELS`]).
+    /// The labels of the listener's process ([`PROCESS_LABELS`](crate::exporter::catalogue::PROCESS_LABELS)).
     pub fn process_labels(&self) -> &str {
         &self.set[self.process_start..]
     }
@@ -70,6 +56,7 @@ pub fn reason_suffixes() -> [String; 4] {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::exporter::catalogue::{GROUP_LABELS, LISTENER_LABELS, PROCESS_LABELS};
 
     #[test]
     fn group_and_process_labels_are_the_ends_of_the_listener_set() {
@@ -84,6 +71,12 @@ mod tests {
         }))
         .expect("a listener");
         let row = Row::new(&l);
+        let names: Vec<&str> = row
+            .set
+            .split(',')
+            .map(|label| label.split_once('=').expect("k=v").0)
+            .collect();
+        assert_eq!(names, LISTENER_LABELS);
         assert_eq!(
             &*row.set,
             r#"netns="4026531840",address="::1",port="8080",socket="77",pid="12",comm="we\"ird\\name""#
