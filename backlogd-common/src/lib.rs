@@ -13,8 +13,6 @@ pub const IPPROTO_TCP: u16 = 6;
 pub const AF_INET: u16 = 2;
 pub const AF_INET6: u16 = 10;
 
-/// Capacity of the map that carries `listen(2)` arguments from syscall entry to exit.
-pub const PENDING_LISTEN_ENTRIES: u32 = 4096;
 /// Ring buffer for listener lifecycle events. Lifecycle events are rare (one per
 /// `listen()`/close), so 256 KiB holds thousands of them between two reads.
 pub const LISTENER_EVENTS_BYTES: u32 = 256 * 1024;
@@ -202,8 +200,7 @@ pub struct ListenerEvent {
 }
 
 /// Field offsets the eBPF programs need, resolved by the daemon at load time from the
-/// running kernel's BTF (struct fields) and tracefs (tracepoint record layouts), and
-/// injected as the read-only global `OFFSETS`. Never compiled in: layouts differ between
+/// running kernel's BTF, and injected as the read-only global `OFFSETS`. Never compiled in: layouts differ between
 /// kernels.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -249,32 +246,18 @@ pub struct KernelOffsets {
     /// segment is at `head + transport_header`.
     pub skb_head: u32,
     pub skb_transport_header: u32,
-    // tracepoint records (from /sys/kernel/tracing/events/*/*/format)
-    pub tp_listen_fd: u32,
-    pub tp_listen_backlog: u32,
-    pub tp_exit_ret: u32,
-    /// `fd` of sys_enter_accept and sys_enter_accept4 (the daemon checks they agree).
-    pub tp_accept_fd: u32,
     /// `struct pt_regs` at the raw `sys_exit` tracepoint: the syscall number (low 32 bits
     /// of x86-64 `orig_ax`, arm64 `syscallno`) and the first argument (x86-64 `di`,
     /// arm64 `orig_x0`: `x0` already holds the return value).
     pub regs_syscall_nr: u32,
     pub regs_arg0: u32,
     /// The second argument in the `struct pt_regs` a syscall wrapper receives (x86-64 `si`,
-    /// arm64 `regs[1]`): fentry mode's listen(2) hook reads the backlog there.
+    /// arm64 `regs[1]`): listen(2)'s backlog.
     pub regs_arg1: u32,
-    /// This architecture's numbers of accept(2) and accept4(2).
+    /// This architecture's numbers of accept(2), accept4(2) and listen(2).
     pub nr_accept: u32,
     pub nr_accept4: u32,
-}
-
-/// `listen(2)` arguments parked between syscall entry and exit.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct PendingListen {
-    pub fd: u64,
-    pub backlog: i32,
-    pub _pad: u32,
+    pub nr_listen: u32,
 }
 
 #[cfg(feature = "user")]
@@ -283,8 +266,6 @@ mod user {
     unsafe impl aya::Pod for super::ListenerEvent {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::KernelOffsets {}
-    // SAFETY: as above.
-    unsafe impl aya::Pod for super::PendingListen {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::ListenerStats {}
     // SAFETY: as above.

@@ -40,18 +40,14 @@ pub mod map {
 /// Programs, by hook family (`backlogd-ebpf/src/<family>.rs`).
 pub mod program {
     // listen.rs: every mode.
-    pub const LISTEN_ENTER: &str = "listen_enter";
-    pub const LISTEN_EXIT: &str = "listen_exit";
     pub const LISTENER_STATE: &str = "listener_state";
     // syn.rs: SYN-ACK retransmits (every mode) and tracepoint mode's SYN path.
     pub const SYNACK_RETRANSMIT: &str = "synack_retransmit";
     pub const LISTENER_INGRESS: &str = "listener_ingress";
     pub const SYN_CONSUMED: &str = "syn_consumed";
     pub const SYN_FREED: &str = "syn_freed";
-    // accept.rs.
-    pub const ACCEPT_ENTER: &str = "accept_enter";
-    pub const ACCEPT_EXIT: &str = "accept_exit";
-    pub const ACCEPT_SYS_EXIT: &str = "accept_sys_exit";
+    // syscall.rs: accept() and listen() in kprobe and tracepoint modes.
+    pub const SYSCALL_EXIT: &str = "syscall_exit";
     // fentry.rs.
     pub const CONN_REQUEST_ENTER: &str = "conn_request_enter";
     pub const CONN_REQUEST_EXIT: &str = "conn_request_exit";
@@ -76,17 +72,13 @@ pub mod program {
     pub const REQSK_QUEUE_ADD_KRETPROBE: &str = "reqsk_queue_add_kretprobe";
 
     /// Every program of the object.
-    pub const ALL: [&str; 30] = [
-        LISTEN_ENTER,
-        LISTEN_EXIT,
+    pub const ALL: [&str; 26] = [
         LISTENER_STATE,
         SYNACK_RETRANSMIT,
         LISTENER_INGRESS,
         SYN_CONSUMED,
         SYN_FREED,
-        ACCEPT_ENTER,
-        ACCEPT_EXIT,
-        ACCEPT_SYS_EXIT,
+        SYSCALL_EXIT,
         CONN_REQUEST_ENTER,
         CONN_REQUEST_EXIT,
         CHECK_REQ_ENTER,

@@ -1,12 +1,9 @@
 //! Safe access to kernel memory at offsets resolved at load time.
 //!
-//! rustc emits no CO-RE relocations, so every struct field and tracepoint record offset
-//! comes from `OFFSETS`, which the daemon overrides before loading (from BTF and tracefs).
+//! rustc emits no CO-RE relocations, so every struct field offset comes from `OFFSETS`,
+//! which the daemon overrides before loading (from the running kernel's BTF).
 
-use aya_ebpf::{
-    helpers::{bpf_get_current_task, bpf_probe_read_kernel},
-    programs::TracePointContext,
-};
+use aya_ebpf::helpers::{bpf_get_current_task, bpf_probe_read_kernel};
 use backlogd_common::{AF_INET, AF_INET6, IPPROTO_TCP, KernelOffsets, TCP_LISTEN};
 
 /// Filled in by the daemon with `EbpfLoader::override_global`; all zeros in the object file.
@@ -28,9 +25,6 @@ static OFFSETS: KernelOffsets = KernelOffsets {
     sk_protocol: 0,
     sk_max_ack_backlog: 0,
     net_inum: 0,
-    tp_listen_fd: 0,
-    tp_listen_backlog: 0,
-    tp_exit_ret: 0,
     sk_ack_backlog: 0,
     net_mib_stats: 0,
     mib_index: [0; 4],
@@ -39,12 +33,12 @@ static OFFSETS: KernelOffsets = KernelOffsets {
     request_sock_listener: 0,
     skb_head: 0,
     skb_transport_header: 0,
-    tp_accept_fd: 0,
     regs_syscall_nr: 0,
     regs_arg0: 0,
     regs_arg1: 0,
     nr_accept: 0,
     nr_accept4: 0,
+    nr_listen: 0,
 };
 
 /// Errors are the helpers' negative errno values; programs only ever drop them.
@@ -103,18 +97,40 @@ impl KPtr {
     }
 }
 
+/// A BTF-typed kernel pointer, as a tp_btf or fentry program receives its arguments:
+/// the verifier knows the pointee's type and turns a direct load from it into a
+/// fault-safe one (`PROBE_MEM`), no helper call. The offset must be a constant the
+/// verifier can see (an `OFFSETS` field: a frozen read-only map) that lands inside a
+/// field of that type, or the program is refused at load.
+#[derive(Clone, Copy)]
+pub struct BtfPtr(*const u8);
+
+impl BtfPtr {
+    #[inline(always)]
+    pub fn new(p: *const u8) -> Self {
+        Self(p)
+    }
+
+    #[inline(always)]
+    pub fn addr(self) -> u64 {
+        self.0 as u64
+    }
+
+    /// Reads a `T` at `self + off`.
+    #[inline(always)]
+    pub fn load<T: Copy>(self, off: usize) -> T {
+        // SAFETY: the verifier rewrites this load of a BTF-typed pointer into one that
+        // yields zero instead of faulting, and refuses the program unless `off` is a
+        // known constant inside the pointee's type.
+        unsafe { core::ptr::read_volatile(self.0.wrapping_add(off) as *const T) }
+    }
+}
+
 /// The current task (`struct task_struct *`).
 #[inline(always)]
 pub fn current_task() -> KPtr {
     // SAFETY: the helper takes no arguments and returns the current task's address.
     KPtr(unsafe { bpf_get_current_task() })
-}
-
-/// Reads a tracepoint record field at `off`.
-#[inline(always)]
-pub fn tp_field<T>(ctx: &TracePointContext, off: usize) -> Result<T> {
-    // SAFETY: read_at uses bpf_probe_read, which validates the address.
-    unsafe { ctx.read_at::<T>(off) }
 }
 
 /// Reads one element of an offset array.
@@ -216,15 +232,4 @@ pub fn cpu_area_offset() -> Result<u64> {
     // SAFETY: as above.
     unsafe { *cached = off };
     Ok(off)
-}
-
-/// Takes (reads and removes) what this thread parked in `map` at syscall entry.
-#[inline(always)]
-pub fn take_pending<V: Copy>(map: &aya_ebpf::maps::LruHashMap<u64, V>) -> Option<V> {
-    let id = aya_ebpf::helpers::bpf_get_current_pid_tgid();
-    // SAFETY: entries are keyed by thread and written only by that thread's own
-    // syscall-entry program, which cannot run concurrently with its exit program.
-    let value = (unsafe { map.get(id) }).copied()?;
-    let _ = map.remove(id);
-    Some(value)
 }

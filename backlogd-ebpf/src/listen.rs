@@ -2,40 +2,35 @@
 //!
 //! `listen(2)` clamps the backlog to `net.core.somaxconn` of the socket's netns before the
 //! protocol code stores it in `sk_max_ack_backlog`, so only the syscall's arguments show
-//! what the application asked for, and only its return what it got. Tracepoint and kprobe
-//! modes take the syscall tracepoints, joined through `PENDING_LISTEN`, keyed by thread;
-//! fentry mode one fexit on the syscall itself, which has both
-//! (`fentry::listen_syscall_exit`) and spares every other syscall the slow path that any
-//! syscall tracepoint puts them on. A repeated `listen()` on a listener emits a new LISTEN
-//! event with the new figures.
+//! what the application asked for, and only its return what it got: [`listened`] runs at
+//! the syscall's return, from the raw `sys_exit` tracepoint in tracepoint and kprobe modes
+//! (`syscall.rs`) and an fexit on the syscall itself in fentry mode
+//! (`fentry::listen_syscall_exit`), both reading the arguments from the saved user
+//! registers. A repeated `listen()` on a listener emits a new LISTEN event with the new
+//! figures.
 //!
 //! A listener going away shows up as `inet_sock_set_state` LISTEN -> CLOSE, taken as a raw
 //! tracepoint (it fires in process context on every connect() and close(); a classic
 //! tracepoint program there would make the kernel skip kprobe programs of SYNs arriving
-//! meanwhile, see `kprobe.rs`). The listen(2) syscall tracepoints stay classic: listen()
-//! is rare.
+//! meanwhile, see `kprobe.rs`).
 
 use aya_ebpf::{
     helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid},
-    macros::{map, raw_tracepoint, tracepoint},
+    macros::{map, raw_tracepoint},
     maps::{LruHashMap, PerCpuArray, RingBuf},
-    programs::{RawTracePointContext, TracePointContext},
+    programs::RawTracePointContext,
 };
 use backlogd_common::{
     AF_INET, AF_INET6, IPPROTO_TCP, LISTENER_EVENTS_BYTES, LISTENER_STATS_ENTRIES, ListenerEvent,
-    PENDING_LISTEN_ENTRIES, PendingListen, TCP_LISTEN, event_kind,
+    TCP_LISTEN, event_kind,
 };
 
-use crate::kernel::{KPtr, Result, offset, socket_of_fd, take_pending, tp_field};
+use crate::kernel::{KPtr, Result, offset, socket_of_fd};
 
 // include/net/tcp_states.h, part of the tracepoint ABI like TCP_LISTEN.
 const TCP_ESTABLISHED: u32 = 1;
 const TCP_SYN_RECV: u32 = 3;
 const TCP_CLOSE: u32 = 7;
-
-#[map]
-static PENDING_LISTEN: LruHashMap<u64, PendingListen> =
-    LruHashMap::with_max_entries(PENDING_LISTEN_ENTRIES, 0);
 
 #[map]
 static LISTENER_EVENTS: RingBuf = RingBuf::with_byte_size(LISTENER_EVENTS_BYTES, 0);
@@ -52,41 +47,6 @@ static LISTENER_EVENTS_LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(1,
 #[map]
 static LISTENS_SEEN: LruHashMap<u64, ListenerEvent> =
     LruHashMap::with_max_entries(LISTENER_STATS_ENTRIES, 0);
-
-#[tracepoint]
-pub fn listen_enter(ctx: TracePointContext) -> u32 {
-    let _ = try_listen_enter(&ctx);
-    0
-}
-
-fn try_listen_enter(ctx: &TracePointContext) -> Result<()> {
-    // Syscall records hold each argument as an unsigned long.
-    let fd: u64 = tp_field(ctx, offset(|o| &o.tp_listen_fd))?;
-    let backlog: u64 = tp_field(ctx, offset(|o| &o.tp_listen_backlog))?;
-    let pending = PendingListen {
-        fd,
-        backlog: backlog as i32,
-        _pad: 0,
-    };
-    PENDING_LISTEN.insert(bpf_get_current_pid_tgid(), pending, 0)
-}
-
-#[tracepoint]
-pub fn listen_exit(ctx: TracePointContext) -> u32 {
-    let _ = try_listen_exit(&ctx);
-    0
-}
-
-fn try_listen_exit(ctx: &TracePointContext) -> Result<()> {
-    let Some(pending) = take_pending(&PENDING_LISTEN) else {
-        return Ok(());
-    };
-    listened(
-        pending.fd,
-        pending.backlog,
-        tp_field(ctx, offset(|o| &o.tp_exit_ret))?,
-    )
-}
 
 /// listen(`fd`, `requested`) returned `ret` in the current thread: a TCP listener's
 /// LISTEN event, with what it asked for and what it got.

@@ -8,8 +8,10 @@
 //!   their updates; [`syn`] and [`accept`] write through it.
 //! - [`listen`]: listener lifecycle: `listen(2)` (requested vs granted backlog, owner,
 //!   netns, address) and listeners leaving the LISTEN state.
+//! - [`syscall`]: accept() and listen() returning, for kernels without trampolines: one
+//!   raw `sys_exit` program that hands them to [`accept`] and [`listen`].
 //!
-//! Kernel struct and tracepoint layouts are never compiled in: [`kernel`] reads them from
+//! Kernel struct layouts are never compiled in: [`kernel`] reads them from
 //! the `OFFSETS` global that the daemon fills from the running kernel's BTF at load time.
 #![no_std]
 #![no_main]
@@ -21,6 +23,7 @@ mod kprobe;
 mod listen;
 mod listener;
 mod syn;
+mod syscall;
 
 #[cfg(not(test))]
 #[panic_handler]

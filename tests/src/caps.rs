@@ -35,16 +35,17 @@ fn parse(text: &str) -> Caps {
     }
 }
 
-/// Whether the kernel can pin kprobe and tracepoint links (BPF_LINK_TYPE_PERF_EVENT came in
+/// Whether the kernel can pin kprobe links (BPF_LINK_TYPE_PERF_EVENT came in
 /// Linux 5.15 and was not backported): the matrix's statement, else the running version.
 pub fn perf_link_pinning() -> bool {
     stated().map_or_else(|| release_at_least(5, 15), |c| c.perf_link_pinning)
 }
 
-/// Whether a daemon in `mode` keeps its kernel state across a restart (fentry's tracing
-/// links are pinnable on every kernel that runs fentry mode).
+/// Whether a daemon in `mode` keeps its kernel state across a restart: only kprobe mode
+/// has perf-event links; fentry and tracepoint modes' tracing, raw tracepoint and cgroup
+/// links are pinnable on every kernel backlogd runs on (5.7+).
 pub fn can_pin(mode: &str) -> bool {
-    mode == "fentry" || perf_link_pinning()
+    mode != "kprobe" || perf_link_pinning()
 }
 
 fn release_at_least(major: u32, minor: u32) -> bool {

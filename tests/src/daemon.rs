@@ -211,26 +211,8 @@ impl Daemon {
     /// each other and with BPF map syscalls; a skipped run is an event backlogd never saw.
     /// (Kernels before 6.7 do not count these skips and always report 0.)
     pub fn missed_runs(&self) -> u64 {
-        let dir = format!("/proc/{}/fdinfo", self.pid());
-        let field = |info: &str, name: &str| -> Option<u64> {
-            info.lines()
-                .find_map(|l| l.strip_prefix(name))
-                .and_then(|n| n.trim().parse().ok())
-        };
-        // The daemon may hold several fds of one program: count each program once.
-        std::fs::read_dir(&dir)
-            .unwrap_or_else(|e| panic!("{dir}: {e}"))
-            .flatten()
-            .filter_map(|fd| std::fs::read_to_string(fd.path()).ok())
-            .filter_map(|info| {
-                Some((
-                    field(&info, "prog_id:")?,
-                    field(&info, "recursion_misses:")?,
-                ))
-            })
-            .collect::<std::collections::HashMap<u64, u64>>()
-            .values()
-            .sum()
+        let pid = self.pid();
+        missed_runs_of(pid).unwrap_or_else(|e| panic!("/proc/{pid}/fdinfo: {e}"))
     }
 
     /// Runs the kernel skipped since `since` (a `missed_runs()` value) when the daemon is in
@@ -333,4 +315,27 @@ impl Drop for Daemon {
         self.child.kill().ok();
         self.child.wait().ok();
     }
+}
+
+/// Runs of process `pid`'s BPF programs the kernel skipped (`recursion_misses` in their
+/// fdinfo, Linux 6.7+; 0 before), each program counted once.
+pub fn missed_runs_of(pid: u32) -> std::io::Result<u64> {
+    let field = |info: &str, name: &str| -> Option<u64> {
+        info.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|n| n.trim().parse().ok())
+    };
+    // The daemon may hold several fds of one program: count each program once.
+    Ok(std::fs::read_dir(format!("/proc/{pid}/fdinfo"))?
+        .flatten()
+        .filter_map(|fd| std::fs::read_to_string(fd.path()).ok())
+        .filter_map(|info| {
+            Some((
+                field(&info, "prog_id:")?,
+                field(&info, "recursion_misses:")?,
+            ))
+        })
+        .collect::<std::collections::HashMap<u64, u64>>()
+        .values()
+        .sum())
 }

@@ -24,6 +24,8 @@ pub struct Exact {
     evidence: Vec<(String, String)>,
     checks: Vec<Check>,
     verified: bool,
+    /// The daemon's pid, for the runs the kernel skipped, read when the report is made.
+    daemon: u32,
 }
 
 struct Check {
@@ -55,6 +57,7 @@ impl Exact {
             evidence: Vec::new(),
             checks: Vec::new(),
             verified: false,
+            daemon: daemon.pid(),
         }
     }
 
@@ -146,6 +149,14 @@ impl Exact {
         for (label, value) in &self.evidence {
             let _ = writeln!(out, "{label}: {value}");
         }
+        // In every mode: a mismatch beside skipped runs names its cause at once.
+        let missed = crate::daemon::missed_runs_of(self.daemon)
+            .map_or_else(|e| format!("unknown ({e})"), |n| n.to_string());
+        let _ = writeln!(
+            out,
+            "runs of backlogd's programs the kernel skipped since the daemon started \
+             (recursion_misses, counted by Linux 6.7+): {missed}"
+        );
         out
     }
 }

@@ -300,8 +300,8 @@ fn pin_dir_outside_bpffs_is_refused_with_the_fix() {
     );
 }
 
-/// Pinning where the kernel allows it, and where it does not (kprobe and tracepoint modes
-/// before 5.15, Debian 11): the shipped config sets pin_dir, and the daemon must start
+/// Pinning where the kernel allows it, and where it does not (kprobe mode before 5.15,
+/// Debian 11): the shipped config sets pin_dir, and the daemon must start
 /// with it anyway, say what it left out, and leave nothing pinned.
 #[test]
 fn the_daemon_starts_unpinned_where_the_kernel_cannot_pin() {

@@ -224,7 +224,7 @@ catalogue! {
     Pinned: "backlogd_pinned", Gauge, None,
         "1 if the kernel-side state is pinned under pin_dir and keeps counting across a \
          daemon restart; 0 without pin_dir, or where the kernel cannot pin the hook mode's \
-         links (kprobe and tracepoint modes before Linux 5.15).";
+         links (kprobe mode before Linux 5.15).";
     BuildInfo: "backlogd_build_info", Gauge, Version,
         "Always 1; the labels describe the running backlogd build.";
 }

@@ -7,8 +7,7 @@ use aya::{
     Ebpf,
     maps::Map,
     programs::{
-        BtfTracePoint, CgroupSkb, FEntry, FExit, KProbe, ProgramError, RawTracePoint, TracePoint,
-        links::FdLink,
+        BtfTracePoint, CgroupSkb, FEntry, FExit, KProbe, ProgramError, RawTracePoint, links::FdLink,
     },
 };
 
@@ -28,7 +27,6 @@ pub fn attach(
     pinning: &mut Option<Pinning>,
 ) -> Result<Option<CgroupAttachment>, LoadError> {
     match *hook {
-        Hook::Tracepoint { program, at } => tracepoint(ebpf, program, at, pinning)?,
         Hook::RawTracepoint {
             program,
             tracepoint,
@@ -160,24 +158,6 @@ where
         source: Box::new(e),
     })?;
     Ok(pinning.link(program, link)?)
-}
-
-fn tracepoint(
-    ebpf: &mut Ebpf,
-    program: &'static str,
-    hooks: &[(&str, &str)],
-    pinning: &mut Option<Pinning>,
-) -> Result<(), LoadError> {
-    let prog: &mut TracePoint = program_mut(ebpf, program, program)?;
-    prog.load().map_err(program_error(program, program))?;
-    for (category, name) in hooks {
-        let hook = format!("tracepoint {category}:{name}");
-        let id = prog
-            .attach(category, name)
-            .map_err(program_error(program, &hook))?;
-        pin_link(pinning, program, &hook, || prog.take_link(id))?;
-    }
-    Ok(())
 }
 
 fn raw_tracepoint(

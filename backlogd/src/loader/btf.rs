@@ -196,7 +196,7 @@ impl KernelBtf {
             regs_arg1: self.offset_of("pt_regs", SYSCALL_ARG1.0, None)? + SYSCALL_ARG1.1,
             nr_accept: libc::SYS_accept as u32,
             nr_accept4: libc::SYS_accept4 as u32,
-            ..KernelOffsets::default()
+            nr_listen: libc::SYS_listen as u32,
         })
     }
 

@@ -2,10 +2,7 @@
 
 use aya::programs::ProgramError;
 
-use super::{
-    btf::BtfError, modes::ModeError, pins::PinError, privileges::MissingPrivileges,
-    tracefs::TracefsError,
-};
+use super::{btf::BtfError, modes::ModeError, pins::PinError, privileges::MissingPrivileges};
 
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
@@ -13,8 +10,6 @@ pub enum LoadError {
     Privileges(#[from] MissingPrivileges),
     #[error(transparent)]
     Btf(#[from] BtfError),
-    #[error(transparent)]
-    Tracefs(#[from] TracefsError),
     #[error(transparent)]
     Mode(#[from] ModeError),
     #[error(transparent)]

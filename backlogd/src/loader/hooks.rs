@@ -9,17 +9,18 @@
 //!   tcp_req_err, inet_csk_reqsk_queue_add and inet_csk_accept, and an fexit on the
 //!   listen(2) syscall itself: no syscall tracepoint, so other syscalls keep the kernel's
 //!   fast path;
-//! - kprobe: kprobes/kretprobes on the same functions, the listen(2) syscall tracepoints,
-//!   accept() at the raw `sys_exit` tracepoint;
+//! - kprobe: kprobes/kretprobes on the same functions, and listen(2) and accept() at the
+//!   `sys_exit` tracepoint (tp_btf);
 //! - tracepoint: a cgroup_skb ingress program on the cgroup v2 root plus skb-release
-//!   tp_btf hooks (backlogd-ebpf/src/syn.rs), listen(2) and accept() syscall tracepoints;
-//!   the enqueue comes from `inet_sock_set_state` inside the listener's window.
+//!   tp_btf hooks (backlogd-ebpf/src/syn.rs), listen(2) and accept() at the `sys_exit`
+//!   tracepoint (tp_btf); the enqueue comes from `inet_sock_set_state` inside the listener's window.
 //!
-//! A classic-tracepoint or kprobe program makes the kernel skip every other such program
-//! that fires on its CPU while it runs (see backlogd-ebpf/src/kprobe.rs); raw tracepoint,
-//! tp_btf, fentry and cgroup programs do not. So classic tracepoints are used only where
-//! nothing of the mode can be skipped because of them: listen(2) (rare) in kprobe and
-//! tracepoint modes, and accept() in tracepoint mode.
+//! No classic tracepoint: a classic-tracepoint or kprobe program is skipped whenever the
+//! kernel's per-CPU guard `bpf_prog_active` is held on its CPU, by another such program or
+//! by any task inside a bpf() map syscall (backlogd's own reads too) that was preempted
+//! there (see backlogd-ebpf/src/syscall.rs). Raw tracepoint, tp_btf, fentry and cgroup
+//! programs have guards of their own. kprobes remain only where kprobe mode has nothing
+//! else, and their skips are counted (Linux 6.7+) and exported.
 
 use backlogd_common::names::program as p;
 
@@ -28,11 +29,6 @@ use super::modes::HookMode;
 /// One program on one hook.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Hook {
-    /// A classic tracepoint program on each `(category, name)`.
-    Tracepoint {
-        program: &'static str,
-        at: &'static [(&'static str, &'static str)],
-    },
     RawTracepoint {
         program: &'static str,
         tracepoint: &'static str,
@@ -62,8 +58,7 @@ pub enum Hook {
 impl Hook {
     pub fn program(&self) -> &'static str {
         match *self {
-            Hook::Tracepoint { program, .. }
-            | Hook::RawTracepoint { program, .. }
+            Hook::RawTracepoint { program, .. }
             | Hook::BtfTracepoint { program, .. }
             | Hook::Fentry { program, .. }
             | Hook::Fexit { program, .. }
@@ -85,18 +80,13 @@ const COMMON: &[Hook] = &[
     },
 ];
 
-/// listen(2) in kprobe and tracepoint modes: its syscall tracepoints (entry has the backlog
-/// asked for, exit what the kernel granted).
-const LISTEN_TRACEPOINTS: &[Hook] = &[
-    Hook::Tracepoint {
-        program: p::LISTEN_ENTER,
-        at: &[("syscalls", "sys_enter_listen")],
-    },
-    Hook::Tracepoint {
-        program: p::LISTEN_EXIT,
-        at: &[("syscalls", "sys_exit_listen")],
-    },
-];
+/// listen(2), accept() and accept4() returning, in kprobe and tracepoint modes: the
+/// `sys_exit` tracepoint as tp_btf, at the price of a run per syscall
+/// (backlogd-ebpf/src/syscall.rs).
+const SYSCALLS: &[Hook] = &[Hook::BtfTracepoint {
+    program: p::SYSCALL_EXIT,
+    function: "sys_exit",
+}];
 
 /// The listen(2) syscall's entry point on this architecture (`SYSCALL_DEFINE2(listen)`'s
 /// wrapper, called through the syscall table).
@@ -189,37 +179,10 @@ const KPROBE: &[Hook] = &[
         program: p::REQSK_QUEUE_ADD_KRETPROBE,
         functions: &["inet_csk_reqsk_queue_add"],
     },
-    // accept() and accept4() returning: a raw tracepoint, which unlike the classic ones
-    // does not make the kernel skip SYN kprobes while it runs (see
-    // backlogd-ebpf/src/accept.rs), at the price of a run per syscall.
-    Hook::RawTracepoint {
-        program: p::ACCEPT_SYS_EXIT,
-        tracepoint: "sys_exit",
-    },
-];
-
-/// Tracepoint mode, up to the enqueue hook: accept() and accept4().
-const TRACEPOINT_ACCEPT: &[Hook] = &[
-    Hook::Tracepoint {
-        program: p::ACCEPT_ENTER,
-        at: &[
-            ("syscalls", "sys_enter_accept4"),
-            ("syscalls", "sys_enter_accept"),
-        ],
-    },
-    Hook::Tracepoint {
-        program: p::ACCEPT_EXIT,
-        at: &[
-            ("syscalls", "sys_exit_accept4"),
-            ("syscalls", "sys_exit_accept"),
-        ],
-    },
 ];
 
 /// Tracepoint mode's SYN path. The skb-release hooks first: an ingress stash is only
-/// useful once they run. BTF tracepoints have per-program recursion protection (classic
-/// tracepoints skip a BPF program whenever any other tracing program is running on the
-/// CPU).
+/// useful once they run.
 const TRACEPOINT_SYN: &[Hook] = &[
     Hook::BtfTracepoint {
         program: p::SYN_CONSUMED,
@@ -240,12 +203,11 @@ pub fn for_mode(mode: HookMode) -> Vec<Hook> {
     match mode {
         HookMode::Fentry => hooks.extend_from_slice(FENTRY),
         HookMode::Kprobe => {
-            hooks.extend_from_slice(LISTEN_TRACEPOINTS);
+            hooks.extend_from_slice(SYSCALLS);
             hooks.extend_from_slice(KPROBE);
         }
         HookMode::Tracepoint => {
-            hooks.extend_from_slice(LISTEN_TRACEPOINTS);
-            hooks.extend_from_slice(TRACEPOINT_ACCEPT);
+            hooks.extend_from_slice(SYSCALLS);
             hooks.extend_from_slice(TRACEPOINT_SYN);
         }
     }

@@ -12,7 +12,6 @@ pub mod modes;
 pub mod pins;
 pub mod privileges;
 pub mod syscall;
-pub mod tracefs;
 
 use std::path::{Path, PathBuf};
 
@@ -22,7 +21,7 @@ use aya::{
     programs::ProgramFd,
 };
 use backlogd_common::{
-    KernelOffsets, ListenerStats,
+    ListenerStats,
     names::map::{self, DAEMON},
 };
 
@@ -33,7 +32,6 @@ use self::{
     cgroup::CgroupAttachment,
     modes::{HookMode, HookModeArg, KernelSupport},
     pins::{Found, PinDir},
-    tracefs::{Format, TracefsError},
 };
 use crate::kernel_maps::KernelMaps;
 
@@ -92,7 +90,7 @@ pub fn load(opts: &LoadOptions) -> Result<Probes, LoadError> {
     warn_if_realtime();
     // Each parse of the kernel's BTF takes tens of MiB: never hold two at once. The
     // btf-rs parse is only needed for the offsets and the kernel's features.
-    let (facts, mut offsets) = {
+    let (facts, offsets) = {
         let btf = KernelBtf::open(&opts.btf)?;
         (modes::BtfFacts::of(&btf), btf.kernel_offsets()?)
     };
@@ -125,7 +123,6 @@ pub fn load(opts: &LoadOptions) -> Result<Probes, LoadError> {
         }
     }
     let mode = modes::choose(opts.hook_mode, kernel)?;
-    tracepoint_offsets(&mut offsets)?;
     tracing::debug!(?offsets, "kernel layout resolved");
     // EbpfLoader::new() parses /sys/kernel/btf/vmlinux itself: drop that parse at once and
     // let the loader use ours (which honours --btf) instead.
@@ -154,7 +151,7 @@ pub fn load(opts: &LoadOptions) -> Result<Probes, LoadError> {
                 tracing::warn!(
                     pin_dir = %opts.pin_dir.as_deref().unwrap_or(Path::new("")).display(),
                     "pin_dir is set, but this kernel cannot pin {} mode's links (pinning \
-                     kprobe and tracepoint links needs Linux 5.15+): running unpinned, so \
+                     kprobe links needs Linux 5.15+): running unpinned, so \
                      counters restart from zero when the daemon restarts and drops during \
                      a restart are not counted",
                     mode.name()
@@ -312,26 +309,6 @@ fn load_mode(
         listener_events,
         _cgroup_ingress: cgroup_ingress,
     })
-}
-
-fn tracepoint_offsets(o: &mut KernelOffsets) -> Result<(), TracefsError> {
-    let tracing = tracefs::tracing_dir()?;
-    let enter = Format::read(&tracing, "syscalls", "sys_enter_listen")?;
-    o.tp_listen_fd = enter.offset("fd")?;
-    o.tp_listen_backlog = enter.offset("backlog")?;
-    o.tp_exit_ret = Format::read(&tracing, "syscalls", "sys_exit_listen")?.offset("ret")?;
-    o.tp_accept_fd = Format::read(&tracing, "syscalls", "sys_enter_accept4")?.offset("fd")?;
-    let accept_fd = Format::read(&tracing, "syscalls", "sys_enter_accept")?.offset("fd")?;
-    // One program serves both syscalls; its single offset must fit both records.
-    if accept_fd != o.tp_accept_fd {
-        return Err(TracefsError::NoField {
-            category: "syscalls".into(),
-            name: "sys_enter_accept".into(),
-            field: format!("fd at offset {} (as in sys_enter_accept4)", o.tp_accept_fd),
-            path: "events/syscalls/sys_enter_accept/format".into(),
-        });
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -64,8 +64,8 @@ pub struct KernelSupport {
     /// A BPF_PROG_TYPE_TRACING program loads (BPF trampolines work, Linux 5.5).
     #[serde(default)]
     pub trampolines: bool,
-    /// Links of kprobes and classic tracepoints can be pinned (BPF_LINK_TYPE_PERF_EVENT,
-    /// Linux 5.15): kprobe and tracepoint modes keep counting across a restart.
+    /// Links of kprobes can be pinned (BPF_LINK_TYPE_PERF_EVENT, Linux 5.15): kprobe mode
+    /// keeps counting across a restart.
     #[serde(default)]
     pub perf_link_pinning: bool,
 }
@@ -121,10 +121,10 @@ impl KernelSupport {
     /// Whether `mode`'s kernel state can be pinned (survive a daemon restart) here.
     pub fn can_pin(self, mode: HookMode) -> bool {
         match mode {
-            // Tracing and cgroup links are pinnable since 5.7/5.8, before any kernel
-            // that runs fentry mode (5.17).
-            HookMode::Fentry => true,
-            HookMode::Kprobe | HookMode::Tracepoint => self.perf_link_pinning,
+            // Tracing, raw tracepoint and cgroup links are pinnable since 5.7/5.8, before
+            // any kernel backlogd runs on; tracepoint mode has no other kind.
+            HookMode::Fentry | HookMode::Tracepoint => true,
+            HookMode::Kprobe => self.perf_link_pinning,
         }
     }
 
@@ -289,7 +289,7 @@ mod tests {
             e.contains("bpf_get_func_ret") && e.contains("5.17") && e.contains("(kprobe here)"),
             "{e}"
         );
-        assert!(!k.can_pin(HookMode::Kprobe) && !k.can_pin(HookMode::Tracepoint));
+        assert!(!k.can_pin(HookMode::Kprobe) && k.can_pin(HookMode::Tracepoint));
         let new = KernelSupport::from_facts(true, true, true, true);
         assert!(new.fentry && new.can_pin(HookMode::Kprobe));
     }
