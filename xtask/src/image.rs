@@ -27,7 +27,7 @@
 //! ```
 //!
 //! - `--privileged`: loading and attaching eBPF programs needs CAP_BPF, CAP_PERFMON and
-//!   CAP_SYS_ADMIN (also for mounting tracefs and entering other network namespaces),
+//!   CAP_SYS_ADMIN (also for entering other network namespaces),
 //!   reading other processes' sockets and configs CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH;
 //!   without it the daemon exits naming the capabilities. It also gives the container a
 //!   sysfs with /sys/kernel/btf/vmlinux in it, so BTF needs no mount of its own.
