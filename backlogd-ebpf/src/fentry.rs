@@ -26,7 +26,7 @@ use backlogd_common::segment_kind::{ACK, OTHER, SYN};
 
 use crate::{
     accept,
-    kernel::{KPtr, Result, errno, launder, offset},
+    kernel::{KPtr, Result, errno, launder},
     listen, syn,
 };
 
@@ -156,10 +156,5 @@ pub fn listen_syscall_exit(ctx: FExitContext) -> i32 {
 }
 
 fn try_listen_syscall_exit(ctx: &FExitContext) -> Result<()> {
-    let ret: i64 = ctx.ret()?;
-    let regs = arg_ptr(ctx.arg(0))?;
-    let fd: u64 = regs.read(offset(|o| &o.regs_arg0))?;
-    let backlog: u64 = regs.read(offset(|o| &o.regs_arg1))?;
-    // The syscall takes an int: the low 32 bits, as the tracepoints' record has it.
-    listen::listened(fd, backlog as i32, ret)
+    listen::returned(arg_ptr(ctx.arg(0))?, ctx.ret()?)
 }

@@ -48,10 +48,20 @@ static LISTENER_EVENTS_LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(1,
 static LISTENS_SEEN: LruHashMap<u64, ListenerEvent> =
     LruHashMap::with_max_entries(LISTENER_STATS_ENTRIES, 0);
 
+/// listen(2) returned `ret` in the current thread; `regs` are the caller's saved user
+/// registers, which still hold the arguments.
+#[inline(always)]
+pub(crate) fn returned(regs: KPtr, ret: i64) -> Result<()> {
+    let fd: u64 = regs.read(offset(|o| &o.regs_arg0))?;
+    let backlog: u64 = regs.read(offset(|o| &o.regs_arg1))?;
+    // The syscall takes an int: its low 32 bits.
+    listened(fd, backlog as i32, ret)
+}
+
 /// listen(`fd`, `requested`) returned `ret` in the current thread: a TCP listener's
 /// LISTEN event, with what it asked for and what it got.
 #[inline(always)]
-pub(crate) fn listened(fd: u64, requested: i32, ret: i64) -> Result<()> {
+fn listened(fd: u64, requested: i32, ret: i64) -> Result<()> {
     if ret != 0 {
         return Ok(());
     }

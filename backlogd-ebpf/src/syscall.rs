@@ -60,8 +60,5 @@ fn accept_returned(regs: KPtr, ret: i64) -> Result<()> {
 
 #[inline(never)]
 fn listen_returned(regs: KPtr, ret: i64) -> Result<()> {
-    let fd: u64 = regs.read(offset(|o| &o.regs_arg0))?;
-    let backlog: u64 = regs.read(offset(|o| &o.regs_arg1))?;
-    // The syscall takes an int: its low 32 bits.
-    listen::listened(fd, backlog as i32, ret)
+    listen::returned(regs, ret)
 }
