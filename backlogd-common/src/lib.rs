@@ -246,7 +246,8 @@ pub struct KernelOffsets {
     /// segment is at `head + transport_header`.
     pub skb_head: u32,
     pub skb_transport_header: u32,
-    /// `struct pt_regs` at the raw `sys_exit` tracepoint: the syscall number (low 32 bits
+    /// `struct pt_regs` at the `sys_exit` tracepoint (tp_btf) and in the listen(2) syscall
+    /// wrapper (fentry): the syscall number (low 32 bits
     /// of x86-64 `orig_ax`, arm64 `syscallno`) and the first argument (x86-64 `di`,
     /// arm64 `orig_x0`: `x0` already holds the return value).
     pub regs_syscall_nr: u32,

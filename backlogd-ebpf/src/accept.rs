@@ -6,8 +6,8 @@
 //! Tracepoint mode learns of the enqueue from the child's state changes inside the
 //! listener's segment window (`syn::child_cloned`, `syn::handshake_completed`), fentry and
 //! kprobe modes from `tcp_check_req`'s return (`syn::call_exit`). The accept hooks: in
-//! tracepoint and kprobe modes accept()/accept4() returning, at the raw `sys_exit`
-//! tracepoint (`syscall.rs`), which finds the child behind the returned fd (io_uring
+//! tracepoint and kprobe modes accept()/accept4() returning, at the `sys_exit`
+//! tracepoint (tp_btf, `syscall.rs`), which finds the child behind the returned fd (io_uring
 //! accepts do not pass these syscalls and are not counted as accepted in those modes); in
 //! fentry mode [`accepted`] from `inet_csk_accept`'s return, which also sees io_uring
 //! accepts and runs nothing per other syscall.

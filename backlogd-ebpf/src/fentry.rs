@@ -15,8 +15,9 @@
 //!   connection queued for accept.
 //! - `inet_csk_accept` return: a connection accepted, and how long it waited.
 //! - the listen(2) syscall's return (`__x64_sys_listen`): the backlog asked for and the one
-//!   granted. An fexit there, not the syscall tracepoints the other modes use: any syscall
-//!   tracepoint sends every syscall of every task through the kernel's slow path.
+//!   granted. An fexit there, not the `sys_exit` tracepoint the other modes use: any
+//!   syscall tracepoint sends every syscall of every task through the kernel's slow path
+//!   (and that one runs a program per syscall).
 
 use aya_ebpf::{
     macros::{fentry, fexit},
@@ -30,8 +31,9 @@ use crate::{
     listen, syn,
 };
 
-/// Argument `n` of the traced function as a plain address. The verifier tracks typed
-/// arguments as BTF pointers, which may not be offset by load-time values.
+/// Argument `n` of the traced function as a plain address (a scalar), for the accounting
+/// code shared with kprobe mode, whose arguments are untyped: it reads through
+/// `bpf_probe_read_kernel` and keys maps by address.
 #[inline(always)]
 fn arg_ptr(arg: *const u8) -> Result<KPtr> {
     let p = KPtr(launder(arg)?);

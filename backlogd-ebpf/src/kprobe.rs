@@ -2,20 +2,22 @@
 //! BPF trampolines. A kretprobe sees no arguments, so what the return needs is parked per
 //! CPU at entry (these functions run in softirq and do not sleep).
 //!
-//! Accepts are counted at the raw `sys_exit` tracepoint, as in tracepoint mode, not by a
+//! Accepts are counted at the `sys_exit` tracepoint (tp_btf, `syscall.rs`), as in tracepoint
+//! mode, not by a
 //! kretprobe on `inet_csk_accept`: that function sleeps, and a kretprobe tracks at most
 //! max(10, 2 x CPUs) sleeping calls, so a server with many threads blocked in accept()
 //! would lose counts.
 //!
 //! kprobe programs share the kernel's per-CPU recursion guard (`bpf_prog_active`) with
-//! classic tracepoint programs: one that fires while another such program runs on the CPU
-//! is skipped (a SYN delivered on the exit of an interrupt that arrived while an accept()
-//! probe ran), and only Linux 6.7+ counts the skip. So nothing else backlogd attaches is a
-//! kprobe or a classic tracepoint except the rare listen(2) ones: the accept, state-change
-//! and SYN-ACK programs are raw tracepoints, whose guard is per program. (With the accept
-//! hooks on `syscalls:sys_*_accept*`, a test with three threads polling accept() lost 3-4
-//! of ~80 drops in 2 of 5 runs on Debian 6.1; none in 12 runs since.) Other tools'
-//! kprobes can still cause skips.
+//! classic tracepoint programs and with every bpf() map syscall (which holds it with only
+//! migration disabled, so a task preempted there keeps it held): a kprobe that fires
+//! meanwhile on that CPU is skipped, and only Linux 6.7+ counts the skip. So nothing else
+//! backlogd attaches is a kprobe or a classic tracepoint: accept() and listen() returning
+//! (tp_btf `sys_exit`), state changes and SYN-ACK retransmits (raw tracepoints) have
+//! per-program guards. (With the accept hooks on `syscalls:sys_*_accept*`, a test with
+//! three threads polling accept() lost 3-4 of ~80 drops in 2 of 5 runs on Debian 6.1.)
+//! Other tools' kprobes and map syscalls, and the daemon's own map reads, can still cause
+//! skips.
 
 use aya_ebpf::{
     macros::{kprobe, kretprobe, map},

@@ -3,7 +3,7 @@
 //! `listen(2)` clamps the backlog to `net.core.somaxconn` of the socket's netns before the
 //! protocol code stores it in `sk_max_ack_backlog`, so only the syscall's arguments show
 //! what the application asked for, and only its return what it got: [`listened`] runs at
-//! the syscall's return, from the raw `sys_exit` tracepoint in tracepoint and kprobe modes
+//! the syscall's return, from the `sys_exit` tracepoint (tp_btf) in tracepoint and kprobe modes
 //! (`syscall.rs`) and an fexit on the syscall itself in fentry mode
 //! (`fentry::listen_syscall_exit`), both reading the arguments from the saved user
 //! registers. A repeated `listen()` on a listener emits a new LISTEN event with the new

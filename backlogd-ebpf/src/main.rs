@@ -8,8 +8,8 @@
 //!   their updates; [`syn`] and [`accept`] write through it.
 //! - [`listen`]: listener lifecycle: `listen(2)` (requested vs granted backlog, owner,
 //!   netns, address) and listeners leaving the LISTEN state.
-//! - [`syscall`]: accept() and listen() returning, for kernels without trampolines: one
-//!   raw `sys_exit` program that hands them to [`accept`] and [`listen`].
+//! - [`syscall`]: accept() and listen() returning in kprobe and tracepoint modes: one tp_btf
+//!   `sys_exit` program that hands them to [`accept`] and [`listen`].
 //!
 //! Kernel struct layouts are never compiled in: [`kernel`] reads them from
 //! the `OFFSETS` global that the daemon fills from the running kernel's BTF at load time.

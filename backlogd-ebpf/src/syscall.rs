@@ -1,5 +1,5 @@
-//! accept(), accept4() and listen() returning, in kprobe and tracepoint modes: one program
-//! at the raw `sys_exit` tracepoint, whose saved user registers still hold the syscall's
+//! accept(), accept4() and listen() returning, in kprobe and tracepoint modes: one tp_btf
+//! program at the `sys_exit` tracepoint, whose saved user registers still hold the syscall's
 //! number and arguments. (fentry mode hooks `inet_csk_accept` and the listen syscall
 //! itself instead, see `fentry.rs`, and runs nothing per other syscall.)
 //!

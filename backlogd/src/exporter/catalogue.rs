@@ -214,8 +214,8 @@ catalogue! {
         "Kernel map entries of listeners that were gone, removed by the rescans.";
     ProbeMissedRuns: "backlogd_probe_missed_runs_total", Counter, None,
         "Runs of backlogd's eBPF programs the kernel skipped to avoid recursion (another \
-         BPF program or a BPF map syscall was running on the CPU; kprobe and tracepoint \
-         programs are counted since Linux 6.7). Non-zero: counts of that interval may be \
+         BPF program or a BPF map syscall was running on the CPU; the kernel counts \
+         kprobes' skips since Linux 6.7, raw and BTF tracepoints' since 6.2). Non-zero: counts of that interval may be \
          short.";
     HookMode: "backlogd_hook_mode", Gauge, Mode,
         "1 for the hook mode the SYN path runs in (fentry, kprobe or tracepoint).";

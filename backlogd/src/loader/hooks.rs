@@ -19,7 +19,7 @@
 //! kernel's per-CPU guard `bpf_prog_active` is held on its CPU, by another such program or
 //! by any task inside a bpf() map syscall (backlogd's own reads too) that was preempted
 //! there (see backlogd-ebpf/src/syscall.rs). Raw tracepoint, tp_btf, fentry and cgroup
-//! programs have guards of their own. kprobes remain only where kprobe mode has nothing
+//! programs are not subject to it. kprobes remain only where kprobe mode has nothing
 //! else, and their skips are counted (Linux 6.7+) and exported.
 
 use backlogd_common::names::program as p;

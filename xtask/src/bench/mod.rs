@@ -4,8 +4,8 @@
 //! report records both).
 //!
 //! Sections, in order: per-event cost of every eBPF program in each hook mode (kernel
-//! bpf_stats); what every syscall on the host pays (the raw `sys_exit` accept hook and the
-//! listen(2) syscall tracepoints); handshake capacity with and without the daemon (an
+//! bpf_stats); what every syscall on the host pays (the tp_btf `sys_exit` program of kprobe
+//! and tracepoint modes); handshake capacity with and without the daemon (an
 //! in-process loop, then nginx + wrk); traffic that never meets a listen queue (UDP and TCP
 //! bulk over loopback); the daemon's CPU and memory under SYN load; how long a drop takes
 //! to show; scrape cost at scale (listeners and established connections), with `ss`/`nstat`

@@ -1,5 +1,5 @@
-//! What every syscall on the host pays: the raw `sys_exit` accept hook and the listen(2)
-//! syscall tracepoints.
+//! What every syscall on the host pays: the tp_btf `sys_exit` program of kprobe and
+//! tracepoint modes.
 
 use super::*;
 
@@ -17,9 +17,9 @@ pub(super) fn ns_per_syscall(n: usize) -> f64 {
         .fold(f64::INFINITY, f64::min)
 }
 
-/// Every syscall on the host pays for the syscall tracepoints backlogd enables: the
-/// listen(2) ones (a bitmap test per syscall) and, in tracepoint and kprobe modes, the raw
-/// `sys_exit` program that sees accept() return (a run per syscall).
+/// In tracepoint and kprobe modes every syscall on the host pays for the tp_btf `sys_exit`
+/// program that sees accept() and listen() return (the slow syscall path plus a run per
+/// syscall); fentry mode enables no syscall tracepoint.
 pub(super) fn syscall_overhead(p: &Params, r: &mut Report) -> Result<()> {
     r.line(format!(
         "`getppid()` in a tight loop on one thread, best of 3 runs of {} calls, without \

@@ -25,7 +25,7 @@ pub(super) struct Caps {
     /// fentry mode: trampolines and `bpf_get_func_ret` (5.17).
     pub(super) fentry: bool,
     pub(super) kprobe: bool,
-    /// Pinnable kprobe and tracepoint links (BPF_LINK_TYPE_PERF_EVENT, 5.15).
+    /// Pinnable kprobe links (BPF_LINK_TYPE_PERF_EVENT, 5.15): only kprobe mode needs them.
     pub(super) perf_link_pinning: bool,
 }
 
