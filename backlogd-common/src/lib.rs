@@ -259,6 +259,13 @@ pub struct KernelOffsets {
     pub nr_accept: u32,
     pub nr_accept4: u32,
     pub nr_listen: u32,
+    /// Where a syscall shows it is a 32-bit (compat) one, whose number is from another
+    /// table: the u32 at `compat_flags` of the current task (`compat_in_regs` 0: x86-64's
+    /// `thread_info.status`, bit `TS_COMPAT`) or of the saved user registers (1: arm64's
+    /// `pstate`, bit `PSR_MODE32_BIT`), tested against `compat_mask`.
+    pub compat_flags: u32,
+    pub compat_in_regs: u32,
+    pub compat_mask: u32,
 }
 
 #[cfg(feature = "user")]

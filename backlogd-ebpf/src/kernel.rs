@@ -39,6 +39,9 @@ static OFFSETS: KernelOffsets = KernelOffsets {
     nr_accept: 0,
     nr_accept4: 0,
     nr_listen: 0,
+    compat_flags: 0,
+    compat_in_regs: 0,
+    compat_mask: 0,
 };
 
 /// Errors are the helpers' negative errno values; programs only ever drop them.

@@ -21,7 +21,7 @@ use aya_ebpf::{macros::btf_tracepoint, programs::BtfTracePointContext};
 
 use crate::{
     accept,
-    kernel::{BtfPtr, KPtr, Result, number, offset},
+    kernel::{BtfPtr, KPtr, Result, current_task, number, offset},
     listen,
 };
 
@@ -55,10 +55,30 @@ fn try_syscall_exit(regs: BtfPtr, ret: i64) -> Result<()> {
 
 #[inline(never)]
 fn accept_returned(regs: KPtr, ret: i64) -> Result<()> {
+    if compat(regs)? {
+        return Ok(());
+    }
     accept::accept_returned(regs.read(offset(|o| &o.regs_arg0))?, ret as u64)
 }
 
 #[inline(never)]
 fn listen_returned(regs: KPtr, ret: i64) -> Result<()> {
+    if compat(regs)? {
+        return Ok(());
+    }
     listen::returned(regs, ret)
+}
+
+/// Whether the syscall returning is a 32-bit (compat) one: its number is from another
+/// table (ia32's 50 is getegid, x86-64's listen), its arguments in other registers. Not
+/// counted, as the classic syscall tracepoints never reported them either.
+#[inline(always)]
+fn compat(regs: KPtr) -> Result<bool> {
+    let base = if number(|o| &o.compat_in_regs) != 0 {
+        regs
+    } else {
+        current_task()
+    };
+    let flags: u32 = base.read(offset(|o| &o.compat_flags))?;
+    Ok(flags & number(|o| &o.compat_mask) != 0)
 }

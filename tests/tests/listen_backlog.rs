@@ -177,3 +177,51 @@ fn listener_that_predates_the_daemon_is_found_by_the_startup_scan() {
             .then_some(())
     });
 }
+
+/// A 32-bit (compat) syscall is no native one, whatever its number: ia32's getegid is
+/// number 50, x86-64's listen. Made through `int 0x80` from this 64-bit process (the
+/// kernel runs it as an ia32 syscall) with `rdi` holding a listener's fd and `rsi` a
+/// backlog, it returns 0 as root, and a program matching the number alone would take it
+/// for listen(fd, 4242) on that listener.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn a_compat_syscall_with_the_number_of_listen_is_not_a_listen() {
+    use std::os::fd::AsRawFd as _;
+    const IA32_GETEGID: i64 = 50;
+    assert_eq!(
+        IA32_GETEGID,
+        libc::SYS_listen,
+        "the numbers this test relies on"
+    );
+    let daemon = Daemon::start();
+    let ns = Netns::new();
+    ns.sysctl("net.core.somaxconn", "128");
+    let listener = Listener::open(&ns, "127.0.0.1:0", 511);
+    daemon.wait_for("the listener", |s| series(s, GRANTED, &listener));
+
+    let fd = listener.socket.as_raw_fd() as u64;
+    let ret: i64;
+    // SAFETY: ia32 getegid takes no arguments and changes nothing; rdi and rsi are only
+    // there to be misread. int 0x80 clobbers nothing but rax (r8-r11 are zeroed by the
+    // kernel's ia32 entry on some versions: declared clobbered).
+    unsafe {
+        std::arch::asm!(
+            "int 0x80",
+            inlateout("rax") IA32_GETEGID => ret,
+            in("rdi") fd,
+            in("rsi") 4242u64,
+            lateout("r8") _, lateout("r9") _, lateout("r10") _, lateout("r11") _,
+        );
+    }
+    if ret != 0 {
+        backlogd_tests::report(&format!(
+            "\n!!!!!!!! SKIPPED a_compat_syscall_with_the_number_of_listen_is_not_a_listen: \
+             int 0x80 getegid returned {ret} (not 0: no IA32 emulation, or not root)\n\n"
+        ));
+        return;
+    }
+    // A LISTEN event of a later listen() is read after any the syscall above caused.
+    let marker = Listener::open(&ns, "127.0.0.1:0", 7);
+    daemon.wait_for("a later listen()", |s| series(s, REQUESTED, &marker));
+    check_backlog(&daemon, &ns, &listener, &daemon.scrape(), Some(511));
+}

@@ -91,6 +91,14 @@ const SYSCALL_REGS: (&str, usize, &str) = ("syscallno", 4, "orig_x0");
 const SYSCALL_ARG1: (&str, u32) = ("si", 0);
 #[cfg(target_arch = "aarch64")]
 const SYSCALL_ARG1: (&str, u32) = ("regs", 8);
+/// Where a 32-bit (compat) syscall is flagged: (struct, member path, in the saved user
+/// registers rather than the task, mask). x86-64: `TS_COMPAT` in `thread_info.status`
+/// (set at ia32 syscall entry, cleared only on the way back to user mode, after the
+/// `sys_exit` tracepoint); arm64: `PSR_MODE32_BIT` in the user's `pstate`.
+#[cfg(target_arch = "x86_64")]
+const COMPAT_FLAG: (&str, &str, bool, u32) = ("task_struct", "thread_info.status", false, 0x2);
+#[cfg(target_arch = "aarch64")]
+const COMPAT_FLAG: (&str, &str, bool, u32) = ("pt_regs", "pstate", true, 0x10);
 
 /// A file's bytes in an anonymous memory file (memfd), which can be mapped where the
 /// original (a sysfs attribute) cannot.
@@ -197,6 +205,9 @@ impl KernelBtf {
             nr_accept: libc::SYS_accept as u32,
             nr_accept4: libc::SYS_accept4 as u32,
             nr_listen: libc::SYS_listen as u32,
+            compat_flags: self.offset_of(COMPAT_FLAG.0, COMPAT_FLAG.1, None)?,
+            compat_in_regs: u32::from(COMPAT_FLAG.2),
+            compat_mask: COMPAT_FLAG.3,
         })
     }
 
