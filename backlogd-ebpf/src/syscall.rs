@@ -11,9 +11,8 @@
 //! on a preemptible kernel a task preempted inside a map lookup leaves the guard held, and
 //! an accept() returning on that CPU meanwhile goes uncounted (the likely cause of a CI
 //! run on Debian's 7.3 kernel, tracepoint mode, counting 221 of 222 accepts). The kernel
-//! counts such skips only from 6.7 on. A
-//! raw (here BTF-typed) tracepoint program has a guard of its own, taken by nothing else.
-//! The price is a run at the exit of every syscall on the host (BENCHMARKS.md has the
+//! counts such skips only from 6.7 on. A raw (here BTF-typed) tracepoint program has a
+//! guard of its own, taken by nothing else. The price is a run at the exit of every syscall on the host (BENCHMARKS.md has the
 //! figure), kept small: the tracepoint's arguments are BTF-typed, so the syscall number
 //! is one direct load, no helper call, and every other syscall leaves there.
 

@@ -154,8 +154,8 @@ impl Exact {
             .map_or_else(|e| format!("unknown ({e})"), |n| n.to_string());
         let _ = writeln!(
             out,
-            "runs of backlogd's programs the kernel skipped since the daemon started \
-             (recursion_misses, counted by Linux 6.7+): {missed}"
+            "runs of backlogd's programs the kernel skipped since they were loaded \
+             (recursion_misses, counted by Linux 6.7+; read now): {missed}"
         );
         out
     }
