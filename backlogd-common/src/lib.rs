@@ -53,6 +53,18 @@ pub struct ListenerStats {
     /// Accept-queue waits: `accept_wait[i]` counts waits below `2^i` microseconds
     /// (i < ACCEPT_WAIT_BUCKETS); the last slot counts longer ones.
     pub accept_wait: [u64; ACCEPT_WAIT_BUCKETS + 1],
+    /// Connections queued for accept after at least one listen drop of their attempt
+    /// (same client 4-tuple and initial sequence number), by the cause of the attempt's
+    /// first drop ([`cause`]).
+    pub delayed: [u64; cause::COUNT],
+    /// Sum of those connections' delays (first dropped segment seen -> queued), ns.
+    pub delay_sum_ns: u64,
+    /// Their delays: `delay[i]` counts delays below `2^DELAY_BUCKET_LOG2[i]` µs; the last
+    /// slot counts longer ones.
+    pub delay: [u64; DELAY_BUCKETS + 1],
+    /// Attempts with a drop that a new attempt on the same 4-tuple replaced before they
+    /// completed (the daemon counts the others, at the horizon).
+    pub abandoned: u64,
 }
 
 impl ListenerStats {
@@ -82,7 +94,91 @@ impl ListenerStats {
         for (a, b) in self.accept_wait.iter_mut().zip(o.accept_wait.iter()) {
             *a += b;
         }
+        for (a, b) in self.delayed.iter_mut().zip(o.delayed.iter()) {
+            *a += b;
+        }
+        self.delay_sum_ns += o.delay_sum_ns;
+        for (a, b) in self.delay.iter_mut().zip(o.delay.iter()) {
+            *a += b;
+        }
+        self.abandoned += o.abandoned;
     }
+}
+
+/// Why a connection attempt was delayed: the kind of the first segment of it a listener
+/// dropped. Index of [`ListenerStats::delayed`].
+pub mod cause {
+    /// A SYN was dropped; the client retransmits it after 1 s, then 2, 4, ... s more.
+    pub const SYN_DROP: u32 = 0;
+    /// The final ACK of the handshake was dropped (accept queue full); the server
+    /// retransmits its SYN-ACK, the client its ACK or first data.
+    pub const FINAL_ACK_OVERFLOW: u32 = 1;
+    pub const COUNT: usize = 2;
+}
+
+/// Finite buckets of the connection-delay histogram.
+pub const DELAY_BUCKETS: usize = 8;
+
+/// Bounds of the connection-delay buckets as powers of two of microseconds: 0.52 s, then
+/// 2.1, 4.2, 8.4, 16.8, 33.6, 67.1 and 134.2 s. A client retransmits a dropped SYN 1, 3,
+/// 7, 15, 31 and 63 s after the first (Linux; doubling from 1 s), so each retry lands in
+/// a bucket of its own, more than a second from either bound. (2^20 µs = 1.05 s is left
+/// out: the first retry plus a round trip falls on either side of it.)
+pub const DELAY_BUCKET_LOG2: [u32; DELAY_BUCKETS] = [19, 21, 22, 23, 24, 25, 26, 27];
+
+/// Capacity of the ATTEMPTS map by default (the daemon's `client_impact_attempts` sets
+/// it at load time).
+pub const ATTEMPTS_ENTRIES: u32 = 16384;
+
+/// One connection attempt a listener dropped a segment of, by client and server address:
+/// the key of the ATTEMPTS map. Built from the segment's IP header (a dual-stack listener
+/// receives IPv4 segments, so the socket's family does not say which).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct AttemptKey {
+    /// `struct net *` of the listener: the same addresses in two namespaces are two
+    /// attempts.
+    pub net: u64,
+    /// Client (source) address, network byte order; IPv4 in the first four bytes.
+    pub client: [u8; 16],
+    /// Server (destination) address, likewise.
+    pub server: [u8; 16],
+    /// Ports, network byte order as in the TCP header.
+    pub client_port: [u8; 2],
+    pub server_port: [u8; 2],
+    /// IP version of the segment: 4 or 6.
+    pub version: u8,
+    pub _pad: [u8; 3],
+}
+
+/// What is known of an attempt with a dropped segment, until it completes (the programs
+/// remove it and count it delayed) or its horizon passes (the daemon removes it and
+/// counts it abandoned).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Attempt {
+    /// `bpf_ktime_get_ns()` (CLOCK_MONOTONIC) of the first dropped segment.
+    pub first_ns: u64,
+    /// Socket inode of the listener that first dropped it.
+    pub listener_ino: u64,
+    /// The client's initial sequence number: a SYN's sequence number, or a final ACK's
+    /// minus one.
+    pub isn: u32,
+    /// [`cause`] of the first drop.
+    pub cause: u32,
+    /// Segments of the attempt dropped so far.
+    pub drops: u32,
+    pub _pad: u32,
+}
+
+/// Settings of the client-impact accounting, injected as the read-only global
+/// `CLIENT_IMPACT` at load time.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ImpactSettings {
+    /// How long after its first drop an attempt may still complete, ns: a later completion
+    /// is not matched (the daemon counts the attempt abandoned at the horizon).
+    pub horizon_ns: u64,
 }
 
 /// Finite buckets of the accept-wait histogram: 1 µs, 2 µs, ... 2^23 µs (8.4 s).
@@ -266,6 +362,11 @@ pub struct KernelOffsets {
     pub compat_flags: u32,
     pub compat_in_regs: u32,
     pub compat_mask: u32,
+    /// `offsetof(struct sk_buff, network_header)`: the IP header is at `head +
+    /// network_header`.
+    pub skb_network_header: u32,
+    /// `offsetof(struct tcp_sock, rcv_nxt)`: a new child's is its client's ISN + 1.
+    pub tcp_rcv_nxt: u32,
 }
 
 #[cfg(feature = "user")]
@@ -280,4 +381,10 @@ mod user {
     unsafe impl aya::Pod for super::SynStash {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::QueueState {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::AttemptKey {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::Attempt {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::ImpactSettings {}
 }

@@ -21,9 +21,13 @@ pub mod map {
     pub const QUEUE_EPOCH: &str = "QUEUE_EPOCH";
     /// The LISTEN event of every live listener, by socket inode.
     pub const LISTENS_SEEN: &str = "LISTENS_SEEN";
+    /// Connection attempts with a dropped segment, not yet completed or abandoned.
+    pub const ATTEMPTS: &str = "ATTEMPTS";
+    /// Per-CPU count of dropped segments whose attempt ATTEMPTS had no room for.
+    pub const ATTEMPTS_UNTRACKED: &str = "ATTEMPTS_UNTRACKED";
 
     /// Every map the daemon uses, in the order it pins them.
-    pub const DAEMON: [&str; 7] = [
+    pub const DAEMON: [&str; 9] = [
         LISTENER_EVENTS,
         LISTENER_EVENTS_LOST,
         LISTENER_STATS,
@@ -31,10 +35,14 @@ pub mod map {
         LISTENER_QUEUES,
         QUEUE_EPOCH,
         LISTENS_SEEN,
+        ATTEMPTS,
+        ATTEMPTS_UNTRACKED,
     ];
 
     /// The global the daemon fills with the running kernel's struct offsets.
     pub const OFFSETS: &str = "OFFSETS";
+    /// The global with the client-impact settings (`ImpactSettings`).
+    pub const CLIENT_IMPACT: &str = "CLIENT_IMPACT";
 }
 
 /// Programs, by hook family (`backlogd-ebpf/src/<family>.rs`).

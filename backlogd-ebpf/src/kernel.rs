@@ -42,6 +42,8 @@ static OFFSETS: KernelOffsets = KernelOffsets {
     compat_flags: 0,
     compat_in_regs: 0,
     compat_mask: 0,
+    skb_network_header: 0,
+    tcp_rcv_nxt: 0,
 };
 
 /// Errors are the helpers' negative errno values; programs only ever drop them.

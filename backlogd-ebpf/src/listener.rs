@@ -26,6 +26,11 @@ static LISTENER_STATS_FULL: PerCpuArray<u64> = PerCpuArray::with_max_entries(map
 static LISTENER_QUEUES: PerCpuHashMap<u64, QueueState> =
     PerCpuHashMap::with_max_entries(LISTENER_STATS_ENTRIES, 0);
 
+/// Zeroed counters to create an entry from, never written: a 400-byte `ListenerStats`
+/// on the stack would leave callers too little of the 512 bytes they have.
+#[map]
+static ZERO_STATS: PerCpuArray<ListenerStats> = PerCpuArray::with_max_entries(1, 0);
+
 /// Sampling epoch, advanced by the daemon each time it takes the maxima. A CPU's entry
 /// from an older epoch restarts its maxima, so the daemon never writes the entries (a
 /// read-then-reset from userspace would race with the programs and lose a peak).
@@ -45,10 +50,11 @@ pub(crate) fn update(sk: KPtr, ino: u64, f: impl FnOnce(&mut ListenerStats)) {
             if !is_listener_with_inode(sk, ino) {
                 return;
             }
-            if LISTENER_STATS
-                .insert(ino, ListenerStats::default(), 0)
-                .is_err()
-            {
+            let Some(zero) = ZERO_STATS.get_ptr(0) else {
+                return;
+            };
+            // SAFETY: this CPU's element of ZERO_STATS, which nothing writes.
+            if LISTENER_STATS.insert(ino, unsafe { &*zero }, 0).is_err() {
                 count_map_full(map_full::STATS);
                 return;
             }

@@ -4,6 +4,8 @@
 //! - [`accept`]: the accept queue: queued, accepted, accept wait, queue depths.
 //! - [`fentry`], [`kprobe`]: the SYN-path and accept-queue figures from function hooks,
 //!   for kernels that allow them; [`syn`] and [`accept`] hold the shared accounting.
+//! - [`impact`]: client impact: connection attempts a listener dropped a segment of,
+//!   matched to their completion (delayed, and by how much); [`syn`] calls it.
 //! - [`listener`]: the per-listener maps the daemon reads (counters, queue depths) and
 //!   their updates; [`syn`] and [`accept`] write through it.
 //! - [`listen`]: listener lifecycle: `listen(2)` (requested vs granted backlog, owner,
@@ -18,6 +20,7 @@
 
 mod accept;
 mod fentry;
+mod impact;
 mod kernel;
 mod kprobe;
 mod listen;

@@ -34,6 +34,7 @@ use aya_ebpf::{
 use backlogd_common::{SynStash, TCP_LISTEN, mib, segment_kind};
 
 use crate::{
+    impact,
     kernel::{KPtr, Result, cpu_area_offset, errno, launder, offset, offset_at, socket_inode},
     listener,
 };
@@ -77,7 +78,8 @@ fn try_listener_ingress(ctx: &SkBuffContext) -> Result<()> {
     if previous.skb != 0 {
         // SAFETY: as above.
         unsafe { (*slot).skb = 0 };
-        let _ = settle(&previous);
+        // Its skb may be freed by now: no header reads.
+        let _ = settle(&previous, false);
     }
     // A segment that is neither a SYN nor an ACK (RST, an IPv6 extension header chain)
     // still gets a window, so whatever the kernel drops on its account is counted.
@@ -139,6 +141,8 @@ pub(crate) fn handshake_completed(child: KPtr) -> Result<()> {
         return Ok(());
     }
     stash.child = 0;
+    // The ACK's skb is alive: this runs inside its processing.
+    let _ = impact::completed(KPtr(stash.sk), stash.ino, stash.net, KPtr(stash.skb), child);
     crate::accept::enqueued(KPtr(stash.sk), Some(child))
 }
 
@@ -173,8 +177,8 @@ fn settle_stale(kind: u32) {
     // interleaves).
     let stale = unsafe { core::mem::replace(&mut (*slot).skb, 0) };
     if stale != 0 {
-        // SAFETY: as above.
-        let _ = settle(unsafe { &*slot });
+        // SAFETY: as above. The call returned long ago: its skb may be freed.
+        let _ = settle(unsafe { &*slot }, false);
     }
 }
 
@@ -189,11 +193,20 @@ pub(crate) fn call_exit(kind: u32, ret: u64) -> Result<()> {
     if stash.skb == 0 {
         return Ok(());
     }
+    let taken = *stash;
     stash.skb = 0;
-    if kind == segment_kind::ACK && ret != 0 && ret != stash.sk {
-        let _ = crate::accept::enqueued(KPtr(stash.sk), Some(KPtr(ret)));
+    if kind == segment_kind::ACK && ret != 0 && ret != taken.sk {
+        // The skb is alive until the caller of the hooked function frees it.
+        let _ = impact::completed(
+            KPtr(taken.sk),
+            taken.ino,
+            taken.net,
+            KPtr(taken.skb),
+            KPtr(ret),
+        );
+        let _ = crate::accept::enqueued(KPtr(taken.sk), Some(KPtr(ret)));
     }
-    settle(stash)
+    settle(&taken, true)
 }
 
 /// Function-hook modes: an ICMP error arrived for pending request `req`
@@ -340,12 +353,14 @@ fn released(skb: u64) -> Result<()> {
     // empty slot and leaves this segment to us.
     let taken = *stash;
     stash.skb = 0;
-    settle(&taken)
+    // The release tracepoints fire before the skb is freed.
+    settle(&taken, true)
 }
 
-/// Attributes the counter deltas since `stash` to its listener.
+/// Attributes the counter deltas since `stash` to its listener. `alive`: the stash's skb
+/// is not freed yet, so a dropped segment's attempt can be read from its headers.
 #[inline(always)]
-fn settle(stash: &SynStash) -> Result<()> {
+fn settle(stash: &SynStash, alive: bool) -> Result<()> {
     let mut now = [0u64; mib::COUNT];
     read_mib(KPtr(stash.net), &mut now)?;
     let d = |i: usize| now[i].wrapping_sub(stash.mib[i]);
@@ -363,6 +378,9 @@ fn settle(stash: &SynStash) -> Result<()> {
         let _ = listener::observe_queues(KPtr(stash.sk), stash.ino);
     }
     let kind = stash.kind;
+    if drops != 0 && alive && (kind == segment_kind::SYN || kind == segment_kind::ACK) {
+        let _ = impact::dropped(KPtr(stash.sk), stash.ino, stash.net, KPtr(stash.skb), kind);
+    }
     if kind != segment_kind::SYN && overflows | drops | qfull | cookies == 0 {
         return Ok(());
     }

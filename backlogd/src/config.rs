@@ -76,6 +76,21 @@ pub struct Layer {
     /// [default: 0.001024,1.048576].
     #[arg(long, value_name = "SECONDS,...|all")]
     pub accept_wait_buckets: Option<AcceptWaitBuckets>,
+    /// Seconds a connection attempt a listener dropped a segment of may take to complete.
+    /// One that completes sooner is counted delayed (backlogd_listen_connections_delayed_total,
+    /// with its delay); one that has not completed by then is counted abandoned
+    /// (backlogd_listen_connections_abandoned_total) when the horizon passes. The default
+    /// covers Linux clients' default SYN retries (tcp_syn_retries=6: the last SYN 63 s
+    /// after the first, connect() fails at 127 s); a shorter horizon counts a client that
+    /// is still retrying as abandoned [default: 130].
+    #[arg(long, value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(1..=MAX_HORIZON))]
+    pub client_impact_horizon: Option<u64>,
+    /// Connection attempts with a dropped segment the kernel map can track at once (about
+    /// 150 bytes each). A drop of an attempt beyond it is counted in
+    /// backlogd_client_impact_untracked_total, and that attempt is neither delayed nor
+    /// abandoned in the figures [default: 16384].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=MAX_ATTEMPTS))]
+    pub client_impact_attempts: Option<u64>,
     /// Log filter. On the command line this is the global `--log` flag (or BACKLOGD_LOG).
     #[arg(skip)]
     pub log: Option<String>,
@@ -129,12 +144,18 @@ pub struct Config {
     pub pin_dir: Option<PathBuf>,
     pub max_listeners: u64,
     pub accept_wait_buckets: AcceptWaitBuckets,
+    pub client_impact_horizon: u64,
+    pub client_impact_attempts: u64,
     pub log: String,
     pub http: HttpConfig,
 }
 
 /// Largest `max_listeners`: 2^20 slots are about 300 MiB of kernel memory per CPU.
 pub const MAX_LISTENERS_LIMIT: u64 = 1 << 20;
+/// Longest client-impact horizon: an hour, far beyond any client's connect retries.
+pub const MAX_HORIZON: u64 = 3600;
+/// Largest ATTEMPTS map: 2^20 entries are about 150 MiB of kernel memory.
+pub const MAX_ATTEMPTS: u64 = 1 << 20;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct HttpConfig {
@@ -159,6 +180,8 @@ impl Default for Config {
             pin_dir: None,
             max_listeners: u64::from(backlogd_common::LISTENER_STATS_ENTRIES),
             accept_wait_buckets: AcceptWaitBuckets::default(),
+            client_impact_horizon: 130,
+            client_impact_attempts: u64::from(backlogd_common::ATTEMPTS_ENTRIES),
             log: "info".into(),
             http: HttpConfig {
                 web_config_file: None,
@@ -275,6 +298,8 @@ impl Layer {
             "pin_dir" => self.pin_dir.is_some(),
             "max_listeners" => self.max_listeners.is_some(),
             "accept_wait_buckets" => self.accept_wait_buckets.is_some(),
+            "client_impact_horizon" => self.client_impact_horizon.is_some(),
+            "client_impact_attempts" => self.client_impact_attempts.is_some(),
             "log" => self.log.is_some(),
             "http.web_config_file" => self.http.web_config_file.is_some(),
             "http.max_connections" => self.http.max_connections.is_some(),
@@ -307,6 +332,8 @@ pub fn merge(file: Option<&Layer>, cli: &Layer) -> Config {
         pin_dir: cli.pin_dir.clone().or_else(|| f.pin_dir.clone()),
         max_listeners: pick!(max_listeners, d.max_listeners),
         accept_wait_buckets: pick!(accept_wait_buckets, d.accept_wait_buckets),
+        client_impact_horizon: pick!(client_impact_horizon, d.client_impact_horizon),
+        client_impact_attempts: pick!(client_impact_attempts, d.client_impact_attempts),
         log: pick!(log, d.log),
         http: HttpConfig {
             web_config_file: cli
@@ -337,6 +364,8 @@ fn validate(c: &Config, origin: impl Fn(&str) -> String) -> Result<(), ConfigErr
         ("rescan_interval", c.rescan_interval),
         ("hwm_window", c.hwm_window),
         ("max_listeners", c.max_listeners),
+        ("client_impact_horizon", c.client_impact_horizon),
+        ("client_impact_attempts", c.client_impact_attempts),
         ("http.max_connections", c.http.max_connections),
         ("http.read_header_timeout", c.http.read_header_timeout),
         ("http.idle_timeout", c.http.idle_timeout),
@@ -357,6 +386,26 @@ fn validate(c: &Config, origin: impl Fn(&str) -> String) -> Result<(), ConfigErr
             c.max_listeners.to_string(),
             &format!("must be at most {MAX_LISTENERS_LIMIT}. Fix: set a smaller value"),
         ));
+    }
+    for (key, value, max) in [
+        (
+            "client_impact_horizon",
+            c.client_impact_horizon,
+            MAX_HORIZON,
+        ),
+        (
+            "client_impact_attempts",
+            c.client_impact_attempts,
+            MAX_ATTEMPTS,
+        ),
+    ] {
+        if value > max {
+            return Err(invalid(
+                key,
+                value.to_string(),
+                &format!("must be at most {max}. Fix: set a smaller value"),
+            ));
+        }
     }
     if c.http.max_header_bytes < 8192 {
         return Err(invalid(
@@ -405,6 +454,22 @@ impl Config {
                 new.max_listeners.to_string(),
             ));
         }
+        for (key, old, now) in [
+            (
+                "client_impact_horizon",
+                self.client_impact_horizon,
+                new.client_impact_horizon,
+            ),
+            (
+                "client_impact_attempts",
+                self.client_impact_attempts,
+                new.client_impact_attempts,
+            ),
+        ] {
+            if old != now {
+                out.push((key, old.to_string(), now.to_string()));
+            }
+        }
         if self.pin_dir != new.pin_dir {
             let show = |d: &Option<PathBuf>| {
                 d.as_ref()
@@ -430,6 +495,8 @@ impl Config {
         self.pin_dir = running.pin_dir.clone();
         self.hook_mode = running.hook_mode;
         self.max_listeners = running.max_listeners;
+        self.client_impact_horizon = running.client_impact_horizon;
+        self.client_impact_attempts = running.client_impact_attempts;
     }
 }
 

@@ -64,6 +64,11 @@ pub fn run(config: RunConfig) -> anyhow::Result<()> {
         pin_dir: config.config.pin_dir.clone(),
         // validate() bounds it by MAX_LISTENERS_LIMIT, far below u32::MAX.
         max_listeners: u32::try_from(config.config.max_listeners).unwrap_or(u32::MAX),
+        impact: backlogd_common::ImpactSettings {
+            horizon_ns: config.config.client_impact_horizon * 1_000_000_000,
+        },
+        // validate() bounds it by MAX_ATTEMPTS.
+        attempts: u32::try_from(config.config.client_impact_attempts).unwrap_or(u32::MAX),
     })
     .context("cannot start")?;
     release_freed_memory();
@@ -145,6 +150,7 @@ async fn serve(
         windows.clone(),
         heartbeats.clone(),
         current.max_listeners,
+        current.client_impact_horizon * 1_000_000_000,
     ));
     let metrics = Metrics::new(
         shared.clone(),
@@ -583,12 +589,14 @@ async fn rescan(shared: &Arc<Shared>, maps: &SharedMaps) {
     }
 }
 
-/// Every second, moves the kernel's queue maxima into the high-water-mark windows.
+/// Every second, moves the kernel's queue maxima into the high-water-mark windows and
+/// counts the connection attempts past the client-impact horizon abandoned.
 async fn sample_queues(
     maps: SharedMaps,
     windows: Arc<Mutex<QueueWindows>>,
     heartbeats: Arc<Heartbeats>,
     max_listeners: u64,
+    horizon_ns: u64,
 ) {
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -599,6 +607,14 @@ async fn sample_queues(
             let mut maps = maps.lock().unwrap_or_else(|e| e.into_inner());
             let mut windows = windows.lock().unwrap_or_else(|e| e.into_inner());
             maps.sample_queues(&mut windows, std::time::Instant::now());
+            let swept = maps.sweep_attempts(horizon_ns);
+            if swept.abandoned > 0 {
+                tracing::debug!(
+                    abandoned = swept.abandoned,
+                    tracked = swept.tracked,
+                    "connection attempts past the client-impact horizon"
+                );
+            }
             // Once per run: a full map loses updates continuously while it stays full.
             if !full_reported && maps.stats_full() + maps.queues_full() > 0 {
                 full_reported = true;

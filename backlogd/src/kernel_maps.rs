@@ -3,7 +3,7 @@
 //! per-listener figures.
 
 use std::{
-    collections::HashSet,
+    collections::{HashMap, HashSet},
     os::fd::{AsFd as _, AsRawFd as _},
     sync::{Arc, Mutex},
     time::Instant,
@@ -14,7 +14,9 @@ use aya::{
     maps::{Array, HashMap as BpfHashMap, IterableMap as _, MapData, PerCpuArray, PerCpuHashMap},
     programs::ProgramFd,
 };
-use backlogd_common::{ListenerEvent, ListenerStats, QueueState, map_full, names::map};
+use backlogd_common::{
+    Attempt, AttemptKey, ListenerEvent, ListenerStats, QueueState, map_full, names::map,
+};
 
 use crate::{
     loader::syscall::{self, BatchCursor},
@@ -39,6 +41,26 @@ pub struct KernelMaps {
     pub listens_seen: BpfHashMap<MapData, u64, ListenerEvent>,
     /// backlogd's attached programs, for the runs the kernel skipped.
     pub programs: Vec<ProgramFd>,
+    /// Connection attempts with a dropped segment, not yet completed (`impact.rs` in the
+    /// eBPF crate).
+    pub attempts: BpfHashMap<MapData, AttemptKey, Attempt>,
+    /// Per-CPU count of dropped segments whose attempt the map had no room for.
+    pub attempts_untracked: PerCpuArray<MapData, u64>,
+    /// Attempts this daemon found past the horizon, by listener inode: added to the
+    /// kernel's own `abandoned` counts (attempts a new one on the same 4-tuple replaced).
+    pub abandoned: HashMap<u64, u64>,
+    /// Attempts in the map as of the last sweep.
+    pub tracked: u64,
+}
+
+/// What a sweep of the attempts map found.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Sweep {
+    /// Attempts still within their horizon after the sweep.
+    pub tracked: u64,
+    /// Attempts past their horizon this sweep removed (counted abandoned if their listener
+    /// is still open).
+    pub abandoned: u64,
 }
 
 pub type SharedMaps = Arc<Mutex<KernelMaps>>;
@@ -84,7 +106,8 @@ impl KernelMaps {
         )
     }
 
-    /// Per-listener counters summed over CPUs.
+    /// Per-listener counters summed over CPUs, with the abandoned attempts this daemon
+    /// counted.
     pub fn listener_stats<M: FromIterator<(u64, ListenerStats)>>(&self) -> M {
         fold_per_cpu(&self.listener_stats, |per_cpu| {
             let mut total = ListenerStats::default();
@@ -92,7 +115,45 @@ impl KernelMaps {
             total
         })
         .into_iter()
+        .map(|(ino, mut stats)| {
+            stats.abandoned += self.abandoned.get(&ino).copied().unwrap_or(0);
+            (ino, stats)
+        })
         .collect()
+    }
+
+    /// Dropped segments whose attempt the attempts map had no room for, summed over CPUs.
+    pub fn attempts_untracked(&self) -> u64 {
+        sum_at(&self.attempts_untracked, 0, map::ATTEMPTS_UNTRACKED)
+    }
+
+    /// Removes the attempts whose first drop is more than `horizon_ns` old (the programs'
+    /// clock, CLOCK_MONOTONIC) and counts each abandoned on its listener. An attempt is
+    /// counted only if this delete removed it: a program that matched its completion at
+    /// the same moment removed it first and counted it delayed instead.
+    pub fn sweep_attempts(&mut self, horizon_ns: u64) -> Sweep {
+        let now = monotonic_ns();
+        let mut sweep = Sweep::default();
+        let mut expired = Vec::new();
+        for (key, attempt) in self.attempts.iter().filter_map(Result::ok) {
+            if now.saturating_sub(attempt.first_ns) > horizon_ns {
+                expired.push((key, attempt.listener_ino));
+            } else {
+                sweep.tracked += 1;
+            }
+        }
+        for (key, ino) in expired {
+            if self.attempts.remove(&key).is_err() {
+                continue;
+            }
+            sweep.abandoned += 1;
+            // A listener that has closed is gone from the figures with its counters.
+            if self.listener_stats.get(&ino, 0).is_ok() {
+                *self.abandoned.entry(ino).or_default() += 1;
+            }
+        }
+        self.tracked = sweep.tracked;
+        sweep
     }
 
     /// Each listener's queue state merged over CPUs for sampling epoch `epoch`.
@@ -122,6 +183,7 @@ impl KernelMaps {
             removed += u64::from(self.listener_stats.remove(ino).is_ok());
             removed += u64::from(self.listener_queues.remove(ino).is_ok());
             removed += u64::from(self.listens_seen.remove(ino).is_ok());
+            self.abandoned.remove(ino);
         }
         removed
     }
@@ -142,6 +204,17 @@ impl KernelMaps {
         }
         total
     }
+}
+
+/// CLOCK_MONOTONIC in ns: the clock of `bpf_ktime_get_ns()`.
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec into `ts`.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    (ts.tv_sec as u64) * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 fn sum_at(map: &PerCpuArray<MapData, u64>, index: u32, name: &str) -> u64 {

@@ -5,6 +5,11 @@
 
 use super::text::{Exposition, Kind};
 
+/// The label delayed-connection counters add, and its values (`backlogd_common::cause`
+/// order).
+pub const CAUSE: &str = "cause";
+pub const DELAY_CAUSES: [&str; 2] = ["syn_drop", "final_ack_overflow"];
+
 /// Labels of every per-listener series.
 pub const LISTENER_LABELS: [&str; 6] = ["netns", "address", "port", "socket", "pid", "comm"];
 /// Labels of a listener's owner names (joined to its series on `socket`).
@@ -38,6 +43,7 @@ pub enum Labels {
     None,
     Listener,
     ListenerAndReason,
+    ListenerAndCause,
     Owner,
     Group,
     GroupAndReason,
@@ -52,9 +58,14 @@ pub enum Labels {
 #[cfg_attr(not(test), expect(dead_code, reason = "read by the docs check"))]
 impl Labels {
     pub fn names(self) -> Vec<&'static str> {
+        if self == Labels::ListenerAndCause {
+            let mut names = LISTENER_LABELS.to_vec();
+            names.push(CAUSE);
+            return names;
+        }
         let (base, reason): (&[&str], bool) = match self {
             Labels::None => (&[], false),
-            Labels::Listener => (&LISTENER_LABELS, false),
+            Labels::Listener | Labels::ListenerAndCause => (&LISTENER_LABELS, false),
             Labels::ListenerAndReason => (&LISTENER_LABELS, true),
             Labels::Owner => (&OWNER_LABELS, false),
             Labels::Group => (&GROUP_LABELS, false),
@@ -156,6 +167,25 @@ catalogue! {
     ListenAcceptWaitSeconds: "backlogd_listen_accept_wait_seconds", Histogram, Listener,
         "Time accepted connections waited on the accept queue, from handshake completion \
          to accept() returning.";
+    ListenConnectionsDelayed: "backlogd_listen_connections_delayed_total", Counter,
+        ListenerAndCause,
+        "Connections queued for accept after this listener dropped at least one segment of \
+         their attempt (same client address, port and initial sequence number), by the \
+         attempt's first drop: syn_drop (the client retransmitted its SYN, 1 s later at \
+         the earliest) or final_ack_overflow (the server retransmitted its SYN-ACK). \
+         Served for listeners that have dropped a segment.";
+    ListenConnectionDelaySeconds: "backlogd_listen_connection_delay_seconds", Histogram,
+        Listener,
+        "Delay of the connections in backlogd_listen_connections_delayed_total: from their \
+         attempt's first dropped segment to the connection being queued for accept. Bounds \
+         put each SYN retry (1, 3, 7, 15, 31, 63 s) in a bucket of its own. Served for \
+         listeners that have dropped a segment.";
+    ListenConnectionsAbandoned: "backlogd_listen_connections_abandoned_total", Counter,
+        Listener,
+        "Connection attempts this listener dropped a segment of that were not queued for \
+         accept within client_impact_horizon seconds of the first drop (the client gave \
+         up or is still retrying), counted when the horizon passes. Served for listeners \
+         that have dropped a segment.";
     GroupListeners: "backlogd_listen_group_listeners", Gauge, Group,
         "Listening sockets of the SO_REUSEPORT group (listeners sharing netns, address and \
          port).";
@@ -212,6 +242,13 @@ catalogue! {
          was full.";
     ListenerMapOrphansRemoved: "backlogd_listener_map_orphans_removed_total", Counter, None,
         "Kernel map entries of listeners that were gone, removed by the rescans.";
+    ClientImpactTracked: "backlogd_client_impact_tracked", Gauge, None,
+        "Connection attempts with a dropped segment that are neither completed nor past \
+         the horizon yet (entries of the kernel's attempts map, as of the last sweep).";
+    ClientImpactUntracked: "backlogd_client_impact_untracked_total", Counter, None,
+        "Dropped segments whose connection attempt the kernel's attempts map had no room \
+         for (client_impact_attempts): their attempts are neither delayed nor abandoned in \
+         the figures.";
     ProbeMissedRuns: "backlogd_probe_missed_runs_total", Counter, None,
         "Runs of backlogd's eBPF programs the kernel skipped to avoid recursion (another \
          BPF program or a BPF map syscall was running on the CPU; the kernel counts \

@@ -208,6 +208,8 @@ impl KernelBtf {
             compat_flags: self.offset_of(COMPAT_FLAG.0, COMPAT_FLAG.1, None)?,
             compat_in_regs: u32::from(COMPAT_FLAG.2),
             compat_mask: COMPAT_FLAG.3,
+            skb_network_header: f("sk_buff", "network_header", 2)?,
+            tcp_rcv_nxt: f("tcp_sock", "rcv_nxt", 4)?,
         })
     }
 

@@ -21,7 +21,7 @@ use aya::{
     programs::ProgramFd,
 };
 use backlogd_common::{
-    ListenerStats,
+    ImpactSettings, ListenerStats,
     names::map::{self, DAEMON},
 };
 
@@ -48,6 +48,10 @@ pub struct LoadOptions {
     pub pin_dir: Option<PathBuf>,
     /// Capacity of the per-listener maps (LISTENER_STATS, LISTENER_QUEUES).
     pub max_listeners: u32,
+    /// Client-impact horizon, baked into the programs.
+    pub impact: ImpactSettings,
+    /// Capacity of the ATTEMPTS map.
+    pub attempts: u32,
 }
 
 /// Loaded and attached programs plus the maps userspace reads.
@@ -100,7 +104,15 @@ pub fn load(opts: &LoadOptions) -> Result<Probes, LoadError> {
         // another one does not adopt it.
         Some(dir) => Some(PinDir::open(
             dir,
-            pins::build_id(&[EBPF_OBJECT, &opts.max_listeners.to_le_bytes()].concat()),
+            pins::build_id(
+                &[
+                    EBPF_OBJECT,
+                    &opts.max_listeners.to_le_bytes(),
+                    &opts.impact.horizon_ns.to_le_bytes(),
+                    &opts.attempts.to_le_bytes(),
+                ]
+                .concat(),
+            ),
         )?),
         None => None,
     };
@@ -137,6 +149,8 @@ pub fn load(opts: &LoadOptions) -> Result<Probes, LoadError> {
     loader
         .btf(Some(&kernel_btf))
         .override_global(map::OFFSETS, &offsets, true)
+        .override_global(map::CLIENT_IMPACT, &opts.impact, true)
+        .map_max_entries(map::ATTEMPTS, opts.attempts)
         .map_max_entries(map::LISTENER_STATS, opts.max_listeners)
         .map_max_entries(map::LISTENER_QUEUES, opts.max_listeners)
         .map_max_entries(map::LISTENS_SEEN, opts.max_listeners);
@@ -221,8 +235,17 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 /// Takes over the programs a previous daemon of this build left pinned in `mode`: they
 /// have been counting all along, so nothing is loaded or attached.
 fn adopt(pins: &PinDir, mode: HookMode) -> Result<Probes, LoadError> {
-    let [events, events_lost, stats, stats_full, queues, epoch, seen] =
-        DAEMON.map(|name| pins.open_map(mode, name).map(|map| (name, map)));
+    let [
+        events,
+        events_lost,
+        stats,
+        stats_full,
+        queues,
+        epoch,
+        seen,
+        attempts,
+        untracked,
+    ] = DAEMON.map(|name| pins.open_map(mode, name).map(|map| (name, map)));
     let listener_stats = typed(stats?)?;
     let probes = Probes {
         _ebpf: None,
@@ -235,6 +258,10 @@ fn adopt(pins: &PinDir, mode: HookMode) -> Result<Probes, LoadError> {
             listener_queues: typed(queues?)?,
             queue_epoch: start_epochs(typed(epoch?)?)?,
             listens_seen: typed(seen?)?,
+            attempts: typed(attempts?)?,
+            attempts_untracked: typed(untracked?)?,
+            abandoned: Default::default(),
+            tracked: 0,
         },
         _cgroup_ingress: None,
         mode,
@@ -288,6 +315,8 @@ fn load_mode(
     let listener_stats_full = typed_map(&mut ebpf, map::LISTENER_STATS_FULL, pinning)?;
     let listener_queues = typed_map(&mut ebpf, map::LISTENER_QUEUES, pinning)?;
     let listens_seen = typed_map(&mut ebpf, map::LISTENS_SEEN, pinning)?;
+    let attempts = typed_map(&mut ebpf, map::ATTEMPTS, pinning)?;
+    let attempts_untracked = typed_map(&mut ebpf, map::ATTEMPTS_UNTRACKED, pinning)?;
     if let Some(pinning) = pinning.take() {
         pinning.complete()?;
     }
@@ -300,6 +329,10 @@ fn load_mode(
             listener_queues,
             queue_epoch,
             listens_seen,
+            attempts,
+            attempts_untracked,
+            abandoned: Default::default(),
+            tracked: 0,
         },
         adopted: false,
         pinned: false,

@@ -1,14 +1,14 @@
 //! Per-listener families: backlogs, SYN-path counters, drops by reason, queue lengths and
 //! the accept-wait histogram.
 
-use backlogd_common::ListenerStats;
+use backlogd_common::{DELAY_BUCKET_LOG2, DELAY_BUCKETS, ListenerStats};
 
 use super::rows::{Row, reason_suffixes};
 use crate::{
     api::AcceptWait,
     config::AcceptWaitBuckets,
     exporter::{
-        catalogue::{Metric, OWNER_LABELS},
+        catalogue::{CAUSE, DELAY_CAUSES, Metric, OWNER_LABELS},
         figures::Figures,
         text::{Exposition, HistogramNames},
     },
@@ -100,6 +100,8 @@ pub fn render(
         }
     }
 
+    impact(e, rows, &found);
+
     let metric = Metric::ListenAcceptWaitSeconds;
     metric.open(e);
     // Only the configured bounds; each exported bucket sums the kernel's below it.
@@ -112,6 +114,58 @@ pub fn render(
             s.accept_wait_sum_ns as f64 / 1e9,
         );
     }
+}
+
+/// What the clients of listeners that dropped a segment paid (delayed, by how much, and
+/// abandoned). A listener that never dropped has nothing to say here: its series would
+/// be 14 zeros, so they appear with its first drop.
+fn impact(e: &mut Exposition<'_>, rows: &[Row<'_>], found: &[(&ListenerStats, QueueFigures)]) {
+    let dropped: Vec<(&Row<'_>, &ListenerStats)> = rows
+        .iter()
+        .zip(found)
+        .filter(|(_, (s, _))| s.drops().iter().any(|&d| d > 0))
+        .map(|(r, (s, _))| (r, *s))
+        .collect();
+    Metric::ListenConnectionsDelayed.open(e);
+    let causes = cause_suffixes();
+    for (r, s) in &dropped {
+        for (suffix, count) in causes.iter().zip(s.delayed) {
+            e.sample_suffix(
+                Metric::ListenConnectionsDelayed.name(),
+                &r.set,
+                suffix,
+                count,
+            );
+        }
+    }
+    let metric = Metric::ListenConnectionDelaySeconds;
+    metric.open(e);
+    let names = HistogramNames::merged(
+        metric.name(),
+        &delay_bounds(),
+        &std::array::from_fn::<usize, DELAY_BUCKETS, _>(|i| i),
+    );
+    for (r, s) in &dropped {
+        e.histogram(&names, &r.set, &s.delay, s.delay_sum_ns as f64 / 1e9);
+    }
+    Metric::ListenConnectionsAbandoned.open(e);
+    for (r, s) in &dropped {
+        e.sample_with(
+            Metric::ListenConnectionsAbandoned.name(),
+            &r.set,
+            &[],
+            s.abandoned,
+        );
+    }
+}
+
+/// Upper bounds of the connection-delay buckets in seconds, the infinite one left out.
+pub fn delay_bounds() -> [f64; DELAY_BUCKETS] {
+    DELAY_BUCKET_LOG2.map(|b| (1u64 << b) as f64 / 1e6)
+}
+
+fn cause_suffixes() -> [String; 2] {
+    DELAY_CAUSES.map(|cause| format!(",{CAUSE}=\"{cause}\"}} "))
 }
 
 /// One info series per listener, with the names its owner's cgroup and container runtime

@@ -53,9 +53,14 @@ fn render_into(metrics: &Metrics, e: &mut Exposition<'_>) {
     netns::render(e, &namespaces);
 
     // One look at the maps for both figures read outside `gather`.
-    let (queues_full, missed_runs) = {
+    let (queues_full, missed_runs, impact_tracked, impact_untracked) = {
         let maps = metrics.maps.lock().unwrap_or_else(|e| e.into_inner());
-        (maps.queues_full(), maps.missed_runs())
+        (
+            maps.queues_full(),
+            maps.missed_runs(),
+            maps.tracked,
+            maps.attempts_untracked(),
+        )
     };
     own::render(
         e,
@@ -64,6 +69,8 @@ fn render_into(metrics: &Metrics, e: &mut Exposition<'_>) {
             events_lost: figures.events_lost,
             stats_full: figures.stats_full,
             queues_full,
+            impact_tracked,
+            impact_untracked,
             orphans_removed: metrics
                 .shared
                 .orphans_removed

@@ -12,6 +12,8 @@ pub struct Own {
     pub stats_full: u64,
     pub queues_full: u64,
     pub orphans_removed: u64,
+    pub impact_tracked: u64,
+    pub impact_untracked: u64,
     /// `None` where the kernel does not report skipped runs.
     pub missed_runs: Option<u64>,
     pub mode: HookMode,
@@ -26,6 +28,8 @@ pub fn render(e: &mut Exposition<'_>, own: &Own) {
         (Metric::ListenerStatsFull, own.stats_full),
         (Metric::ListenerQueueObservationsLost, own.queues_full),
         (Metric::ListenerMapOrphansRemoved, own.orphans_removed),
+        (Metric::ClientImpactTracked, own.impact_tracked),
+        (Metric::ClientImpactUntracked, own.impact_untracked),
     ] {
         metric.open(e);
         e.sample(metric.name(), &[], value);

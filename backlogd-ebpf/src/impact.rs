@@ -1,0 +1,234 @@
+//! Client impact: which connection attempts a listener dropped a segment of, and what
+//! became of them.
+//!
+//! A dropped SYN costs its client a retransmission 1 s later (then 3, 7, 15 ... s after
+//! the first), a dropped final ACK a SYN-ACK retransmission; a client that runs out of
+//! retries or patience never connects. The kernel keeps nothing per attempt once it has
+//! dropped a segment, so this module does:
+//!
+//! - [`dropped`]: a window whose counter deltas show a listen drop (`syn::settle`, every
+//!   mode) records the segment's attempt in `ATTEMPTS` (netns + client/server addresses
+//!   and ports -> initial sequence number, time of the first drop, listener). Nothing runs
+//!   here for a segment that was not dropped.
+//! - [`completed`]: a connection queued for accept (the same places `accept::enqueued` is
+//!   called from) whose attempt is in `ATTEMPTS` with the same ISN was delayed: the entry
+//!   is removed and the listener's `delayed` and delay histogram counted. Until a drop is
+//!   recorded and for one horizon after the last one, `LAST_DROP` keeps this to one array
+//!   load and a clock read per connection: no hash lookup.
+//! - the daemon removes entries older than the horizon and counts them abandoned
+//!   (`backlogd/src/impact.rs`). Both sides count only when their own delete succeeded,
+//!   so an attempt completing at its horizon is counted once, one way or the other.
+//!
+//! The map is a preallocated hash, not an LRU: an LRU would evict attempts silently (and
+//! before it is full: its free lists are per CPU), turning them into neither delayed nor
+//! abandoned. A segment whose attempt finds no room is counted in `ATTEMPTS_UNTRACKED`.
+
+use aya_ebpf::{
+    bindings::BPF_NOEXIST,
+    helpers::bpf_ktime_get_ns,
+    macros::map,
+    maps::{Array, HashMap, PerCpuArray},
+};
+use backlogd_common::{
+    ATTEMPTS_ENTRIES, Attempt, AttemptKey, DELAY_BUCKET_LOG2, DELAY_BUCKETS, ImpactSettings, cause,
+    segment_kind,
+};
+
+use crate::{
+    kernel::{KPtr, Result, errno, offset},
+    listener,
+};
+
+#[map]
+static ATTEMPTS: HashMap<AttemptKey, Attempt> = HashMap::with_max_entries(ATTEMPTS_ENTRIES, 0);
+
+#[map]
+static ATTEMPTS_UNTRACKED: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+
+/// `bpf_ktime_get_ns()` of the newest recorded drop, on any listener; 0: none yet. A
+/// per-listener gate would itself be a hash lookup, the cost it is there to save.
+#[map]
+static LAST_DROP: Array<u64> = Array::with_max_entries(1, 0);
+
+/// Filled in by the daemon at load time; all zeros in the object file.
+#[unsafe(no_mangle)]
+static CLIENT_IMPACT: ImpactSettings = ImpactSettings { horizon_ns: 0 };
+
+#[inline(always)]
+fn horizon_ns() -> u64 {
+    // SAFETY: a valid static; volatile so LLVM cannot fold the object file's zero.
+    unsafe { core::ptr::read_volatile(&CLIENT_IMPACT.horizon_ns) }
+}
+
+#[inline(always)]
+fn now_ns() -> u64 {
+    // SAFETY: the helper takes no arguments.
+    unsafe { bpf_ktime_get_ns() }
+}
+
+/// The attempt `skb` (a segment from a client, still alive) belongs to, and its sequence
+/// number. The IP version comes from the packet, not the listener's family.
+#[inline(always)]
+fn segment(net: u64, skb: KPtr) -> Result<(AttemptKey, u32)> {
+    let head: u64 = skb.read(offset(|o| &o.skb_head))?;
+    let network: u16 = skb.read(offset(|o| &o.skb_network_header))?;
+    let transport: u16 = skb.read(offset(|o| &o.skb_transport_header))?;
+    let ip = KPtr(head + u64::from(network));
+    let mut key = AttemptKey {
+        net,
+        ..AttemptKey::default()
+    };
+    let first: u8 = ip.read(0)?;
+    key.version = first >> 4;
+    match key.version {
+        4 => {
+            let addrs: [u8; 8] = ip.read(12)?;
+            key.client[..4].copy_from_slice(&addrs[..4]);
+            key.server[..4].copy_from_slice(&addrs[4..]);
+        }
+        6 => {
+            key.client = ip.read(8)?;
+            key.server = ip.read(24)?;
+        }
+        _ => return Err(errno::EINVAL),
+    }
+    // Ports and sequence number: the first 8 bytes of the TCP header.
+    let tcp: [u8; 8] = KPtr(head + u64::from(transport)).read(0)?;
+    key.client_port = [tcp[0], tcp[1]];
+    key.server_port = [tcp[2], tcp[3]];
+    Ok((key, u32::from_be_bytes([tcp[4], tcp[5], tcp[6], tcp[7]])))
+}
+
+/// Listener `sk` (inode `ino`, netns `net`) dropped `skb`, a segment of `kind` (SYN or
+/// the final ACK) that is still alive. A BPF-to-BPF call: its key and value stay out of
+/// the callers' stack frames.
+#[inline(never)]
+pub(crate) fn dropped(sk: KPtr, ino: u64, net: u64, skb: KPtr, kind: u32) -> i32 {
+    match record_drop(sk, ino, net, skb, kind) {
+        Ok(()) => 0,
+        Err(e) => e,
+    }
+}
+
+#[inline(always)]
+fn record_drop(sk: KPtr, ino: u64, net: u64, skb: KPtr, kind: u32) -> Result<()> {
+    let (key, seq) = segment(net, skb)?;
+    let now = now_ns();
+    let (why, isn) = if kind == segment_kind::SYN {
+        (cause::SYN_DROP, seq)
+    } else {
+        // The first segment a client sends after the SYN-ACK (its ACK, or data with it)
+        // has sequence number ISN + 1; the first of them dropped creates the entry.
+        (cause::FINAL_ACK_OVERFLOW, seq.wrapping_sub(1))
+    };
+    let fresh = Attempt {
+        first_ns: now,
+        listener_ino: ino,
+        isn,
+        cause: why,
+        drops: 1,
+        _pad: 0,
+    };
+    match ATTEMPTS.get_ptr_mut(&key) {
+        Some(entry) => {
+            // SAFETY: a value of the map; only this attempt's segments (processed one
+            // at a time, seconds apart) and the daemon's sweep touch it.
+            let entry = unsafe { &mut *entry };
+            // Later segments of the same attempt: a retransmitted SYN (same ISN), or any
+            // segment after the handshake's SYN got through (its ACKs, its data).
+            let same =
+                kind != segment_kind::SYN || (entry.cause == cause::SYN_DROP && entry.isn == isn);
+            if same {
+                entry.drops = entry.drops.saturating_add(1);
+            } else {
+                // A new SYN on the 4-tuple (the client bound its port): the attempt
+                // before it never completed. It is counted on this listener, which has
+                // the same address and port as the one that dropped it.
+                *entry = fresh;
+                listener::update(sk, ino, |s| s.abandoned += 1);
+            }
+        }
+        None => {
+            if ATTEMPTS
+                .insert(&key, &fresh, u64::from(BPF_NOEXIST))
+                .is_err()
+            {
+                if let Some(lost) = ATTEMPTS_UNTRACKED.get_ptr_mut(0) {
+                    // SAFETY: this CPU's counter.
+                    unsafe { *lost += 1 };
+                }
+                return Ok(());
+            }
+        }
+    }
+    if let Some(last) = LAST_DROP.get_ptr_mut(0) {
+        // SAFETY: the single element. CPUs racing here store times microseconds apart;
+        // whichever wins keeps the gate open for about a horizon, which is all it does.
+        unsafe { *last = now };
+    }
+    Ok(())
+}
+
+/// Listener `sk` (inode `ino`, netns `net`) queued `child` for accept, on the segment
+/// `skb` (alive). If the attempt had a segment dropped, count it delayed. A BPF-to-BPF
+/// call, as [`dropped`].
+#[inline(never)]
+pub(crate) fn completed(sk: KPtr, ino: u64, net: u64, skb: KPtr, child: KPtr) -> i32 {
+    match match_completion(sk, ino, net, skb, child) {
+        Ok(()) => 0,
+        Err(e) => e,
+    }
+}
+
+#[inline(always)]
+fn match_completion(sk: KPtr, ino: u64, net: u64, skb: KPtr, child: KPtr) -> Result<()> {
+    let last = LAST_DROP.get(0).copied().unwrap_or(0);
+    let now = now_ns();
+    let horizon = horizon_ns();
+    if last == 0 || now.wrapping_sub(last) > horizon {
+        return Ok(()); // no attempt can be waiting: the common case, no lookup
+    }
+    let (key, _) = segment(net, skb)?;
+    // SAFETY: plain integers, copied out at once.
+    let Some(entry) = (unsafe { ATTEMPTS.get(&key) }).copied() else {
+        return Ok(());
+    };
+    // A new child's rcv_nxt is its client's ISN + 1 (tcp_create_openreq_child); nothing
+    // has advanced it yet where this runs (before the segment's data is queued).
+    let rcv_nxt: u32 = child.read(offset(|o| &o.tcp_rcv_nxt))?;
+    if entry.isn != rcv_nxt.wrapping_sub(1) {
+        return Ok(()); // another attempt on the same 4-tuple: that one ages out
+    }
+    let waited = now.saturating_sub(entry.first_ns);
+    if waited > horizon {
+        return Ok(()); // too late: the daemon counts it abandoned at its next sweep
+    }
+    if ATTEMPTS.remove(&key).is_err() {
+        return Ok(()); // the daemon's sweep took it first
+    }
+    let slot = bucket(waited / 1000);
+    listener::update(sk, ino, |s| {
+        if let Some(d) = s.delayed.get_mut(entry.cause as usize) {
+            *d += 1;
+        }
+        s.delay_sum_ns += waited;
+        if let Some(b) = s.delay.get_mut(slot) {
+            *b += 1;
+        }
+    });
+    Ok(())
+}
+
+/// Index of the first delay bucket whose bound (`2^DELAY_BUCKET_LOG2[i]` µs) exceeds `us`.
+#[inline(always)]
+fn bucket(us: u64) -> usize {
+    let bits = 64 - us.leading_zeros(); // us < 2^bits
+    let mut i = 0;
+    while i < DELAY_BUCKETS {
+        if bits <= DELAY_BUCKET_LOG2[i] {
+            return i;
+        }
+        i += 1;
+    }
+    DELAY_BUCKETS
+}
