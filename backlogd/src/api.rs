@@ -2,7 +2,7 @@
 //! `doctor`, `client.rs`) read. Plain data, no map handles: a client links none of the
 //! daemon's kernel side.
 
-use backlogd_common::{ACCEPT_WAIT_BUCKETS, ListenerStats};
+use backlogd_common::{ACCEPT_WAIT_BUCKETS, DELAY_BUCKET_LOG2, DELAY_BUCKETS, ListenerStats};
 use serde::{Deserialize, Serialize};
 
 use crate::{
@@ -55,6 +55,46 @@ pub struct ListenerSnapshot {
     pub accepted: u64,
     pub queues: QueueFigures,
     pub accept_wait: AcceptWait,
+    /// What its clients paid for its drops (absent from older daemons: zero).
+    #[serde(default)]
+    pub impact: ClientImpact,
+}
+
+/// Connection attempts a listener dropped a segment of, and what became of them (see
+/// `backlogd-ebpf/src/impact.rs`).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ClientImpact {
+    /// Queued for accept after the attempt's first drop was a SYN.
+    pub delayed_syn_drop: u64,
+    /// Queued for accept after the attempt's first drop was its final ACK.
+    pub delayed_final_ack_overflow: u64,
+    /// Not queued within the horizon (`client_impact_horizon`).
+    pub abandoned: u64,
+    /// Delays of the delayed connections, first drop to queued: per-bucket (not
+    /// cumulative) counts, `le` in seconds, null for the last bucket.
+    pub delay: Vec<Bucket>,
+    pub delay_sum_seconds: f64,
+}
+
+impl ClientImpact {
+    /// Upper bounds of the delay buckets in seconds, the last (infinite) one left out.
+    pub fn bounds() -> [f64; DELAY_BUCKETS] {
+        DELAY_BUCKET_LOG2.map(|b| (1u64 << b) as f64 / 1e6)
+    }
+
+    pub fn delayed(&self) -> u64 {
+        self.delayed_syn_drop + self.delayed_final_ack_overflow
+    }
+
+    /// Delayed connections that waited at least `seconds` (a bucket bound, or the
+    /// bucket's lower edge rounded: 0.52 s counts every delayed connection above 0.524288 s).
+    pub fn delayed_at_least(&self, seconds: f64) -> u64 {
+        self.delay
+            .iter()
+            .filter(|b| b.le.is_none_or(|le| le > seconds))
+            .map(|b| b.count)
+            .sum()
+    }
 }
 
 /// What is known of the backlog a listener passed to `listen()`. The kernel keeps only
@@ -217,6 +257,21 @@ impl ListenerSnapshot {
                     .zip(s.accept_wait)
                     .map(|(le, count)| Bucket { le, count })
                     .collect(),
+            },
+            impact: ClientImpact {
+                delayed_syn_drop: s.delayed[backlogd_common::cause::SYN_DROP as usize],
+                delayed_final_ack_overflow: s.delayed
+                    [backlogd_common::cause::FINAL_ACK_OVERFLOW as usize],
+                abandoned: s.abandoned,
+                delay: ClientImpact::bounds()
+                    .iter()
+                    .copied()
+                    .map(Some)
+                    .chain([None])
+                    .zip(s.delay)
+                    .map(|(le, count)| Bucket { le, count })
+                    .collect(),
+                delay_sum_seconds: s.delay_sum_ns as f64 / 1e9,
             },
         }
     }

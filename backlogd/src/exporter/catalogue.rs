@@ -353,6 +353,9 @@ mod tests {
                     if first.contains("reason=") {
                         labels.push(REASON.to_owned());
                     }
+                    if first.contains("cause=") {
+                        labels.push(CAUSE.to_owned());
+                    }
                     labels
                 }
             };

@@ -1,11 +1,11 @@
 //! Per-listener families: backlogs, SYN-path counters, drops by reason, queue lengths and
 //! the accept-wait histogram.
 
-use backlogd_common::{DELAY_BUCKET_LOG2, DELAY_BUCKETS, ListenerStats};
+use backlogd_common::{DELAY_BUCKETS, ListenerStats};
 
 use super::rows::{Row, reason_suffixes};
 use crate::{
-    api::AcceptWait,
+    api::{AcceptWait, ClientImpact},
     config::AcceptWaitBuckets,
     exporter::{
         catalogue::{CAUSE, DELAY_CAUSES, Metric, OWNER_LABELS},
@@ -142,7 +142,7 @@ fn impact(e: &mut Exposition<'_>, rows: &[Row<'_>], found: &[(&ListenerStats, Qu
     metric.open(e);
     let names = HistogramNames::merged(
         metric.name(),
-        &delay_bounds(),
+        &ClientImpact::bounds(),
         &std::array::from_fn::<usize, DELAY_BUCKETS, _>(|i| i),
     );
     for (r, s) in &dropped {
@@ -157,11 +157,6 @@ fn impact(e: &mut Exposition<'_>, rows: &[Row<'_>], found: &[(&ListenerStats, Qu
             s.abandoned,
         );
     }
-}
-
-/// Upper bounds of the connection-delay buckets in seconds, the infinite one left out.
-pub fn delay_bounds() -> [f64; DELAY_BUCKETS] {
-    DELAY_BUCKET_LOG2.map(|b| (1u64 << b) as f64 / 1e6)
 }
 
 fn cause_suffixes() -> [String; 2] {
