@@ -3,14 +3,14 @@
 //! what the kernel counted, what backlogd exported. Adding a scenario is adding a file.
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, HashMap, HashSet},
     fmt::Write as _,
     path::Path,
     sync::{
-        Arc,
-        atomic::{AtomicBool, AtomicU64, Ordering},
+        Arc, Mutex,
+        atomic::{AtomicBool, Ordering},
     },
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use serde::Deserialize;
@@ -20,8 +20,24 @@ use crate::{
     Daemon, Netns, Scrape,
     kernel::{ListenCounters, tcp_ext},
     prom::DROP_REASONS,
-    sockets::{KernelQueue, Listener, connect_burst, kernel_queue},
+    sockets::{
+        ConnectTiming, ConnectWatch, KernelQueue, Listener, connect_burst, kernel_queue,
+        local_port, pending_request_peers, reset_close, tcp_state,
+    },
 };
+
+/// The client-impact horizon the scenario suite runs its daemon with (seconds): longer
+/// than any scenario's first drop to its clients' close (checked), short enough to wait
+/// for at the end of each scenario.
+pub const HORIZON_SECONDS: u64 = 5;
+
+/// The daemon arguments a scenario run needs.
+pub fn daemon_args() -> [String; 2] {
+    [
+        "--client-impact-horizon".to_owned(),
+        HORIZON_SECONDS.to_string(),
+    ]
+}
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -161,7 +177,7 @@ pub fn run(name: &str, s: &Scenario, daemon: &Daemon) -> Result<String, String> 
     }
 
     let stop = Arc::new(AtomicBool::new(false));
-    let accepted = Arc::new(AtomicU64::new(0));
+    let accepted: Arc<Mutex<Vec<Accepted>>> = Arc::default();
     let workers: Vec<_> = members
         .iter()
         .enumerate()
@@ -178,17 +194,25 @@ pub fn run(name: &str, s: &Scenario, daemon: &Daemon) -> Result<String, String> 
     let before = tcp_ext(&ns);
     let target = members[0].addr;
     let mut sockets: Vec<Socket> = Vec::new();
+    let watch = ConnectWatch::start();
+    let mut connect = |n: usize| {
+        let started = Instant::now();
+        let new = connect_burst(&ns, target, n);
+        watch.add(&new, started);
+        sockets.extend(new);
+    };
+    let first_connect = Instant::now();
     for b in &s.burst {
         for r in 0..b.repeats {
             match b.per_second {
-                None => sockets.extend(connect_burst(&ns, target, b.connections)),
+                None => connect(b.connections),
                 Some(rate) => {
                     // Chunks every 10 ms.
                     let chunk = (rate as usize / 100).max(1);
                     let mut left = b.connections;
                     while left > 0 {
                         let n = chunk.min(left);
-                        sockets.extend(connect_burst(&ns, target, n));
+                        connect(n);
                         left -= n;
                         std::thread::sleep(Duration::from_millis(10));
                     }
@@ -201,7 +225,25 @@ pub fn run(name: &str, s: &Scenario, daemon: &Daemon) -> Result<String, String> 
     }
     std::thread::sleep(Duration::from_millis(s.hold_ms));
     let clients = client_outcomes(&sockets);
-    drop(sockets);
+    let timings = watch.finish();
+    let views: Vec<ClientRecord> = sockets
+        .iter()
+        .map(|c| {
+            let (state, retrans) = tcp_state(c);
+            let port = local_port(c);
+            ClientRecord {
+                port,
+                state,
+                retrans,
+                timing: timings[&port],
+            }
+        })
+        .collect();
+    let requests = pending_request_peers(&ns, target.port());
+    // A RST, not a FIN: a client whose final ACK was dropped would otherwise complete
+    // its handshake later with the FIN, after the clients' truth is taken.
+    sockets.into_iter().for_each(reset_close);
+    let closed = Instant::now();
     std::thread::sleep(Duration::from_millis(100));
     stop.store(true, Ordering::Relaxed);
     for w in workers {
@@ -210,23 +252,167 @@ pub fn run(name: &str, s: &Scenario, daemon: &Daemon) -> Result<String, String> 
     let kernel = ListenCounters::delta(&before, &tcp_ext(&ns));
     let queues: Vec<KernelQueue> = members.iter().map(|m| kernel_queue(&ns, m)).collect();
     let scrape = daemon.scrape();
-    compare(
-        name,
-        s,
-        &members,
-        &clients,
+    let by_app = accepted.lock().unwrap().len() as u64;
+
+    // Client impact: every connection the kernel queued is accepted (the workers', then
+    // what is left on the queues), and every attempt with a drop is resolved by the
+    // daemon (completed, or past the horizon) before the figures are read.
+    let span = closed - first_connect;
+    assert!(
+        span < Duration::from_secs(HORIZON_SECONDS) - Duration::from_millis(500),
+        "scenario {name} ran {span:?} from its first connect() to its clients' close: \
+         raise scenario::HORIZON_SECONDS above that, or a completion could be counted \
+         abandoned"
+    );
+    let deadline = Instant::now() + Duration::from_secs(HORIZON_SECONDS + 10);
+    let after = loop {
+        drain(&members, &accepted);
+        let scrape = daemon.scrape();
+        if scrape.value("backlogd_client_impact_tracked", &[]) == Some(0.0) {
+            // Anything it counted delayed before the attempts ran out is queued by now.
+            drain(&members, &accepted);
+            break scrape;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "scenario {name}: backlogd still tracks attempts {} s after the horizon",
+            HORIZON_SECONDS + 10
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    };
+    let synack_free = !s.burst.iter().any(|b| b.drop_synack);
+    let truth = impact_truth(
+        &views,
+        &accepted.lock().unwrap(),
+        (!synack_free).then_some(&requests),
         &kernel,
-        &queues,
-        &scrape,
-        accepted.load(Ordering::Relaxed),
+    );
+    compare(
+        name, s, &members, &clients, &kernel, &queues, &scrape, by_app, &truth, &after,
     )
+}
+
+/// A connection the server accepted: the client's port, when, and the accepted socket's
+/// `tcpi_total_retrans` (its SYN-ACK retransmissions: it sends nothing else).
+#[derive(Debug, Clone, Copy)]
+struct Accepted {
+    port: u16,
+    at: Instant,
+    retrans: u32,
+}
+
+/// One client as it stood when the scenario ended (before its close).
+struct ClientRecord {
+    port: u16,
+    state: u8,
+    retrans: u32,
+    timing: ConnectTiming,
+}
+
+fn accepted_record(socket: &Socket, peer: &socket2::SockAddr) -> Accepted {
+    Accepted {
+        port: peer.as_socket().map_or(0, |a| a.port()),
+        at: Instant::now(),
+        retrans: tcp_state(socket).1,
+    }
+}
+
+/// Accepts whatever the members' queues hold.
+fn drain(members: &[Listener], accepted: &Mutex<Vec<Accepted>>) {
+    for m in members {
+        m.socket
+            .set_nonblocking(true)
+            .expect("non-blocking listener");
+        while let Ok((c, peer)) = m.socket.accept() {
+            accepted.lock().unwrap().push(accepted_record(&c, &peer));
+        }
+    }
+}
+
+/// What the clients paid, from their side and the server's accepted sockets.
+#[derive(Debug, Default)]
+pub struct ImpactTruth {
+    /// Accepted after at least one SYN retransmission of theirs.
+    pub delayed_syn_drop: u64,
+    /// Accepted with no SYN retransmission but a retransmitted SYN-ACK (their final ACK
+    /// was dropped: on loopback nothing else loses a segment).
+    pub delayed_final_ack_overflow: u64,
+    /// Never queued although a segment of theirs was dropped.
+    pub abandoned: u64,
+    /// Per delayed client, the interval its delay (first drop -> queued) lies in, s.
+    pub brackets: Vec<(f64, f64)>,
+    /// Clients connected on their side but never queued: their RST at close ended a
+    /// pending request (each one a listener `sk_drops`).
+    pub reset_requests: u64,
+    /// Why the truth could not be told, if it could not.
+    pub unknown: Option<String>,
+}
+
+/// `requests`: with SYN-ACKs dropped, the client ports that had a request pending at the
+/// server when the clients closed.
+fn impact_truth(
+    clients: &[ClientRecord],
+    accepted: &[Accepted],
+    requests: Option<&HashSet<u16>>,
+    kernel: &ListenCounters,
+) -> ImpactTruth {
+    const SYN_SENT: u8 = 2;
+    const CLOSE: u8 = 7;
+    let by_port: HashMap<u16, &Accepted> = accepted.iter().map(|a| (a.port, a)).collect();
+    let mut t = ImpactTruth::default();
+    for c in clients {
+        match by_port.get(&c.port) {
+            Some(_) if c.retrans > 0 => {
+                t.delayed_syn_drop += 1;
+                // The first SYN was dropped as the client sent it; the handshake ended
+                // as its connect() completed (seen within a millisecond, later under
+                // load: hence the wider margin below).
+                let took = c.timing.took.map_or(f64::INFINITY, |d| d.as_secs_f64());
+                t.brackets.push((took - 0.3, took + 0.05));
+            }
+            Some(a) if a.retrans > 0 => {
+                t.delayed_final_ack_overflow += 1;
+                // Dropped after connect() began, queued before it was accepted.
+                let by = a.at.duration_since(c.timing.started).as_secs_f64();
+                t.brackets.push((0.0, by + 0.05));
+            }
+            Some(_) => {}
+            None => {
+                if c.state != SYN_SENT && c.state != CLOSE {
+                    t.reset_requests += 1;
+                }
+                match requests {
+                    None => t.abandoned += 1,
+                    // SYN-ACKs never reach the clients: a client with a pending request
+                    // had its first SYN taken (its later ones were answered from the
+                    // SYN queue); one without had every SYN dropped, unless a syncookie
+                    // answered it (no request either).
+                    Some(requests) => {
+                        if kernel.reqq_full_do_cookies > 0 && kernel.listen_drops > 0 {
+                            t.unknown = Some(
+                                "SYN-ACKs dropped with both syncookies and drops: which \
+                                 clients had a drop cannot be told"
+                                    .into(),
+                            );
+                        } else if kernel.listen_drops > 0
+                            && c.state == SYN_SENT
+                            && !requests.contains(&c.port)
+                        {
+                            t.abandoned += 1;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    t
 }
 
 fn accept_loop(
     socket: Socket,
     spec: &ListenerSpec,
     stop: Arc<AtomicBool>,
-    accepted: Arc<AtomicU64>,
+    accepted: Arc<Mutex<Vec<Accepted>>>,
 ) -> std::thread::JoinHandle<()> {
     socket.set_nonblocking(true).expect("non-blocking listener");
     let pause = (spec.accept == "rate")
@@ -234,8 +420,8 @@ fn accept_loop(
     std::thread::spawn(move || {
         while !stop.load(Ordering::Relaxed) {
             match socket.accept() {
-                Ok(_) => {
-                    accepted.fetch_add(1, Ordering::Relaxed);
+                Ok((c, peer)) => {
+                    accepted.lock().unwrap().push(accepted_record(&c, &peer));
                     if let Some(p) = pause {
                         std::thread::sleep(p);
                     }
@@ -248,6 +434,118 @@ fn accept_loop(
 
 const TCP_SYN_SENT: u8 = 2;
 const TCP_CLOSE: u8 = 7;
+
+/// Client impact, from the scrape taken once every attempt was resolved: delayed by
+/// cause and abandoned exactly; each delay bucket whose bound lies outside every delayed
+/// client's bracket exactly (the others cannot be told from the clients' side).
+/// Rows of (label, the clients' truth, backlogd), and the mismatches.
+type ImpactRows = (Vec<(String, Option<u64>, Option<u64>)>, Vec<String>);
+
+fn impact_rows(members: &[Listener], truth: &ImpactTruth, after: &Scrape) -> ImpactRows {
+    let (mut rows, mut bad) = (Vec::new(), Vec::new());
+    if let Some(why) = &truth.unknown {
+        bad.push(format!("client impact: {why}"));
+        return (rows, bad);
+    }
+    let mut row = |label: String, client: u64, ours: u64| {
+        if client != ours {
+            bad.push(format!(
+                "{}: clients {client}, backlogd {ours}",
+                label.trim()
+            ));
+        }
+        rows.push((label, Some(client), Some(ours)));
+    };
+    // Served only for listeners that dropped something: absent is zero only then.
+    let value = |metric: &str, extra: &[(&str, &str)]| -> u64 {
+        members
+            .iter()
+            .map(|m| {
+                let inode = m.inode.to_string();
+                let mut labels = vec![("socket", inode.as_str())];
+                labels.extend_from_slice(extra);
+                after.value(metric, &labels).map_or_else(
+                    || {
+                        let dropped: f64 = DROP_REASONS
+                            .iter()
+                            .filter_map(|r| {
+                                after.value(
+                                    "backlogd_listen_drops_total",
+                                    &[("socket", inode.as_str()), ("reason", r)],
+                                )
+                            })
+                            .sum();
+                        assert!(
+                            dropped == 0.0,
+                            "no {metric} {labels:?} for a listener with drops"
+                        );
+                        0
+                    },
+                    |v| v as u64,
+                )
+            })
+            .sum()
+    };
+    let delayed = "backlogd_listen_connections_delayed_total";
+    row(
+        "delayed after a SYN drop".into(),
+        truth.delayed_syn_drop,
+        value(delayed, &[("cause", "syn_drop")]),
+    );
+    row(
+        "delayed after a final-ACK drop".into(),
+        truth.delayed_final_ack_overflow,
+        value(delayed, &[("cause", "final_ack_overflow")]),
+    );
+    row(
+        "abandoned after a drop".into(),
+        truth.abandoned,
+        value("backlogd_listen_connections_abandoned_total", &[]),
+    );
+    let histogram = "backlogd_listen_connection_delay_seconds_bucket";
+    let mut unchecked = Vec::new();
+    for le in [
+        "0.524288",
+        "2.097152",
+        "4.194304",
+        "8.388608",
+        "16.777216",
+        "33.554432",
+        "67.108864",
+        "134.217728",
+        "+Inf",
+    ] {
+        let bound: f64 = le.parse().unwrap_or(f64::INFINITY);
+        if truth
+            .brackets
+            .iter()
+            .any(|&(lo, hi)| lo < bound && bound <= hi)
+        {
+            unchecked.push(le);
+            continue;
+        }
+        let below = truth.brackets.iter().filter(|&&(_, hi)| hi < bound).count() as u64;
+        row(
+            format!("  delayed < {le} s"),
+            below,
+            value(histogram, &[("le", le)]),
+        );
+    }
+    if !unchecked.is_empty() {
+        rows.push((
+            format!("  delay buckets {} not checked", unchecked.join(", ")),
+            None,
+            None,
+        ));
+    }
+    if after
+        .value("backlogd_client_impact_untracked_total", &[])
+        .is_none_or(|v| v > 0.0)
+    {
+        bad.push("attempts went untracked (the map was full), or the count is missing".into());
+    }
+    (rows, bad)
+}
 
 fn client_outcomes(sockets: &[Socket]) -> Clients {
     let mut c = Clients {
@@ -278,6 +576,8 @@ fn compare(
     queues: &[KernelQueue],
     scrape: &Scrape,
     accepted: u64,
+    truth: &ImpactTruth,
+    after: &Scrape,
 ) -> Result<String, String> {
     let mut bad = Vec::new();
     let mut table = String::new();
@@ -395,6 +695,13 @@ fn compare(
         if synack_free {
             // sk_drops counts a final-ACK overflow twice (docs/metrics.md); with SYN-ACKs
             // lost it also counts retransmitted SYNs answered from the SYN queue.
+            // The clients' RSTs that ended pending requests are sk_drops too (one
+            // listener: with a group the member cannot be told).
+            let resets = if members.len() == 1 {
+                truth.reset_requests
+            } else {
+                0
+            };
             let ours: u64 = DROP_REASONS
                 .iter()
                 .map(|r| get("backlogd_listen_drops_total", m, &[("reason", r)]))
@@ -403,10 +710,18 @@ fn compare(
                     "backlogd_listen_drops_total",
                     m,
                     &[("reason", "final_ack_overflow")],
-                );
-            row(&format!("{tag} sk_drops"), None, Some(q.drops), Some(ours));
+                )
+                + resets;
+            if members.len() == 1 || truth.reset_requests == 0 {
+                row(&format!("{tag} sk_drops"), None, Some(q.drops), Some(ours));
+            }
         }
     }
+    let (impact, impact_bad) = impact_rows(members, truth, after);
+    for (label, client, ours) in impact {
+        row(&label, client, None, ours);
+    }
+
     // The scenario must have provoked what it is about.
     for (reason, min) in &s.expect.min_drops {
         if drops(reason) < *min {
@@ -435,6 +750,7 @@ fn compare(
     {
         bad.push(format!("expected granted backlog {g}"));
     }
+    bad.extend(impact_bad);
     let _ = writeln!(
         table,
         "  result: {}",

@@ -213,3 +213,156 @@ pub fn tcp_state(socket: &Socket) -> (u8, u32) {
     assert_eq!(rc, 0, "TCP_INFO: {}", std::io::Error::last_os_error());
     (info.tcpi_state, info.tcpi_total_retrans)
 }
+
+/// When each client's non-blocking `connect()` completed, from the client's side: a
+/// thread polls the registered sockets for writability (what a client waiting in
+/// `connect()` or `poll()` would see), every millisecond or sooner.
+pub struct ConnectWatch {
+    watched: std::sync::Arc<std::sync::Mutex<Vec<Watched>>>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+struct Watched {
+    fd: std::os::fd::RawFd,
+    port: u16,
+    started: std::time::Instant,
+    done: Option<std::time::Instant>,
+}
+
+/// One client's connect() as [`ConnectWatch`] saw it.
+#[derive(Debug, Clone, Copy)]
+pub struct ConnectTiming {
+    pub started: std::time::Instant,
+    /// From `connect()` to the socket being connected (or failed); `None`: still waiting.
+    pub took: Option<std::time::Duration>,
+}
+
+impl Default for ConnectWatch {
+    fn default() -> Self {
+        Self::start()
+    }
+}
+
+impl ConnectWatch {
+    pub fn start() -> Self {
+        use std::sync::{Arc, Mutex, atomic::AtomicBool};
+        let watched: Arc<Mutex<Vec<Watched>>> = Arc::default();
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let (watched, stop) = (watched.clone(), stop.clone());
+            std::thread::spawn(move || watch(&watched, &stop))
+        };
+        Self {
+            watched,
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    /// Watches `sockets`, whose `connect()` was called at `started` (just before).
+    pub fn add(&self, sockets: &[Socket], started: std::time::Instant) {
+        let mut watched = self.watched.lock().unwrap();
+        for s in sockets {
+            watched.push(Watched {
+                fd: s.as_raw_fd(),
+                port: local_port(s),
+                started,
+                done: None,
+            });
+        }
+    }
+
+    /// Stops watching; each client's timing by its local port. The sockets must still be
+    /// open (their descriptors are polled until now).
+    pub fn finish(mut self) -> std::collections::HashMap<u16, ConnectTiming> {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            t.join().expect("connect watch thread");
+        }
+        let watched = self.watched.lock().unwrap();
+        watched
+            .iter()
+            .map(|w| {
+                (
+                    w.port,
+                    ConnectTiming {
+                        started: w.started,
+                        took: w.done.map(|d| d - w.started),
+                    },
+                )
+            })
+            .collect()
+    }
+}
+
+fn watch(watched: &std::sync::Mutex<Vec<Watched>>, stop: &std::sync::atomic::AtomicBool) {
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        let (mut fds, index): (Vec<libc::pollfd>, Vec<usize>) = {
+            let watched = watched.lock().unwrap();
+            watched
+                .iter()
+                .enumerate()
+                .filter(|(_, w)| w.done.is_none())
+                .map(|(i, w)| {
+                    (
+                        libc::pollfd {
+                            fd: w.fd,
+                            events: libc::POLLOUT,
+                            revents: 0,
+                        },
+                        i,
+                    )
+                })
+                .unzip()
+        };
+        if fds.is_empty() {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+            continue;
+        }
+        // SAFETY: `fds` is a valid array of `fds.len()` pollfd structs.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 1) };
+        if n <= 0 {
+            continue;
+        }
+        let now = std::time::Instant::now();
+        let mut watched = watched.lock().unwrap();
+        for (p, i) in fds.iter().zip(index) {
+            if p.revents & (libc::POLLOUT | libc::POLLERR | libc::POLLHUP) != 0 {
+                watched[i].done = Some(now);
+            }
+        }
+    }
+}
+
+/// The local port of a client socket.
+pub fn local_port(socket: &Socket) -> u16 {
+    socket
+        .local_addr()
+        .ok()
+        .and_then(|a| a.as_socket())
+        .map_or(0, |a| a.port())
+}
+
+/// Closes `socket` with a RST instead of a FIN (SO_LINGER 0): a client whose final ACK
+/// the listener dropped then ends its pending request at once, instead of completing the
+/// handshake later with its FIN.
+pub fn reset_close(socket: Socket) {
+    socket
+        .set_linger(Some(std::time::Duration::ZERO))
+        .expect("SO_LINGER 0");
+    drop(socket);
+}
+
+/// Client ports of the requests pending (SYN-RECV) in `ns` for local port `port`.
+pub fn pending_request_peers(ns: &Netns, port: u16) -> std::collections::HashSet<u16> {
+    let filter = format!("sport = :{port}");
+    ns.command("ss", &["-Htn", "state", "syn-recv", &filter])
+        .lines()
+        .filter_map(|line| {
+            // Recv-Q Send-Q Local:Port Peer:Port
+            let peer = line.split_whitespace().nth(3)?;
+            peer.rsplit(':').next()?.parse().ok()
+        })
+        .collect()
+}

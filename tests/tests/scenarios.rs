@@ -29,7 +29,9 @@ fn main() {
         })
         .collect();
     println!("\nrunning {} scenarios", chosen.len());
-    let daemon = (!chosen.is_empty()).then(Daemon::start);
+    let args = scenario::daemon_args();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let daemon = (!chosen.is_empty()).then(|| Daemon::start_with(&args));
     let (mut passed, mut failed) = (0, Vec::new());
     for path in &chosen {
         let name = path.file_stem().unwrap().to_string_lossy().into_owned();
