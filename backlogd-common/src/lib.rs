@@ -59,8 +59,8 @@ pub struct ListenerStats {
     pub delayed: [u64; cause::COUNT],
     /// Sum of those connections' delays (first dropped segment seen -> queued), ns.
     pub delay_sum_ns: u64,
-    /// Their delays: `delay[i]` counts delays below `2^DELAY_BUCKET_LOG2[i]` µs; the last
-    /// slot counts longer ones.
+    /// Their delays: `delay[i]` counts delays up to `DELAY_BOUNDS_MS[i]` ms; the last slot
+    /// counts longer ones.
     pub delay: [u64; DELAY_BUCKETS + 1],
     /// Attempts with a drop that a new attempt on the same 4-tuple replaced before they
     /// completed (the daemon counts the others, at the horizon).
@@ -117,14 +117,18 @@ pub mod cause {
 }
 
 /// Finite buckets of the connection-delay histogram.
-pub const DELAY_BUCKETS: usize = 8;
+pub const DELAY_BUCKETS: usize = 10;
 
-/// Bounds of the connection-delay buckets as powers of two of microseconds: 0.52 s, then
-/// 2.1, 4.2, 8.4, 16.8, 33.6, 67.1 and 134.2 s. A client retransmits a dropped SYN 1, 3,
-/// 7, 15, 31 and 63 s after the first (Linux; doubling from 1 s), so each retry lands in
-/// a bucket of its own, more than a second from either bound. (2^20 µs = 1.05 s is left
-/// out: the first retry plus a round trip falls on either side of it.)
-pub const DELAY_BUCKET_LOG2: [u32; DELAY_BUCKETS] = [19, 21, 22, 23, 24, 25, 26, 27];
+/// Upper bounds of the connection-delay buckets, ms: halfway between the times clients
+/// retry. Linux clients retransmit a dropped SYN 1, 3, 7, 15, 31 and 63 s after the first
+/// (doubling), or since 6.5 (`tcp_syn_linear_timeouts`, 4 by default) 1, 2, 3, 4, 5, then
+/// 7, 11, 19, 35 and 67 s; a server retransmits a SYN-ACK 1, 3, 7, 15 and 31 s after the
+/// first. Each of those lands at least 0.5 s from a bound (4 and 5 s share a bucket), so
+/// the bucket says which retry let the connection through. Powers of two of µs, as the
+/// accept-wait buckets use, would put the 2 s and 4 s retries within 0.1-0.2 s of a bound.
+pub const DELAY_BOUNDS_MS: [u64; DELAY_BUCKETS] = [
+    500, 1500, 2500, 3500, 5500, 9000, 17000, 33000, 65000, 135000,
+];
 
 /// Capacity of the ATTEMPTS map by default (the daemon's `client_impact_attempts` sets
 /// it at load time).

@@ -30,7 +30,7 @@ use aya_ebpf::{
     maps::{Array, HashMap, PerCpuArray},
 };
 use backlogd_common::{
-    ATTEMPTS_ENTRIES, Attempt, AttemptKey, DELAY_BUCKET_LOG2, DELAY_BUCKETS, ImpactSettings, cause,
+    ATTEMPTS_ENTRIES, Attempt, AttemptKey, DELAY_BOUNDS_MS, DELAY_BUCKETS, ImpactSettings, cause,
     segment_kind,
 };
 
@@ -206,7 +206,7 @@ fn match_completion(sk: KPtr, ino: u64, net: u64, skb: KPtr, child: KPtr) -> Res
     if ATTEMPTS.remove(&key).is_err() {
         return Ok(()); // the daemon's sweep took it first
     }
-    let slot = bucket(waited / 1000);
+    let slot = bucket(waited);
     listener::update(sk, ino, |s| {
         if let Some(d) = s.delayed.get_mut(entry.cause as usize) {
             *d += 1;
@@ -219,13 +219,12 @@ fn match_completion(sk: KPtr, ino: u64, net: u64, skb: KPtr, child: KPtr) -> Res
     Ok(())
 }
 
-/// Index of the first delay bucket whose bound (`2^DELAY_BUCKET_LOG2[i]` µs) exceeds `us`.
+/// Index of the first delay bucket whose bound (`DELAY_BOUNDS_MS`) is at least `ns`.
 #[inline(always)]
-fn bucket(us: u64) -> usize {
-    let bits = 64 - us.leading_zeros(); // us < 2^bits
+fn bucket(ns: u64) -> usize {
     let mut i = 0;
     while i < DELAY_BUCKETS {
-        if bits <= DELAY_BUCKET_LOG2[i] {
+        if ns <= DELAY_BOUNDS_MS[i] * 1_000_000 {
             return i;
         }
         i += 1;

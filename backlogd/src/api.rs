@@ -2,7 +2,7 @@
 //! `doctor`, `client.rs`) read. Plain data, no map handles: a client links none of the
 //! daemon's kernel side.
 
-use backlogd_common::{ACCEPT_WAIT_BUCKETS, DELAY_BUCKET_LOG2, DELAY_BUCKETS, ListenerStats};
+use backlogd_common::{ACCEPT_WAIT_BUCKETS, DELAY_BOUNDS_MS, DELAY_BUCKETS, ListenerStats};
 use serde::{Deserialize, Serialize};
 
 use crate::{
@@ -79,15 +79,16 @@ pub struct ClientImpact {
 impl ClientImpact {
     /// Upper bounds of the delay buckets in seconds, the last (infinite) one left out.
     pub fn bounds() -> [f64; DELAY_BUCKETS] {
-        DELAY_BUCKET_LOG2.map(|b| (1u64 << b) as f64 / 1e6)
+        DELAY_BOUNDS_MS.map(|ms| ms as f64 / 1e3)
     }
 
     pub fn delayed(&self) -> u64 {
         self.delayed_syn_drop + self.delayed_final_ack_overflow
     }
 
-    /// Delayed connections that waited at least `seconds` (a bucket bound, or the
-    /// bucket's lower edge rounded: 0.52 s counts every delayed connection above 0.524288 s).
+    /// Delayed connections whose delay's bucket lies above `seconds` (a bucket bound):
+    /// `delayed_at_least(0.5)` counts every delay over 0.5 s, i.e. every connection that
+    /// waited for a retry.
     pub fn delayed_at_least(&self, seconds: f64) -> u64 {
         self.delay
             .iter()
@@ -332,6 +333,40 @@ pub mod fixtures {
             stats_full: 0,
             listeners,
             namespaces,
+        }
+    }
+
+    /// Client impact: `syn_drop` and `final_ack` connections delayed (after a SYN, a final
+    /// ACK dropped first), their delays per bucket from the first (`delays`, as many
+    /// buckets as given; they add up to the delayed), each summed at its bucket's lower
+    /// edge, and `abandoned` attempts.
+    pub fn impact(syn_drop: u64, final_ack: u64, delays: &[u64], abandoned: u64) -> ClientImpact {
+        assert_eq!(
+            delays.iter().sum::<u64>(),
+            syn_drop + final_ack,
+            "every delayed connection has a delay"
+        );
+        let bounds = ClientImpact::bounds();
+        let lower = [0.0].into_iter().chain(bounds);
+        ClientImpact {
+            delayed_syn_drop: syn_drop,
+            delayed_final_ack_overflow: final_ack,
+            abandoned,
+            delay: bounds
+                .into_iter()
+                .map(Some)
+                .chain([None])
+                .enumerate()
+                .map(|(i, le)| Bucket {
+                    le,
+                    count: delays.get(i).copied().unwrap_or(0),
+                })
+                .collect(),
+            delay_sum_seconds: delays
+                .iter()
+                .zip(lower)
+                .map(|(&n, from)| n as f64 * from)
+                .sum(),
         }
     }
 

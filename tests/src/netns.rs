@@ -190,6 +190,13 @@ impl Netns {
         self.nft_rules("backlogd_test", "input", "input", 0, &[&rule]);
     }
 
+    /// As [`Netns::drop_incoming`], only for segments to local ports `ports` (nft syntax:
+    /// `40001-40003`): some clients' handshakes stay pending, the others' do not.
+    pub fn drop_incoming_to(&self, flags: &str, ports: &str) {
+        let rule = format!("tcp dport {ports} tcp flags & (syn|ack|rst|fin) == {flags} drop");
+        self.nft_rules("backlogd_test", "input", "input", 0, &[&rule]);
+    }
+
     /// Starts counting the SYNs that arrive for TCP port `port` (an nft counter on the
     /// input hook, which every segment passes before TCP sees it): the kernel's own count
     /// of SYNs reaching the listener, unaffected by when clients read their statistics.

@@ -505,15 +505,7 @@ fn impact_rows(members: &[Listener], truth: &ImpactTruth, after: &Scrape) -> Imp
     let histogram = "backlogd_listen_connection_delay_seconds_bucket";
     let mut unchecked = Vec::new();
     for le in [
-        "0.524288",
-        "2.097152",
-        "4.194304",
-        "8.388608",
-        "16.777216",
-        "33.554432",
-        "67.108864",
-        "134.217728",
-        "+Inf",
+        "0.5", "1.5", "2.5", "3.5", "5.5", "9", "17", "33", "65", "135", "+Inf",
     ] {
         let bound: f64 = le.parse().unwrap_or(f64::INFINITY);
         if truth

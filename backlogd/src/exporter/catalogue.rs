@@ -178,7 +178,9 @@ catalogue! {
         Listener,
         "Delay of the connections in backlogd_listen_connections_delayed_total: from their \
          attempt's first dropped segment to the connection being queued for accept. Bounds \
-         put each SYN retry (1, 3, 7, 15, 31, 63 s) in a bucket of its own. Served for \
+         lie between the times clients and servers retry (SYN: 1, 3, 7, 15 ... s, or 1, 2, \
+         3, 4, 5, 7, 11 ... s on Linux 6.5+; SYN-ACK: 1, 3, 7 ... s), so a bucket says \
+         which retry got through. Served for \
          listeners that have dropped a segment.";
     ListenConnectionsAbandoned: "backlogd_listen_connections_abandoned_total", Counter,
         Listener,

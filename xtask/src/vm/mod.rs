@@ -46,6 +46,7 @@ const GUEST_SUITES: &[(&str, Option<&str>)] = &[
     ("program_runs", None),
     ("stress", None),
     ("container", None),
+    ("client_impact", None),
 ];
 
 /// What runs in a mode the kernel cannot run: the refusal test.
@@ -84,12 +85,20 @@ const CI_SKIPS: &[(&str, &str, &str, &str, &str)] = &[];
 
 /// Suites `cargo xtask test` runs only on some kernels, to keep CI well inside its 90
 /// minutes: (suite, kernels, reason). `cargo xtask vm` runs them everywhere.
-const CI_SUITE_KERNELS: &[(&str, &[&str], &str)] = &[(
-    "stress",
-    &["debian-5.10", "trixie-backports"],
-    "the heaviest suite; CI runs it on the oldest and the newest kernel until it has been \
-     green on every kernel there",
-)];
+const CI_SUITE_KERNELS: &[(&str, &[&str], &str)] = &[
+    (
+        "stress",
+        &["debian-5.10", "trixie-backports"],
+        "the heaviest suite; CI runs it on the oldest and the newest kernel until it has been \
+         green on every kernel there",
+    ),
+    (
+        "client_impact",
+        &["debian-5.10", "trixie-backports"],
+        "its tests wait out real SYN retries and a horizon (about 40 s per mode); CI runs it \
+         on the oldest and the newest kernel",
+    ),
+];
 
 /// One kernel x mode cell of the table.
 struct Row {

@@ -1,0 +1,513 @@
+//! Client impact (what the drops cost the clients), checked against the clients' own
+//! sockets and the server's accepted ones: connections delayed by a drop, by cause and by
+//! how long; attempts abandoned; attempts the map could not track. The scenario suite
+//! (`scenarios`) checks the same figures for every burst it replays; these tests make the
+//! cases it does not: a final ACK dropped first, clients that give up, a full map.
+
+use std::{
+    collections::HashMap,
+    net::SocketAddr,
+    os::fd::AsRawFd as _,
+    time::{Duration, Instant},
+};
+
+use backlogd_tests::{
+    Daemon, Exact, Netns, Scrape,
+    kernel::{ListenCounters, tcp_ext},
+    sockets::{
+        ConnectWatch, Listener, connect_burst, fill_accept_queue, local_port, reset_close,
+        tcp_state,
+    },
+};
+use socket2::{Domain, Socket, Type};
+
+/// The daemons here run with a short horizon, so abandoned attempts are counted soon:
+/// longer than the ~7 s the clients of [`giving_up`] retry.
+const HORIZON_SECONDS: u64 = 8;
+
+/// One test at a time: every daemon's programs see every namespace's drops, so a test's
+/// daemon-wide figures (untracked attempts, a small map filling up) would count the
+/// others' clients too.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+const DELAY_BOUNDS: [&str; 11] = [
+    "0.5", "1.5", "2.5", "3.5", "5.5", "9", "17", "33", "65", "135", "+Inf",
+];
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn start(extra: &[&str]) -> Daemon {
+    let horizon = HORIZON_SECONDS.to_string();
+    let mut args = vec!["--client-impact-horizon", horizon.as_str()];
+    args.extend_from_slice(extra);
+    Daemon::start_with(&args)
+}
+
+/// The scrape once the daemon tracks no attempt: each one completed or was counted
+/// abandoned at its horizon.
+fn resolved(daemon: &Daemon) -> Scrape {
+    daemon.wait_for("every attempt completed or past its horizon", |s| {
+        (s.value("backlogd_client_impact_tracked", &[]) == Some(0.0)).then(|| s.clone())
+    })
+}
+
+fn value(scrape: &Scrape, metric: &str, listener: &Listener, extra: &[(&str, &str)]) -> u64 {
+    let inode = listener.inode.to_string();
+    let mut labels = vec![("socket", inode.as_str())];
+    labels.extend_from_slice(extra);
+    scrape
+        .value(metric, &labels)
+        .unwrap_or_else(|| panic!("no {metric} {labels:?}:\n{}", scrape.text)) as u64
+}
+
+/// Clients whose SYN-ACKs are held back until the accept queue is full, so their final
+/// ACKs are the first segments dropped; the server retransmits its SYN-ACK until the
+/// application makes room, and each completes then.
+#[test]
+fn final_acks_dropped_first_delay_their_connections_until_the_synack_retransmit() {
+    let _serial = serial();
+    let daemon = start(&[]);
+    let ns = Netns::new();
+    ns.sysctl("net.ipv4.tcp_syncookies", "0");
+    ns.sysctl("net.ipv4.tcp_abort_on_overflow", "0");
+    // Backlog 3: the SYN queue takes 3 requests (syncookies off), the accept queue 4.
+    let listener = Listener::open(&ns, "127.0.0.1:0", 3);
+    daemon.wait_for_listener(listener.inode);
+    let to = listener.addr;
+    let before = tcp_ext(&ns);
+
+    // Three clients from known ports, whose SYN-ACKs are dropped: their requests wait in
+    // the SYN queue, the accept queue still empty.
+    const VICTIMS: [u16; 2] = [40001, 40002];
+    ns.drop_incoming_to("syn|ack", "40001-40002");
+    let watch = ConnectWatch::start();
+    let started = Instant::now();
+    let victims: Vec<Socket> = ns.run(move || {
+        VICTIMS
+            .iter()
+            .map(|&port| {
+                let s = Socket::new(Domain::IPV4, Type::STREAM, None).expect("socket()");
+                s.set_reuse_address(true).expect("SO_REUSEADDR");
+                let from: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+                s.bind(&from.into()).expect("bind a client port");
+                s.set_nonblocking(true).expect("non-blocking");
+                match s.connect(&to.into()) {
+                    Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {}
+                    other => panic!("connect {to}: {other:?}"),
+                }
+                s
+            })
+            .collect()
+    });
+    watch.add(&victims, started);
+    // Then four more fill the accept queue, one at a time (each passes through the SYN
+    // queue's third slot).
+    let fillers = fill_accept_queue(&ns, &listener, to, 4);
+    ns.stop_dropping();
+    // At ~1 s the victims retransmit their SYNs, get SYN-ACKs and answer: the queue is
+    // full, their ACKs are dropped (again at the server's SYN-ACK retransmit at ~3 s).
+    // Room is made at 4 s; the next retransmit (~7 s) completes them.
+    std::thread::sleep(Duration::from_millis(4000) - started.elapsed());
+    listener
+        .socket
+        .set_nonblocking(true)
+        .expect("non-blocking listener");
+    let mut accepted: HashMap<u16, (Instant, u32)> = HashMap::new();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while accepted.len() < VICTIMS.len() + fillers.len() && Instant::now() < deadline {
+        match listener.socket.accept() {
+            Ok((c, peer)) => {
+                let port = peer.as_socket().map_or(0, |a| a.port());
+                accepted.insert(port, (Instant::now(), tcp_state(&c).1));
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(5)),
+        }
+    }
+    let timings = watch.finish();
+    let clients: Vec<(u16, u32)> = victims
+        .iter()
+        .map(|c| (local_port(c), tcp_state(c).1))
+        .collect();
+    victims.into_iter().chain(fillers).for_each(reset_close);
+    let scrape = resolved(&daemon);
+    let kernel = ListenCounters::delta(&before, &tcp_ext(&ns));
+
+    let mut exact = Exact::listener(&daemon, &ns, &listener);
+    exact
+        .evidence("victims (port, SYN retransmits)", &clients)
+        .evidence("accepted (port -> server SYN-ACK retransmits)", {
+            let mut a: Vec<_> = accepted.iter().map(|(p, (_, r))| (*p, *r)).collect();
+            a.sort();
+            a
+        })
+        .evidence("kernel", &kernel);
+    // The construction held: no SYN was dropped, only final ACKs.
+    exact.eq(
+        "final-ACK overflows vs ListenOverflows",
+        value(
+            &scrape,
+            "backlogd_listen_drops_total",
+            &listener,
+            &[("reason", "final_ack_overflow")],
+        ),
+        kernel.listen_overflows,
+    );
+    exact.eq(
+        "ListenDrops are all final-ACK overflows",
+        kernel.listen_overflows,
+        kernel.listen_drops,
+    );
+    let victims_done = VICTIMS
+        .iter()
+        .filter(|p| accepted.get(p).is_some_and(|&(_, retrans)| retrans > 0))
+        .count() as u64;
+    exact.eq(
+        "victims accepted after a SYN-ACK retransmit",
+        victims_done,
+        VICTIMS.len() as u64,
+    );
+    let delayed = "backlogd_listen_connections_delayed_total";
+    exact.eq(
+        "delayed after a final-ACK drop vs victims accepted",
+        value(
+            &scrape,
+            delayed,
+            &listener,
+            &[("cause", "final_ack_overflow")],
+        ),
+        victims_done,
+    );
+    exact.eq(
+        "delayed after a SYN drop (none was dropped)",
+        value(&scrape, delayed, &listener, &[("cause", "syn_drop")]),
+        0,
+    );
+    exact.eq(
+        "abandoned (every victim completed)",
+        value(
+            &scrape,
+            "backlogd_listen_connections_abandoned_total",
+            &listener,
+            &[],
+        ),
+        0,
+    );
+    // Each delay runs from the victim's ACK (its connect() completing) to its accept,
+    // give or take the watcher's and the accept loop's latency.
+    let brackets: Vec<(f64, f64)> = VICTIMS
+        .iter()
+        .filter_map(|p| {
+            let connected = timings[p].started + timings[p].took?;
+            let (at, _) = accepted.get(p)?;
+            let d = at.duration_since(connected).as_secs_f64();
+            Some((d - 0.3, d + 0.3))
+        })
+        .collect();
+    exact.evidence("delay brackets (s)", &brackets);
+    backlogd_tests::report(&format!(
+        "final-ACK victims' delays (first dropped ACK -> accepted, s, with margins): \
+         {brackets:.2?}\n"
+    ));
+    check_buckets(&mut exact, &scrape, &listener, &brackets);
+    exact.verify();
+}
+
+/// Clients whose SYNs meet a full accept queue until the application drains it at 1.5 s:
+/// the SYN and its first retransmission (1 s) are dropped, the second (3 s) completes.
+/// Each is delayed by about 3 s, counted under syn_drop, in the bucket up to 4.19 s.
+#[test]
+fn syn_drops_delay_their_connections_until_a_retransmitted_syn_gets_through() {
+    let _serial = serial();
+    let daemon = start(&[]);
+    let (ns, listener, fillers) = full_listener(&daemon);
+    let before = tcp_ext(&ns);
+    let watch = ConnectWatch::start();
+    let started = Instant::now();
+    let clients = connect_burst(&ns, listener.addr, 4);
+    watch.add(&clients, started);
+    std::thread::sleep(Duration::from_millis(1500).saturating_sub(started.elapsed()));
+    listener
+        .socket
+        .set_nonblocking(true)
+        .expect("non-blocking listener");
+    let mut accepted: HashMap<u16, Instant> = HashMap::new();
+    let deadline = Instant::now() + Duration::from_secs(8);
+    while accepted.len() < clients.len() + fillers.len() && Instant::now() < deadline {
+        match listener.socket.accept() {
+            Ok((_, peer)) => {
+                accepted.insert(peer.as_socket().map_or(0, |a| a.port()), Instant::now());
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(5)),
+        }
+    }
+    let timings = watch.finish();
+    let seen: Vec<(u16, u32)> = clients
+        .iter()
+        .map(|c| (local_port(c), tcp_state(c).1))
+        .collect();
+    clients.into_iter().chain(fillers).for_each(reset_close);
+    let scrape = resolved(&daemon);
+    let kernel = ListenCounters::delta(&before, &tcp_ext(&ns));
+
+    let mut exact = Exact::listener(&daemon, &ns, &listener);
+    exact
+        .evidence("clients (port, SYN retransmits)", &seen)
+        .evidence("kernel", &kernel);
+    exact.eq(
+        "accept-queue-full drops vs ListenOverflows",
+        value(
+            &scrape,
+            "backlogd_listen_drops_total",
+            &listener,
+            &[("reason", "accept_queue_full")],
+        ),
+        kernel.listen_overflows,
+    );
+    let delayed_truth = seen
+        .iter()
+        .filter(|(port, retrans)| *retrans > 0 && accepted.contains_key(port))
+        .count() as u64;
+    exact.eq("clients accepted after a SYN retransmit", delayed_truth, 4);
+    let delayed = "backlogd_listen_connections_delayed_total";
+    exact.eq(
+        "delayed after a SYN drop vs those clients",
+        value(&scrape, delayed, &listener, &[("cause", "syn_drop")]),
+        delayed_truth,
+    );
+    exact.eq(
+        "delayed after a final-ACK drop (none was dropped)",
+        value(
+            &scrape,
+            delayed,
+            &listener,
+            &[("cause", "final_ack_overflow")],
+        ),
+        0,
+    );
+    exact.eq(
+        "abandoned (every client completed)",
+        value(
+            &scrape,
+            "backlogd_listen_connections_abandoned_total",
+            &listener,
+            &[],
+        ),
+        0,
+    );
+    // The first SYN was dropped as connect() sent it; the connection was queued as
+    // connect() completed (seen by the watcher within milliseconds, later under load).
+    let brackets: Vec<(f64, f64)> = seen
+        .iter()
+        .filter_map(|(port, _)| {
+            let took = timings[port].took?.as_secs_f64();
+            Some((took - 0.3, took + 0.05))
+        })
+        .collect();
+    exact.evidence("delay brackets (s)", &brackets);
+    backlogd_tests::report(&format!(
+        "SYN-dropped clients' delays (connect() duration, s, with margins): {brackets:.2?}\n"
+    ));
+    check_buckets(&mut exact, &scrape, &listener, &brackets);
+    exact.verify();
+}
+
+/// Each delay bucket whose bound lies outside every bracket must count exactly the
+/// brackets below it.
+fn check_buckets(exact: &mut Exact, scrape: &Scrape, listener: &Listener, brackets: &[(f64, f64)]) {
+    for le in DELAY_BOUNDS {
+        let bound: f64 = le.parse().unwrap_or(f64::INFINITY);
+        if brackets.iter().any(|&(lo, hi)| lo < bound && bound <= hi) {
+            exact.evidence(
+                &format!("bucket le={le}"),
+                "straddled by a bracket: not checked",
+            );
+            continue;
+        }
+        let below = brackets.iter().filter(|&&(_, hi)| hi < bound).count() as u64;
+        exact.eq(
+            &format!("delays below {le} s"),
+            value(
+                scrape,
+                "backlogd_listen_connection_delay_seconds_bucket",
+                listener,
+                &[("le", le)],
+            ),
+            below,
+        );
+    }
+}
+
+/// Clients with one SYN retry (TCP_SYNCNT 1) against a full queue that never drains: each
+/// SYN is dropped, connect() fails after ~3 s, and the daemon counts each attempt
+/// abandoned when its horizon passes, and never delayed.
+#[test]
+fn clients_that_give_up_are_counted_abandoned_at_the_horizon() {
+    let _serial = serial();
+    let daemon = start(&[]);
+    let (ns, listener, fillers) = full_listener(&daemon);
+    let before = tcp_ext(&ns);
+    let clients = giving_up(&ns, listener.addr, 5);
+    let timed_out = wait_for_failures(&clients);
+    let kernel = ListenCounters::delta(&before, &tcp_ext(&ns));
+    let scrape = resolved(&daemon);
+    let mut exact = Exact::listener(&daemon, &ns, &listener);
+    exact.evidence("kernel", &kernel);
+    exact.eq("clients that timed out", timed_out, 5);
+    exact.eq(
+        "accept-queue-full drops vs ListenOverflows",
+        value(
+            &scrape,
+            "backlogd_listen_drops_total",
+            &listener,
+            &[("reason", "accept_queue_full")],
+        ),
+        kernel.listen_overflows,
+    );
+    // Every SYN the clients sent (first ones and TCPSynRetrans) was dropped.
+    exact.eq(
+        "SYNs dropped vs SYNs sent",
+        kernel.listen_drops,
+        5 + kernel.syn_retrans,
+    );
+    exact.eq(
+        "abandoned vs clients that timed out",
+        value(
+            &scrape,
+            "backlogd_listen_connections_abandoned_total",
+            &listener,
+            &[],
+        ),
+        timed_out,
+    );
+    for cause in ["syn_drop", "final_ack_overflow"] {
+        exact.eq(
+            &format!("delayed ({cause})"),
+            value(
+                &scrape,
+                "backlogd_listen_connections_delayed_total",
+                &listener,
+                &[("cause", cause)],
+            ),
+            0,
+        );
+    }
+    exact.verify();
+    drop(fillers);
+}
+
+/// A map with room for 4 attempts and 10 clients whose every SYN is dropped: 4 are tracked
+/// (and abandoned), every SYN of the other 6 is counted untracked.
+#[test]
+fn a_full_attempts_map_counts_the_segments_it_could_not_track() {
+    let _serial = serial();
+    let daemon = start(&["--client-impact-attempts", "4"]);
+    let (ns, listener, fillers) = full_listener(&daemon);
+    let before = tcp_ext(&ns);
+    let clients = giving_up(&ns, listener.addr, 10);
+    let timed_out = wait_for_failures(&clients);
+    let kernel = ListenCounters::delta(&before, &tcp_ext(&ns));
+    let scrape = resolved(&daemon);
+    let mut exact = Exact::listener(&daemon, &ns, &listener);
+    exact.evidence("kernel", &kernel);
+    exact.eq("clients that timed out", timed_out, 10);
+    exact.eq(
+        "SYNs dropped vs SYNs sent",
+        kernel.listen_drops,
+        10 + kernel.syn_retrans,
+    );
+    // Each client sends as many SYNs as the others (same TCP_SYNCNT, same timers).
+    exact.eq(
+        "SYNs sent: the same number per client",
+        kernel.listen_drops % 10,
+        0,
+    );
+    exact.eq(
+        "abandoned: the attempts the map held",
+        value(
+            &scrape,
+            "backlogd_listen_connections_abandoned_total",
+            &listener,
+            &[],
+        ),
+        4,
+    );
+    exact.eq(
+        "untracked: every SYN of the other 6",
+        scrape
+            .value("backlogd_client_impact_untracked_total", &[])
+            .expect("backlogd_client_impact_untracked_total") as u64,
+        6 * (kernel.listen_drops / 10),
+    );
+    exact.verify();
+    drop(fillers);
+}
+
+/// A listener (backlog 1, never accepting) whose accept queue is full: every SYN from
+/// now on is dropped.
+fn full_listener(daemon: &Daemon) -> (Netns, Listener, Vec<Socket>) {
+    let ns = Netns::new();
+    ns.sysctl("net.ipv4.tcp_syncookies", "0");
+    let listener = Listener::open(&ns, "127.0.0.1:0", 1);
+    daemon.wait_for_listener(listener.inode);
+    let fillers = fill_accept_queue(&ns, &listener, listener.addr, 2);
+    (ns, listener, fillers)
+}
+
+/// `n` clients that give up after one SYN retry (TCP_SYNCNT 1; Linux sends a third SYN at
+/// 3 s and fails the connect() at ~7 s: the give-up is checked only as a retransmit fires).
+fn giving_up(ns: &Netns, to: SocketAddr, n: usize) -> Vec<Socket> {
+    ns.run(move || {
+        (0..n)
+            .map(|_| {
+                let s = Socket::new(Domain::IPV4, Type::STREAM, None).expect("socket()");
+                let one: libc::c_int = 1;
+                // SAFETY: setsockopt reads one c_int.
+                let rc = unsafe {
+                    libc::setsockopt(
+                        s.as_raw_fd(),
+                        libc::IPPROTO_TCP,
+                        libc::TCP_SYNCNT,
+                        (&raw const one).cast(),
+                        size_of::<libc::c_int>() as libc::socklen_t,
+                    )
+                };
+                assert_eq!(rc, 0, "TCP_SYNCNT: {}", std::io::Error::last_os_error());
+                s.set_nonblocking(true).expect("non-blocking");
+                match s.connect(&to.into()) {
+                    Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {}
+                    other => panic!("connect {to}: {other:?}"),
+                }
+                s
+            })
+            .collect()
+    })
+}
+
+/// Waits (up to 10 s) until every client's connect() failed; returns how many failed
+/// with ETIMEDOUT.
+fn wait_for_failures(clients: &[Socket]) -> u64 {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    // SO_ERROR is read (and cleared) once per client, when its socket has closed.
+    let mut errors: Vec<Option<i32>> = vec![None; clients.len()];
+    while errors.iter().any(Option::is_none) && Instant::now() < deadline {
+        for (c, e) in clients.iter().zip(errors.iter_mut()) {
+            const TCP_CLOSE: u8 = 7;
+            if e.is_none() && tcp_state(c).0 == TCP_CLOSE {
+                *e = Some(
+                    c.take_error()
+                        .ok()
+                        .flatten()
+                        .and_then(|e| e.raw_os_error())
+                        .unwrap_or(0),
+                );
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    errors
+        .iter()
+        .filter(|e| **e == Some(libc::ETIMEDOUT))
+        .count() as u64
+}
