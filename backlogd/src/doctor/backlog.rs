@@ -40,6 +40,7 @@ pub fn finding(l: &ListenerSnapshot, ns: Option<&NamespaceSnapshot>) -> Option<F
                     somaxconn_line,
                 ],
                 remedy: remedy(wanted, l, ns, program),
+                client_impact: None,
             })
         }
         Request::Program {
@@ -64,6 +65,7 @@ pub fn finding(l: &ListenerSnapshot, ns: Option<&NamespaceSnapshot>) -> Option<F
                     somaxconn_line,
                 ],
                 remedy: remedy(wanted, l, ns, program),
+                client_impact: None,
             })
         }
         Request::AtLeast { .. } => {
@@ -100,6 +102,7 @@ pub fn finding(l: &ListenerSnapshot, ns: Option<&NamespaceSnapshot>) -> Option<F
                      then seen and this becomes exact{setting}. If it asks for more than \
                      {granted}, raise net.core.somaxconn in its namespace and restart it"
                 ),
+                client_impact: None,
             })
         }
         Request::Somaxconn { .. } | Request::Unknown => None,

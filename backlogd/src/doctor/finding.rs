@@ -4,7 +4,7 @@
 
 use serde::Serialize;
 
-use crate::api::ListenerSnapshot;
+use crate::api::{ClientImpact, ListenerSnapshot};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
@@ -24,6 +24,11 @@ pub struct Finding {
     pub summary: String,
     pub evidence: Vec<String>,
     pub remedy: String,
+    /// On findings about a listener's drops: what they cost its clients, as the JSON API
+    /// has it (counted since the listener's counters started, like the drops), where any
+    /// connection was delayed or abandoned. Its evidence lines quote these figures.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub client_impact: Option<ClientImpact>,
 }
 
 /// How findings name a listener.

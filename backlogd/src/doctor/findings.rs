@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use super::finding::{Finding, Severity, subject};
-use crate::api::{ListenerSnapshot, NamespaceSnapshot, Snapshot};
+use crate::api::{ClientImpact, ListenerSnapshot, NamespaceSnapshot, Snapshot};
 
 fn drops(l: &ListenerSnapshot) -> u64 {
     l.drops.accept_queue_full + l.drops.syn_queue_full + l.drops.final_ack_overflow + l.drops.other
@@ -31,6 +31,44 @@ fn human_seconds(s: f64) -> String {
     } else {
         format!("{s:.1} s")
     }
+}
+
+/// What `l`'s drops cost its clients (all of them, whatever the cause of each drop), for
+/// the findings about its drops: the figures, and the evidence lines quoting them. None
+/// when no connection was delayed or abandoned. How long they waited is told by the
+/// first two delay buckets' bounds (0.5 and 1.5 s: halfway to the first retry, and
+/// between the first and the next), the only figures the histogram has.
+fn client_impact(l: &ListenerSnapshot) -> Option<(ClientImpact, Vec<String>)> {
+    let i = &l.impact;
+    let mut lines = Vec::new();
+    let delayed = i.delayed();
+    if delayed > 0 {
+        let [first, second, ..] = ClientImpact::bounds();
+        let waited = i.delayed_at_least(first);
+        let longer = i.delayed_at_least(second);
+        let how_long = match (waited, longer) {
+            (0, _) => format!("all of them within {first} s of their first drop"),
+            (w, 0) => format!("{w} of them waited more than {first} s from their first drop"),
+            (w, l) => format!(
+                "{w} of them waited more than {first} s from their first drop, {l} of them \
+                 more than {second} s"
+            ),
+        };
+        lines.push(format!(
+            "{delayed} connections reached the accept queue only after this listener dropped \
+             a segment of their handshake ({} at SYN, {} at the final ACK): {how_long}",
+            i.delayed_syn_drop, i.delayed_final_ack_overflow
+        ));
+    }
+    if i.abandoned > 0 {
+        lines.push(format!(
+            "{} connection attempts with a drop never reached the accept queue: abandoned \
+             (not queued within client_impact_horizon, or replaced by a new attempt from the \
+             same client address and port)",
+            i.abandoned
+        ));
+    }
+    (!lines.is_empty()).then(|| (i.clone(), lines))
 }
 
 pub fn diagnose(snapshot: &Snapshot) -> Vec<Finding> {
@@ -67,6 +105,8 @@ pub fn diagnose(snapshot: &Snapshot) -> Vec<Finding> {
         if let Some(p99) = wait_quantile(l, 0.99) {
             queue_evidence.push(format!("accept wait p99 {p99}"));
         }
+        let impact = client_impact(l);
+        let impact_lines = impact.iter().flat_map(|(_, lines)| lines.iter().cloned());
         let accepts_slowly = "the application accepts too slowly for the arrival rate: \
             accept in a loop until EAGAIN, add workers (SO_REUSEPORT), or move work out of \
             the accept path; a larger backlog only hides this and adds latency";
@@ -76,6 +116,7 @@ pub fn diagnose(snapshot: &Snapshot) -> Vec<Finding> {
                  the final ACK)",
                 l.drops.accept_queue_full, l.drops.final_ack_overflow
             )];
+            evidence.extend(impact_lines.clone());
             evidence.extend(queue_evidence);
             out.push(Finding {
                 severity: Severity::Critical,
@@ -87,6 +128,7 @@ pub fn diagnose(snapshot: &Snapshot) -> Vec<Finding> {
                 ),
                 evidence,
                 remedy: accepts_slowly.to_owned(),
+                client_impact: impact.as_ref().map(|(figures, _)| figures.clone()),
             });
         } else if granted > 0 && f64::from(peak) >= 0.9 * f64::from(granted) {
             out.push(Finding {
@@ -99,6 +141,7 @@ pub fn diagnose(snapshot: &Snapshot) -> Vec<Finding> {
                 ),
                 evidence: queue_evidence,
                 remedy: accepts_slowly.to_owned(),
+                client_impact: None,
             });
         }
         // 3. SYN queue overflow with syncookies off.
@@ -112,8 +155,13 @@ pub fn diagnose(snapshot: &Snapshot) -> Vec<Finding> {
                      are off",
                     l.listener.addr, l.listener.port
                 ),
-                evidence: vec![
-                    format!("{} SYNs dropped (TCPReqQFullDrop)", l.drops.syn_queue_full),
+                evidence: [format!(
+                    "{} SYNs dropped (TCPReqQFullDrop)",
+                    l.drops.syn_queue_full
+                )]
+                .into_iter()
+                .chain(impact_lines)
+                .chain([
                     format!("SYN queue peak {} of limit {granted}", l.queues.syn_max),
                     match ns {
                         Some(n) => {
@@ -121,11 +169,13 @@ pub fn diagnose(snapshot: &Snapshot) -> Vec<Finding> {
                         }
                         None => "net.ipv4.tcp_syncookies unknown".to_owned(),
                     },
-                ],
+                ])
+                .collect(),
                 remedy: "enable syncookies (`sysctl -w net.ipv4.tcp_syncookies=1`, persist in \
                     /etc/sysctl.d), and if the handshakes are legitimate raise the listen \
                     backlog: the SYN queue's limit is the granted backlog"
                     .to_owned(),
+                client_impact: impact.as_ref().map(|(figures, _)| figures.clone()),
             });
         }
         // 4. Syncookies firing.
@@ -150,6 +200,7 @@ pub fn diagnose(snapshot: &Snapshot) -> Vec<Finding> {
                     or a SYN queue too small for the legitimate handshake rate: raise the \
                     listen backlog (and net.core.somaxconn)"
                     .to_owned(),
+                client_impact: None,
             });
         }
     }
@@ -204,6 +255,7 @@ pub fn diagnose(snapshot: &Snapshot) -> Vec<Finding> {
                          program or SO_INCOMING_CPU-aware balancing",
                         l.listener.inode
                     ),
+                    client_impact: None,
                 });
             }
         }
@@ -241,6 +293,7 @@ pub fn diagnose(snapshot: &Snapshot) -> Vec<Finding> {
                 the kernel retries the handshake when the queue has room again; with 1 \
                 clients get ECONNRESET on a burst the queue would have absorbed a moment later"
                 .to_owned(),
+            client_impact: None,
         });
     }
     out.sort_by(|a, b| b.severity.cmp(&a.severity).then(a.kind.cmp(b.kind)));

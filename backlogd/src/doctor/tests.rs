@@ -7,8 +7,8 @@ use super::{
 };
 use crate::{
     api::{
-        ListenerSnapshot,
-        fixtures::{NETNS, listener, namespace, owned_by, snapshot},
+        ClientImpact, ListenerSnapshot,
+        fixtures::{NETNS, impact, listener, namespace, owned_by, snapshot},
     },
     programs::{Asks, Known},
     queues::QueueFigures,
@@ -329,6 +329,146 @@ fn accept_wait_p99_joins_the_queue_evidence() {
         "accept_queue_overflow",
     );
     assert_eq!(f.evidence.last().unwrap(), "accept wait p99 > 8.4 s");
+}
+
+/// 312 connections delayed (300 after a SYN drop, 12 after a final-ACK drop): 22 by up
+/// to 0.5 s, 250 by 0.5-1.5 s (a first retry), 40 by more (30 by 2.5-3.5 s, 9 by 5.5-9 s,
+/// 1 by 9-17 s); 41 attempts abandoned.
+fn overflowing_with_impact() -> ListenerSnapshot {
+    let mut l = listener(1, 8080, "app", Some(8), 8);
+    l.drops.accept_queue_full = 480;
+    l.drops.final_ack_overflow = 3;
+    l.queues = queues(9, 9, 2);
+    l.queued = 20;
+    l.accepted = 11;
+    l.impact = impact(300, 12, &[22, 250, 0, 30, 0, 9, 1], 41);
+    l
+}
+
+#[test]
+fn accept_queue_overflow_says_how_many_connections_waited_and_how_many_never_connected() {
+    let f = only(
+        diagnose(&snapshot(vec![overflowing_with_impact()], vec![])),
+        "accept_queue_overflow",
+    );
+    assert_eq!(
+        f.evidence,
+        [
+            "483 connections dropped with the accept queue full (480 at SYN, 3 at the final ACK)",
+            "312 connections reached the accept queue only after this listener dropped a \
+             segment of their handshake (300 at SYN, 12 at the final ACK): 290 of them waited \
+             more than 0.5 s from their first drop, 40 of them more than 1.5 s",
+            "41 connection attempts with a drop never reached the accept queue: abandoned (not \
+             queued within client_impact_horizon, or replaced by a new attempt from the same \
+             client address and port)",
+            "accept queue peak 9 of capacity 8 (now 9)",
+            "11 accepted of 20 queued",
+        ]
+    );
+    // The figures those lines quote, in the JSON output (as the JSON API has them).
+    let json = serde_json::to_value(&f).unwrap();
+    let figures = &json["client_impact"];
+    assert_eq!(figures["delayed_syn_drop"], 300, "{json:#}");
+    assert_eq!(figures["delayed_final_ack_overflow"], 12, "{json:#}");
+    assert_eq!(figures["abandoned"], 41, "{json:#}");
+    let figures: ClientImpact = serde_json::from_value(figures.clone()).unwrap();
+    assert_eq!(figures.delayed(), 312);
+    assert_eq!(figures.delayed_at_least(0.5), 290);
+    assert_eq!(figures.delayed_at_least(1.5), 40);
+    // And as `backlogd doctor` prints it.
+    let text = super::render(
+        &snapshot(vec![overflowing_with_impact()], vec![]),
+        std::slice::from_ref(&f),
+    );
+    assert!(
+        text.contains(
+            "\n  evidence: 312 connections reached the accept queue only after this listener \
+             dropped a segment of their handshake (300 at SYN, 12 at the final ACK): 290 of \
+             them waited more than 0.5 s from their first drop, 40 of them more than 1.5 s\n"
+        ),
+        "{text}"
+    );
+}
+
+#[test]
+fn client_impact_is_said_only_where_there_is_some_and_never_beyond_its_figures() {
+    // None: no line, no figures in the JSON.
+    let mut l = overflowing_with_impact();
+    l.impact = ClientImpact::default();
+    let f = only(
+        diagnose(&snapshot(vec![l.clone()], vec![])),
+        "accept_queue_overflow",
+    );
+    assert_eq!(f.evidence.len(), 3, "{f:#?}");
+    assert!(f.client_impact.is_none());
+    assert!(
+        serde_json::to_value(&f)
+            .unwrap()
+            .get("client_impact")
+            .is_none()
+    );
+    // Delays all up to 0.5 s, nothing abandoned: no claim of a longer wait, no
+    // abandoned line.
+    l.impact = impact(0, 5, &[5], 0);
+    let f = only(
+        diagnose(&snapshot(vec![l.clone()], vec![])),
+        "accept_queue_overflow",
+    );
+    assert_eq!(
+        f.evidence[1],
+        "5 connections reached the accept queue only after this listener dropped a segment \
+         of their handshake (0 at SYN, 5 at the final ACK): all of them within 0.5 s of \
+         their first drop"
+    );
+    assert_eq!(f.evidence.len(), 4, "{f:#?}");
+    // Waits over 0.5 s, none over 1.5 s: the second figure is left out.
+    l.impact = impact(7, 0, &[0, 7], 0);
+    let f = only(
+        diagnose(&snapshot(vec![l.clone()], vec![])),
+        "accept_queue_overflow",
+    );
+    assert!(
+        f.evidence[1].ends_with(": 7 of them waited more than 0.5 s from their first drop"),
+        "{}",
+        f.evidence[1]
+    );
+    // Abandoned only.
+    l.impact = impact(0, 0, &[], 2);
+    let f = only(
+        diagnose(&snapshot(vec![l], vec![])),
+        "accept_queue_overflow",
+    );
+    assert!(
+        f.evidence[1].starts_with("2 connection attempts with a drop never reached"),
+        "{f:#?}"
+    );
+    assert_eq!(f.evidence.len(), 4, "{f:#?}");
+}
+
+#[test]
+fn syn_queue_overflow_carries_the_listeners_client_impact_too() {
+    let mut l = listener(1, 443, "app", Some(16), 16);
+    l.drops.syn_queue_full = 40;
+    l.queues = queues(0, 0, 16);
+    l.impact = impact(25, 0, &[0, 20, 5], 15);
+    let mut ns = namespace(NETNS, 4096);
+    ns.sysctls.tcp_syncookies = 0;
+    let f = only(diagnose(&snapshot(vec![l], vec![ns])), "syn_queue_overflow");
+    assert_eq!(
+        f.evidence,
+        [
+            "40 SYNs dropped (TCPReqQFullDrop)",
+            "25 connections reached the accept queue only after this listener dropped a \
+             segment of their handshake (25 at SYN, 0 at the final ACK): 25 of them waited \
+             more than 0.5 s from their first drop, 5 of them more than 1.5 s",
+            "15 connection attempts with a drop never reached the accept queue: abandoned (not \
+             queued within client_impact_horizon, or replaced by a new attempt from the same \
+             client address and port)",
+            "SYN queue peak 16 of limit 16",
+            "net.ipv4.tcp_syncookies = 0",
+        ]
+    );
+    assert_eq!(f.client_impact.map(|i| i.abandoned), Some(15));
 }
 
 #[test]

@@ -9,7 +9,7 @@ use std::{
 use ratatui::crossterm::event::KeyCode;
 use serde::Serialize;
 
-use crate::api::{ListenerSnapshot, Snapshot};
+use crate::api::{ClientImpact, ListenerSnapshot, Snapshot};
 
 /// One listener with its rates over the last refresh.
 #[derive(Debug, Clone, Serialize)]
@@ -24,11 +24,26 @@ pub struct Row {
     /// Accept-wait quantiles over the last refresh (bucket upper bounds, seconds).
     pub wait_p50: Option<f64>,
     pub wait_p99: Option<f64>,
+    /// Client impact per second: connections queued for accept after a drop of their
+    /// handshake (`ClientImpact::delayed`) ...
+    pub delayed_per_s: f64,
+    /// ... those of them that waited longer than the first delay bucket's bound
+    /// ([`ClientImpact::bounds`], 0.5 s: halfway to a client's first retry) from that
+    /// drop ...
+    pub delayed_long_per_s: f64,
+    /// ... and attempts with a drop not queued within the daemon's horizon
+    /// (`client_impact_horizon`), counted when it passes.
+    pub abandoned_per_s: f64,
 }
 
 impl Row {
     pub fn drops_total_per_s(&self) -> f64 {
         self.drops_per_s.iter().sum()
+    }
+
+    /// Delayed and abandoned connections per second, for the `DLY/ABN/s` column.
+    pub fn impact_per_s(&self) -> (f64, f64) {
+        (self.delayed_per_s, self.abandoned_per_s)
     }
 
     /// Granted less than it asked for (seen), or than its program asks for.
@@ -87,11 +102,22 @@ pub enum Line {
         members: usize,
         collapsed: bool,
         drops_per_s: f64,
+        /// Its members' delayed and abandoned connections per second.
+        impact_per_s: (f64, f64),
     },
     Listener(usize),
 }
 
 const HISTORY: usize = 60;
+
+/// A group's members, and their drops, delayed and abandoned connections per second.
+#[derive(Debug, Default, Clone, Copy)]
+struct GroupSums {
+    members: usize,
+    drops: f64,
+    delayed: f64,
+    abandoned: f64,
+}
 
 #[derive(Debug)]
 pub struct App {
@@ -139,6 +165,7 @@ impl App {
     /// Takes a new snapshot `elapsed` after the previous one.
     pub fn update(&mut self, snapshot: Snapshot, elapsed: Duration) {
         let secs = elapsed.as_secs_f64().max(1e-3);
+        let long = ClientImpact::bounds()[0];
         let before: HashMap<u64, &ListenerSnapshot> = self
             .previous
             .iter()
@@ -183,6 +210,12 @@ impl App {
                     syns_per_s: rate(l.syns_received, p.map(|p| p.syns_received)),
                     wait_p50: l.accept_wait.quantile(&waits, 0.5),
                     wait_p99: l.accept_wait.quantile(&waits, 0.99),
+                    delayed_per_s: rate(l.impact.delayed(), p.map(|p| p.impact.delayed())),
+                    delayed_long_per_s: rate(
+                        l.impact.delayed_at_least(long),
+                        p.map(|p| p.impact.delayed_at_least(long)),
+                    ),
+                    abandoned_per_s: rate(l.impact.abandoned, p.map(|p| p.impact.abandoned)),
                     l: l.clone(),
                 }
             })
@@ -236,11 +269,14 @@ impl App {
 
     /// The table's lines: groups of 2+ sockets get a header (collapsible), in row order.
     pub fn lines(&self) -> Vec<Line> {
-        let mut sizes: HashMap<(u32, String, u16), (usize, f64)> = HashMap::new();
+        let mut sizes: HashMap<(u32, String, u16), GroupSums> = HashMap::new();
         for r in self.rows.iter().filter(|r| self.matches(r)) {
             let e = sizes.entry(r.group()).or_default();
-            e.0 += 1;
-            e.1 += r.drops_total_per_s();
+            let (delayed, abandoned) = r.impact_per_s();
+            e.members += 1;
+            e.drops += r.drops_total_per_s();
+            e.delayed += delayed;
+            e.abandoned += abandoned;
         }
         let mut out = Vec::new();
         let mut seen = BTreeSet::new();
@@ -251,7 +287,12 @@ impl App {
             .filter(|(_, r)| self.matches(r))
         {
             let key = r.group();
-            let (members, drops) = sizes[&key];
+            let GroupSums {
+                members,
+                drops,
+                delayed,
+                abandoned,
+            } = sizes[&key];
             if members > 1 {
                 if !seen.insert(key.clone()) {
                     continue; // members are listed under their group's header
@@ -262,6 +303,7 @@ impl App {
                     members,
                     collapsed,
                     drops_per_s: drops,
+                    impact_per_s: (delayed, abandoned),
                 });
                 if !collapsed {
                     for (j, m) in self.rows.iter().enumerate() {

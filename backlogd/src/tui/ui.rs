@@ -13,9 +13,6 @@ use ratatui::{
 use super::app::{App, Line, Row};
 use crate::api::Request;
 
-/// Widths at or above this get the extra columns (netns, per-reason drops, rates, waits).
-const WIDE: u16 = 120;
-
 pub fn draw(frame: &mut Frame, app: &App) {
     let area = frame.area();
     let [header, table, bottom] = Layout::vertical([
@@ -106,42 +103,156 @@ fn queue_bar(depth: u32, capacity: u32, width: usize) -> String {
     format!("[{}{}]", "#".repeat(filled), ".".repeat(width - filled))
 }
 
-fn draw_table(frame: &mut Frame, app: &App, area: Rect) {
-    let wide = area.width >= WIDE;
-    let mut header = vec![
-        "ADDRESS:PORT",
-        "PROCESS",
-        "BACKLOG",
-        "ACCEPT QUEUE",
-        "SYNQ",
-        "DROPS/s",
+/// The table's columns, in display order. The first [`Col::BASE`] always show (a cut
+/// process name makes room for them); the others join in [`EXTRAS`] order while the
+/// width allows. Each is as wide as its header or its widest cell, up to [`Col::cap`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Col {
+    Address,
+    Process,
+    Backlog,
+    Accept,
+    Synq,
+    Drops,
+    Impact,
+    Reasons,
+    Cookies,
+    Rtx,
+    Wait,
+    Netns,
+}
+
+impl Col {
+    const ALL: [Col; 12] = [
+        Col::Address,
+        Col::Process,
+        Col::Backlog,
+        Col::Accept,
+        Col::Synq,
+        Col::Drops,
+        Col::Impact,
+        Col::Reasons,
+        Col::Cookies,
+        Col::Rtx,
+        Col::Wait,
+        Col::Netns,
     ];
-    let mut widths = vec![
-        Constraint::Length(22),
-        Constraint::Length(16),
-        Constraint::Length(9),
-        Constraint::Length(20),
-        Constraint::Length(5),
-        Constraint::Length(8),
-    ];
-    if wide {
-        header.extend([
-            "ACC/SYN/ACK/OTH",
-            "COOKIE/s",
-            "RTX/s",
-            "WAIT p50/p99",
-            "NETNS",
-        ]);
-        widths.extend([
-            Constraint::Length(18),
-            Constraint::Length(9),
-            Constraint::Length(7),
-            Constraint::Length(13),
-            Constraint::Length(11),
-        ]);
+    /// `ADDRESS:PORT` to `DLY/ABN/s`.
+    const BASE: usize = 7;
+
+    fn index(self) -> usize {
+        Col::ALL.iter().position(|&c| c == self).unwrap_or_default()
     }
+
+    fn header(self) -> &'static str {
+        match self {
+            Col::Address => "ADDRESS:PORT",
+            Col::Process => "PROCESS",
+            Col::Backlog => "BACKLOG",
+            Col::Accept => "ACCEPT QUEUE",
+            Col::Synq => "SYNQ",
+            Col::Drops => "DROPS/s",
+            Col::Impact => "DLY/ABN/s",
+            Col::Reasons => "ACC/SYN/ACK/OTH",
+            Col::Cookies => "COOKIE/s",
+            Col::Rtx => "RTX/s",
+            Col::Wait => "WAIT p50/p99",
+            Col::Netns => "NETNS",
+        }
+    }
+
+    /// The widest the column gets; a longer cell is cut.
+    fn cap(self) -> usize {
+        match self {
+            Col::Address => 22,
+            Col::Process => 16,
+            Col::Backlog => 10,
+            Col::Accept => 15,
+            Col::Synq => 5,
+            Col::Drops => 8,
+            Col::Impact => 11,
+            Col::Reasons => 18,
+            Col::Cookies => 9,
+            Col::Rtx => 7,
+            Col::Wait => 13,
+            Col::Netns => 11,
+        }
+    }
+}
+
+/// What joins the base columns when there is room, most wanted first.
+#[derive(Debug, Clone, Copy)]
+enum Extra {
+    Col(Col),
+    /// The accept queue's fill bar, in front of its figures.
+    Bar,
+}
+
+const EXTRAS: [Extra; 6] = [
+    Extra::Bar,
+    Extra::Col(Col::Reasons),
+    Extra::Col(Col::Wait),
+    Extra::Col(Col::Cookies),
+    Extra::Col(Col::Rtx),
+    Extra::Col(Col::Netns),
+];
+
+/// `[####] ` in front of the accept queue's figures.
+const BAR: usize = 7;
+
+/// One line of the table: its cells in [`Col::ALL`] order, and the accept queue's bar.
+struct Cells {
+    cells: Vec<(String, Style)>,
+    bar: Option<String>,
+    style: Style,
+}
+
+/// The columns that fit in `width` with their widths, given each column's widest cell
+/// (`content`, in [`Col::ALL`] order), and whether the accept queue gets its bar.
+fn fit(width: usize, content: &[usize]) -> (Vec<(Col, usize)>, bool) {
+    let mut own: Vec<usize> = Col::ALL
+        .iter()
+        .map(|&c| content[c.index()].max(c.header().len()).min(c.cap()))
+        .collect();
+    let mut shown: Vec<Col> = Col::ALL[..Col::BASE].to_vec();
+    // Every column after the first costs one more, for the gap in front of it.
+    let mut used = shown.iter().map(|&c| own[c.index()] + 1).sum::<usize>() - 1;
+    if used > width {
+        let process = &mut own[Col::Process.index()];
+        let cut = (used - width).min(*process - Col::Process.header().len());
+        *process -= cut;
+        used -= cut;
+    }
+    let mut bar = false;
+    for extra in EXTRAS {
+        let cost = match extra {
+            Extra::Col(c) => own[c.index()] + 1,
+            Extra::Bar => BAR,
+        };
+        if used + cost <= width {
+            used += cost;
+            match extra {
+                Extra::Col(c) => shown.push(c),
+                Extra::Bar => bar = true,
+            }
+        }
+    }
+    let widths = Col::ALL
+        .iter()
+        .filter(|c| shown.contains(c))
+        .map(|&c| {
+            (
+                c,
+                own[c.index()] + if bar && c == Col::Accept { BAR } else { 0 },
+            )
+        })
+        .collect();
+    (widths, bar)
+}
+
+fn draw_table(frame: &mut Frame, app: &App, area: Rect) {
     let lines = app.lines();
-    let rows: Vec<TableRow> = lines
+    let table: Vec<Cells> = lines
         .iter()
         .map(|line| match line {
             Line::Group {
@@ -149,22 +260,54 @@ fn draw_table(frame: &mut Frame, app: &App, area: Rect) {
                 members,
                 collapsed,
                 drops_per_s,
-            } => TableRow::new(vec![
-                Cell::from(format!(
-                    "{} {}:{}",
-                    if *collapsed { "+" } else { "-" },
-                    key.1,
-                    key.2
-                )),
-                Cell::from(format!("group of {members}")),
-                Cell::from(""),
-                Cell::from(""),
-                Cell::from(""),
-                Cell::from(rate(*drops_per_s)),
-            ])
-            .style(Style::new().add_modifier(Modifier::BOLD)),
-            Line::Listener(i) => listener_row(&app.rows[*i], wide),
+                impact_per_s,
+            } => {
+                let mut cells = vec![(String::new(), Style::new()); Col::ALL.len()];
+                cells[Col::Address.index()].0 =
+                    format!("{} {}:{}", if *collapsed { "+" } else { "-" }, key.1, key.2);
+                cells[Col::Process.index()].0 = format!("group of {members}");
+                cells[Col::Drops.index()].0 = rate(*drops_per_s);
+                cells[Col::Impact.index()].0 = impact(*impact_per_s);
+                Cells {
+                    cells,
+                    bar: None,
+                    style: Style::new().add_modifier(Modifier::BOLD),
+                }
+            }
+            Line::Listener(i) => listener_cells(&app.rows[*i]),
         })
+        .collect();
+    let content: Vec<usize> = (0..Col::ALL.len())
+        .map(|i| {
+            table
+                .iter()
+                .map(|l| l.cells[i].0.chars().count())
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let (columns, bar) = fit(area.width.into(), &content);
+    let rows: Vec<TableRow> = table
+        .into_iter()
+        .map(|line| {
+            let cells: Vec<Cell> = columns
+                .iter()
+                .map(|&(c, _)| {
+                    let (text, style) = line.cells[c.index()].clone();
+                    let text = match (&line.bar, c) {
+                        (Some(b), Col::Accept) if bar => format!("{b} {text}"),
+                        _ => text,
+                    };
+                    Cell::from(text).style(style)
+                })
+                .collect();
+            TableRow::new(cells).style(line.style)
+        })
+        .collect();
+    let header: Vec<&str> = columns.iter().map(|(c, _)| c.header()).collect();
+    let widths: Vec<Constraint> = columns
+        .iter()
+        .map(|&(_, w)| Constraint::Length(w as u16))
         .collect();
     let mut state =
         TableState::default().with_selected(Some(app.selected.min(lines.len().saturating_sub(1))));
@@ -173,6 +316,11 @@ fn draw_table(frame: &mut Frame, app: &App, area: Rect) {
         .row_highlight_style(Style::new().add_modifier(Modifier::BOLD).fg(Color::Cyan))
         .block(Block::new().borders(Borders::TOP));
     frame.render_stateful_widget(table, area, &mut state);
+}
+
+/// The `DLY/ABN/s` cell: delayed and abandoned connections per second.
+fn impact((delayed, abandoned): (f64, f64)) -> String {
+    format!("{}/{}", rate(delayed), rate(abandoned))
 }
 
 /// The request as the detail pane says it.
@@ -192,58 +340,72 @@ fn request_detail(request: &Request) -> String {
     }
 }
 
-fn listener_row(r: &Row, wide: bool) -> TableRow<'static> {
+/// A listener's cells in [`Col::ALL`] order.
+fn listener_cells(r: &Row) -> Cells {
     let l = &r.l.listener;
     let q = &r.l.queues;
-    let backlog = format!("{}/{}", r.l.request.short(), l.granted);
     let drops = r.drops_total_per_s();
-    let mut cells = vec![
-        Cell::from(format!("{}:{}", l.addr, l.port)),
-        Cell::from(match l.names.as_ref().and_then(|n| n.owner()) {
-            Some(owner) => format!("{}[{}] {owner}", l.comm, l.pid),
-            None => format!("{}[{}]", l.comm, l.pid),
-        }),
-        Cell::from(backlog).style(if r.clamped() {
-            Style::new().fg(Color::Red).add_modifier(Modifier::BOLD)
-        } else {
-            Style::new()
-        }),
-        Cell::from(format!(
-            "{} {}/{} ^{}",
-            queue_bar(q.accept_depth, l.granted, 4),
-            q.accept_depth,
-            l.granted,
-            q.accept_max
-        ))
-        .style(if q.accept_depth > l.granted {
-            Style::new().fg(Color::Red)
-        } else {
-            Style::new()
-        }),
-        Cell::from(q.syn_max.to_string()),
-        Cell::from(rate(drops)).style(if drops > 0.0 {
-            Style::new().fg(Color::Red).add_modifier(Modifier::BOLD)
-        } else {
-            Style::new()
-        }),
-    ];
-    if wide {
-        let d = r.drops_per_s;
-        cells.extend([
-            Cell::from(format!(
+    let (delayed, abandoned) = r.impact_per_s();
+    let d = r.drops_per_s;
+    let plain = Style::new();
+    let red = Style::new().fg(Color::Red);
+    let alarm = red.add_modifier(Modifier::BOLD);
+    let cells = vec![
+        (format!("{}:{}", l.addr, l.port), plain),
+        (
+            match l.names.as_ref().and_then(|n| n.owner()) {
+                Some(owner) => format!("{}[{}] {owner}", l.comm, l.pid),
+                None => format!("{}[{}]", l.comm, l.pid),
+            },
+            plain,
+        ),
+        (
+            format!("{}/{}", r.l.request.short(), l.granted),
+            if r.clamped() { alarm } else { plain },
+        ),
+        (
+            format!("{}/{} ^{}", q.accept_depth, l.granted, q.accept_max),
+            if q.accept_depth > l.granted {
+                red
+            } else {
+                plain
+            },
+        ),
+        (q.syn_max.to_string(), plain),
+        (rate(drops), if drops > 0.0 { alarm } else { plain }),
+        (
+            impact((delayed, abandoned)),
+            if abandoned > 0.0 {
+                alarm
+            } else if delayed > 0.0 {
+                red
+            } else {
+                plain
+            },
+        ),
+        (
+            format!(
                 "{}/{}/{}/{}",
                 rate(d[0]),
                 rate(d[1]),
                 rate(d[2]),
                 rate(d[3])
-            )),
-            Cell::from(rate(r.syncookies_per_s)),
-            Cell::from(rate(r.synack_retransmits_per_s)),
-            Cell::from(format!("{}/{}", seconds(r.wait_p50), seconds(r.wait_p99))),
-            Cell::from(l.netns.to_string()),
-        ]);
+            ),
+            plain,
+        ),
+        (rate(r.syncookies_per_s), plain),
+        (rate(r.synack_retransmits_per_s), plain),
+        (
+            format!("{}/{}", seconds(r.wait_p50), seconds(r.wait_p99)),
+            plain,
+        ),
+        (l.netns.to_string(), plain),
+    ];
+    Cells {
+        cells,
+        bar: Some(queue_bar(q.accept_depth, l.granted, 4)),
+        style: plain,
     }
-    TableRow::new(cells)
 }
 
 fn draw_sparkline(frame: &mut Frame, app: &App, area: Rect) {
@@ -271,6 +433,7 @@ fn draw_detail(frame: &mut Frame, app: &App, area: Rect) {
         None => vec![TextLine::raw("select a listener (not a group header)")],
         Some(r) => {
             let l = &r.l;
+            let long = crate::api::ClientImpact::bounds()[0];
             vec![
                 TextLine::raw(format!(
                     "{}:{}  socket {}  netns {}  {}[{}]",
@@ -314,6 +477,22 @@ fn draw_detail(frame: &mut Frame, app: &App, area: Rect) {
                     seconds(r.wait_p50),
                     seconds(r.wait_p99)
                 )),
+                TextLine::raw(format!(
+                    "client impact: delayed {}/s ({}/s waited > {long} s)  abandoned {}/s  \
+                     (last refresh)",
+                    rate(r.delayed_per_s),
+                    rate(r.delayed_long_per_s),
+                    rate(r.abandoned_per_s)
+                )),
+                TextLine::raw(format!(
+                    "impact totals: delayed {} (SYN drop {}, final-ACK overflow {}; {} waited \
+                     > {long} s)  abandoned {}",
+                    l.impact.delayed(),
+                    l.impact.delayed_syn_drop,
+                    l.impact.delayed_final_ack_overflow,
+                    l.impact.delayed_at_least(long),
+                    l.impact.abandoned
+                )),
             ]
             .into_iter()
             .chain(
@@ -337,7 +516,7 @@ fn draw_detail(frame: &mut Frame, app: &App, area: Rect) {
 }
 
 fn draw_help(frame: &mut Frame, area: Rect) {
-    let w = 50.min(area.width);
+    let w = 56.min(area.width);
     let h = 14.min(area.height);
     let popup = Rect::new(
         area.x + (area.width - w) / 2,
@@ -354,6 +533,10 @@ fn draw_help(frame: &mut Frame, area: Rect) {
         ("enter, d", "detail pane / collapse group"),
         ("?, h", "this help"),
         ("q, esc", "quit"),
+        ("", ""),
+        ("DLY/ABN/s", "connections queued after a drop /"),
+        ("", "attempts with a drop not queued"),
+        ("", "within the horizon, per second"),
     ];
     let text: Vec<TextLine> = keys
         .iter()
@@ -372,13 +555,14 @@ pub fn plain(app: &App) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:<24} {:<18} {:>9} {:>13} {:>5} {:>8} {:>9} {:>7} {:>13}  OWNER",
+        "{:<24} {:<18} {:>9} {:>13} {:>5} {:>8} {:>9} {:>9} {:>7} {:>13}  OWNER",
         "ADDRESS:PORT",
         "PROCESS",
         "BACKLOG",
         "ACCEPT Q",
         "SYNQ",
         "DROPS/s",
+        "DLY/ABN/s",
         "COOKIE/s",
         "RTX/s",
         "WAIT p50/p99"
@@ -388,7 +572,7 @@ pub fn plain(app: &App) -> String {
         let q = &r.l.queues;
         let _ = writeln!(
             out,
-            "{:<24} {:<18} {:>9} {:>13} {:>5} {:>8} {:>9} {:>7} {:>13}  {}",
+            "{:<24} {:<18} {:>9} {:>13} {:>5} {:>8} {:>9} {:>9} {:>7} {:>13}  {}",
             format!("{}:{}", l.addr, l.port),
             format!("{}[{}]", l.comm, l.pid),
             format!(
@@ -400,6 +584,7 @@ pub fn plain(app: &App) -> String {
             format!("{}/{} ^{}", q.accept_depth, l.granted, q.accept_max),
             q.syn_max,
             rate(r.drops_total_per_s()),
+            impact(r.impact_per_s()),
             rate(r.syncookies_per_s),
             rate(r.synack_retransmits_per_s),
             format!("{}/{}", seconds(r.wait_p50), seconds(r.wait_p99)),
@@ -435,8 +620,9 @@ mod tests {
         fixtures::snapshot(listeners, Vec::new())
     }
 
-    /// Two snapshots one second apart: nginx on :80 drops 50/s, sshd is quiet, and a
-    /// 2-socket reuseport group on :8080.
+    /// Two snapshots one second apart: nginx on :80 drops 50/s, delays 12 connections
+    /// (10 of them by more than 0.5 s) and 3 are abandoned, sshd is quiet, and a 2-socket
+    /// reuseport group on :8080.
     fn app() -> App {
         let quiet = vec![
             listener(1, 80, "nginx", 511, 128),
@@ -452,6 +638,7 @@ mod tests {
             accept_max: 129,
             syn_max: 3,
         };
+        busy[0].impact = fixtures::impact(10, 2, &[2, 9, 1], 3);
         let mut app = App::new(Duration::from_secs(1));
         app.update(snapshot(quiet), Duration::from_secs(1));
         app.update(snapshot(busy), Duration::from_secs(1));
@@ -502,6 +689,7 @@ mod tests {
         let screen = render(&app(), 200, 50);
         let header = screen.iter().find(|l| l.contains("ADDRESS:PORT")).unwrap();
         for col in [
+            "DLY/ABN/s",
             "ACC/SYN/ACK/OTH",
             "COOKIE/s",
             "RTX/s",
@@ -519,6 +707,151 @@ mod tests {
             screen.iter().any(|l| l.contains("drops/s 0.0.0.0:80")),
             "{screen:#?}"
         );
+    }
+
+    /// The header line of a rendered table and the row of `addr`.
+    fn header_and_row<'a>(screen: &'a [String], addr: &str) -> (&'a str, &'a str) {
+        let h = screen
+            .iter()
+            .position(|l| l.contains("ADDRESS:PORT"))
+            .expect("a header");
+        let row = screen[h + 1..]
+            .iter()
+            .find(|l| l.starts_with(&format!("{addr} ")))
+            .unwrap_or_else(|| panic!("no row for {addr}: {screen:#?}"));
+        (&screen[h], row)
+    }
+
+    /// The cell under `column`'s header.
+    fn cell<'a>(header: &str, row: &'a str, column: &str) -> &'a str {
+        let at = header
+            .find(column)
+            .unwrap_or_else(|| panic!("no {column} in {header}"));
+        row[at..].split_whitespace().next().unwrap_or("")
+    }
+
+    #[test]
+    fn the_impact_column_shows_delayed_and_abandoned_per_second_from_80_columns_on() {
+        let app = app();
+        for w in [80, 100, 120, 200] {
+            let screen = render(&app, w, 24);
+            let (header, row) = header_and_row(&screen, "0.0.0.0:80");
+            assert_eq!(cell(header, row, "DLY/ABN/s"), "12/3.0", "{w}: {screen:#?}");
+            assert_eq!(cell(header, row, "DROPS/s"), "50", "{w}: {screen:#?}");
+            // The base columns are never cut to make room for it.
+            assert_eq!(cell(header, row, "BACKLOG"), "511/128", "{w}: {screen:#?}");
+            assert!(row.contains("129/128 ^129"), "{w}: {row}");
+            let (_, group) = header_and_row(&screen, "- 0.0.0.0:8080");
+            assert_eq!(cell(header, group, "DLY/ABN/s"), "0/0", "{w}: {screen:#?}");
+        }
+        let screen = render(&app, 80, 24);
+        assert_eq!(
+            header_and_row(&screen, "0.0.0.0:80").1.trim_end(),
+            "0.0.0.0:80     nginx[101] 511/128 [####] 129/128 ^129 3    50      12/3.0"
+        );
+        // With room, the other columns join in turn.
+        let screen = render(&app, 120, 24);
+        let (header, row) = header_and_row(&screen, "0.0.0.0:80");
+        assert_eq!(
+            header.trim_end(),
+            "ADDRESS:PORT   PROCESS    BACKLOG ACCEPT QUEUE        SYNQ DROPS/s DLY/ABN/s \
+             ACC/SYN/ACK/OTH COOKIE/s RTX/s WAIT p50/p99"
+        );
+        assert_eq!(
+            row.trim_end(),
+            "0.0.0.0:80     nginx[101] 511/128 [####] 129/128 ^129 3    50      12/3.0    \
+             50/0/0/0        0        0     -/-"
+        );
+    }
+
+    #[test]
+    fn at_80_columns_a_long_address_keeps_the_impact_column_and_cuts_the_process() {
+        let mut l = listener(99999, 65535, "postgres-worker", 4096, 4096);
+        l.listener.addr = "255.255.255.255".parse().unwrap();
+        l.queues = QueueFigures {
+            accept_depth: 4096,
+            accept_max: 4097,
+            syn_max: 4096,
+        };
+        let mut after = l.clone();
+        after.impact = fixtures::impact(1000, 0, &[0, 1000], 0);
+        let mut app = App::new(Duration::from_secs(1));
+        app.update(snapshot(vec![l]), Duration::from_secs(1));
+        app.update(snapshot(vec![after]), Duration::from_secs(1));
+        let screen = render(&app, 80, 24);
+        let (header, row) = header_and_row(&screen, "255.255.255.255:65535");
+        assert_eq!(
+            header.trim_end(),
+            "ADDRESS:PORT          PROCESS   BACKLOG   ACCEPT QUEUE    SYNQ DROPS/s DLY/ABN/s"
+        );
+        assert_eq!(
+            row.trim_end(),
+            "255.255.255.255:65535 postgres- 4096/4096 4096/4096 ^4097 4096 0       1000/0"
+        );
+    }
+
+    #[test]
+    fn impact_rates_are_the_counters_increase_over_the_refresh() {
+        let mut before = listener(1, 80, "nginx", 511, 128);
+        before.impact = fixtures::impact(4, 0, &[0, 4], 1);
+        let mut after = before.clone();
+        after.impact = fixtures::impact(14, 2, &[2, 13, 1], 7);
+        let mut app = App::new(Duration::from_secs(2));
+        app.update(snapshot(vec![before]), Duration::from_secs(2));
+        // The first snapshot has nothing to compare with.
+        assert_eq!(app.rows[0].impact_per_s(), (0.0, 0.0));
+        app.update(snapshot(vec![after]), Duration::from_secs(2));
+        let r = &app.rows[0];
+        assert_eq!(r.impact_per_s(), (6.0, 3.0));
+        assert_eq!(r.delayed_long_per_s, 5.0);
+        // `top --json` carries them.
+        let json = serde_json::to_value(r).unwrap();
+        assert_eq!(json["delayed_per_s"], 6.0);
+        assert_eq!(json["delayed_long_per_s"], 5.0);
+        assert_eq!(json["abandoned_per_s"], 3.0);
+        // `--once`: after DROPS/s.
+        let text = plain(&app);
+        let mut lines = text.lines();
+        assert_eq!(
+            lines.next().unwrap(),
+            "ADDRESS:PORT             PROCESS              BACKLOG      ACCEPT Q  SYNQ  \
+             DROPS/s DLY/ABN/s  COOKIE/s   RTX/s  WAIT p50/p99  OWNER"
+        );
+        assert_eq!(
+            lines.next().unwrap(),
+            "0.0.0.0:80               nginx[101]          511/128!      0/128 ^0     0        \
+             0   6.0/3.0         0       0           -/-  "
+        );
+    }
+
+    #[test]
+    fn the_detail_pane_and_the_help_explain_the_impact() {
+        let mut app = app();
+        app.selected = 0;
+        app.on_key(KeyCode::Char('d'));
+        let screen = render(&app, 120, 30);
+        for line in [
+            "client impact: delayed 12/s (10/s waited > 0.5 s)  abandoned 3.0/s  (last refresh)",
+            "impact totals: delayed 12 (SYN drop 10, final-ACK overflow 2; 10 waited > 0.5 s)  \
+             abandoned 3",
+        ] {
+            assert!(
+                screen.iter().any(|l| l.contains(line)),
+                "{line}: {screen:#?}"
+            );
+        }
+        app.on_key(KeyCode::Char('?'));
+        let screen = render(&app, 80, 24);
+        for line in [
+            "DLY/ABN/s     connections queued after a drop /",
+            "attempts with a drop not queued",
+            "within the horizon, per second",
+        ] {
+            assert!(
+                screen.iter().any(|l| l.contains(line)),
+                "{line}: {screen:#?}"
+            );
+        }
     }
 
     #[test]
