@@ -25,9 +25,11 @@ pub mod map {
     pub const ATTEMPTS: &str = "ATTEMPTS";
     /// Per-CPU count of dropped segments whose attempt ATTEMPTS had no room for.
     pub const ATTEMPTS_UNTRACKED: &str = "ATTEMPTS_UNTRACKED";
+    /// Attempts the daemon counted abandoned, by listener inode.
+    pub const ABANDONED: &str = "ABANDONED";
 
     /// Every map the daemon uses, in the order it pins them.
-    pub const DAEMON: [&str; 9] = [
+    pub const DAEMON: [&str; 10] = [
         LISTENER_EVENTS,
         LISTENER_EVENTS_LOST,
         LISTENER_STATS,
@@ -37,6 +39,7 @@ pub mod map {
         LISTENS_SEEN,
         ATTEMPTS,
         ATTEMPTS_UNTRACKED,
+        ABANDONED,
     ];
 
     /// The global the daemon fills with the running kernel's struct offsets.

@@ -54,6 +54,15 @@ static LAST_DROP: Array<u64> = Array::with_max_entries(1, 0);
 #[unsafe(no_mangle)]
 static CLIENT_IMPACT: ImpactSettings = ImpactSettings { horizon_ns: 0 };
 
+/// How far a final ACK's (or data's) sequence number may lie beyond an attempt's ISN + 1
+/// and still belong to it: more than any receive window a request offers, and 1/4096 of
+/// the sequence space, the odds that a new attempt's random ISN falls inside by chance.
+const ACK_WINDOW: u32 = 1 << 20;
+
+/// `LAST_DROP` is rewritten only when it is older than half this, and the gate stays open
+/// this much longer than the horizon.
+const GATE_SLACK_NS: u64 = 1_000_000_000;
+
 #[inline(always)]
 fn horizon_ns() -> u64 {
     // SAFETY: a valid static; volatile so LLVM cannot fold the object file's zero.
@@ -134,10 +143,15 @@ fn record_drop(sk: KPtr, ino: u64, net: u64, skb: KPtr, kind: u32) -> Result<()>
             // SAFETY: a value of the map; only this attempt's segments (processed one
             // at a time, seconds apart) and the daemon's sweep touch it.
             let entry = unsafe { &mut *entry };
-            // Later segments of the same attempt: a retransmitted SYN (same ISN), or any
-            // segment after the handshake's SYN got through (its ACKs, its data).
-            let same =
-                kind != segment_kind::SYN || (entry.cause == cause::SYN_DROP && entry.isn == isn);
+            // Later segments of the same attempt: a retransmitted SYN (same ISN), or a
+            // segment after the handshake's SYN got through (its ACK, its data: within
+            // a receive window of ISN + 1). A final ACK far from the entry's ISN is a new
+            // attempt whose SYN was not dropped.
+            let same = if kind == segment_kind::SYN {
+                entry.cause == cause::SYN_DROP && entry.isn == isn
+            } else {
+                seq.wrapping_sub(entry.isn.wrapping_add(1)) < ACK_WINDOW
+            };
             if same {
                 entry.drops = entry.drops.saturating_add(1);
             } else {
@@ -162,9 +176,14 @@ fn record_drop(sk: KPtr, ino: u64, net: u64, skb: KPtr, kind: u32) -> Result<()>
         }
     }
     if let Some(last) = LAST_DROP.get_ptr_mut(0) {
-        // SAFETY: the single element. CPUs racing here store times microseconds apart;
-        // whichever wins keeps the gate open for about a horizon, which is all it does.
-        unsafe { *last = now };
+        // SAFETY: the single element. Written at most about once per GATE_SLACK_NS / 2,
+        // so a drop storm on many CPUs does not bounce its cache line; the gate allows
+        // for that staleness. CPUs racing here store times microseconds apart.
+        unsafe {
+            if now.wrapping_sub(*last) > GATE_SLACK_NS / 2 {
+                *last = now;
+            }
+        }
     }
     Ok(())
 }
@@ -185,7 +204,7 @@ fn match_completion(sk: KPtr, ino: u64, net: u64, skb: KPtr, child: KPtr) -> Res
     let last = LAST_DROP.get(0).copied().unwrap_or(0);
     let now = now_ns();
     let horizon = horizon_ns();
-    if last == 0 || now.wrapping_sub(last) > horizon {
+    if last == 0 || now.wrapping_sub(last) > horizon + GATE_SLACK_NS {
         return Ok(()); // no attempt can be waiting: the common case, no lookup
     }
     let (key, _) = segment(net, skb)?;

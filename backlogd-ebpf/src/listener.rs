@@ -6,7 +6,7 @@
 use aya_ebpf::{
     helpers::bpf_ktime_get_ns,
     macros::map,
-    maps::{Array, PerCpuArray, PerCpuHashMap},
+    maps::{Array, HashMap, PerCpuArray, PerCpuHashMap},
 };
 use backlogd_common::{LISTENER_STATS_ENTRIES, ListenerStats, QueueState, map_full};
 
@@ -25,6 +25,13 @@ static LISTENER_STATS_FULL: PerCpuArray<u64> = PerCpuArray::with_max_entries(map
 #[map]
 static LISTENER_QUEUES: PerCpuHashMap<u64, QueueState> =
     PerCpuHashMap::with_max_entries(LISTENER_STATS_ENTRIES, 0);
+
+/// Connection attempts the daemon found past the client-impact horizon, by listener
+/// inode: written by the daemon alone (a per-CPU counter it cannot add to safely), kept
+/// here so that a pinned state carries them across a daemon restart like every other
+/// count. The programs only remove a closed listener's entry.
+#[map]
+static ABANDONED: HashMap<u64, u64> = HashMap::with_max_entries(LISTENER_STATS_ENTRIES, 0);
 
 /// Zeroed counters to create an entry from, never written: a 400-byte `ListenerStats`
 /// on the stack would leave callers too little of the 512 bytes they have.
@@ -126,4 +133,5 @@ pub(crate) fn observe_queues(sk: KPtr, ino: u64) -> Result<()> {
 pub(crate) fn forget(ino: u64) {
     let _ = LISTENER_STATS.remove(ino);
     let _ = LISTENER_QUEUES.remove(ino);
+    let _ = ABANDONED.remove(ino);
 }

@@ -60,7 +60,7 @@ pub struct Layer {
     /// Listeners whose counters the kernel maps can hold at once. A listener beyond it is
     /// still listed, but its counter updates and queue observations are lost and counted
     /// (backlogd_listener_stats_full_total, backlogd_listener_queue_observations_lost_total;
-    /// logged once). Each slot costs about 300 bytes per CPU, both maps together (a 280-byte
+    /// logged once). Each slot costs about 400 bytes per CPU, both maps together (a 384-byte
     /// counter set and a 24-byte queue state), plus about 100 bytes once for the listener's
     /// last listen() event [default: 16384].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=MAX_LISTENERS_LIMIT))]
@@ -150,7 +150,7 @@ pub struct Config {
     pub http: HttpConfig,
 }
 
-/// Largest `max_listeners`: 2^20 slots are about 300 MiB of kernel memory per CPU.
+/// Largest `max_listeners`: 2^20 slots are about 400 MiB of kernel memory per CPU.
 pub const MAX_LISTENERS_LIMIT: u64 = 1 << 20;
 /// Longest client-impact horizon: an hour, far beyond any client's connect retries.
 pub const MAX_HORIZON: u64 = 3600;

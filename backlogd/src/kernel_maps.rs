@@ -46,9 +46,10 @@ pub struct KernelMaps {
     pub attempts: BpfHashMap<MapData, AttemptKey, Attempt>,
     /// Per-CPU count of dropped segments whose attempt the map had no room for.
     pub attempts_untracked: PerCpuArray<MapData, u64>,
-    /// Attempts this daemon found past the horizon, by listener inode: added to the
-    /// kernel's own `abandoned` counts (attempts a new one on the same 4-tuple replaced).
-    pub abandoned: HashMap<u64, u64>,
+    /// Attempts the daemon found past the horizon, by listener inode (pinned with the
+    /// others, so the counts survive a restart): added to the programs' own `abandoned`
+    /// counts (attempts a new one on the same 4-tuple replaced).
+    pub abandoned: BpfHashMap<MapData, u64, u64>,
     /// Attempts in the map as of the last sweep.
     pub tracked: u64,
 }
@@ -109,6 +110,8 @@ impl KernelMaps {
     /// Per-listener counters summed over CPUs, with the abandoned attempts this daemon
     /// counted.
     pub fn listener_stats<M: FromIterator<(u64, ListenerStats)>>(&self) -> M {
+        // Entries only for listeners with abandoned attempts: few.
+        let abandoned: HashMap<u64, u64> = self.abandoned.iter().filter_map(Result::ok).collect();
         fold_per_cpu(&self.listener_stats, |per_cpu| {
             let mut total = ListenerStats::default();
             per_cpu.iter().for_each(|s| total.add(s));
@@ -116,7 +119,7 @@ impl KernelMaps {
         })
         .into_iter()
         .map(|(ino, mut stats)| {
-            stats.abandoned += self.abandoned.get(&ino).copied().unwrap_or(0);
+            stats.abandoned += abandoned.get(&ino).copied().unwrap_or(0);
             (ino, stats)
         })
         .collect()
@@ -149,7 +152,10 @@ impl KernelMaps {
             sweep.abandoned += 1;
             // A listener that has closed is gone from the figures with its counters.
             if self.listener_stats.get(&ino, 0).is_ok() {
-                *self.abandoned.entry(ino).or_default() += 1;
+                let count = self.abandoned.get(&ino, 0).unwrap_or(0);
+                if let Err(e) = self.abandoned.insert(ino, count + 1, 0) {
+                    tracing::warn!(error = %e, listener = ino, "cannot count an abandoned attempt");
+                }
             }
         }
         self.tracked = sweep.tracked;
@@ -183,7 +189,7 @@ impl KernelMaps {
             removed += u64::from(self.listener_stats.remove(ino).is_ok());
             removed += u64::from(self.listener_queues.remove(ino).is_ok());
             removed += u64::from(self.listens_seen.remove(ino).is_ok());
-            self.abandoned.remove(ino);
+            let _ = self.abandoned.remove(ino);
         }
         removed
     }

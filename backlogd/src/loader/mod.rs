@@ -153,7 +153,8 @@ pub fn load(opts: &LoadOptions) -> Result<Probes, LoadError> {
         .map_max_entries(map::ATTEMPTS, opts.attempts)
         .map_max_entries(map::LISTENER_STATS, opts.max_listeners)
         .map_max_entries(map::LISTENER_QUEUES, opts.max_listeners)
-        .map_max_entries(map::LISTENS_SEEN, opts.max_listeners);
+        .map_max_entries(map::LISTENS_SEEN, opts.max_listeners)
+        .map_max_entries(map::ABANDONED, opts.max_listeners);
 
     let attempts = modes::attempts(opts.hook_mode, mode, kernel);
     let mut attempts = attempts.iter().peekable();
@@ -245,6 +246,7 @@ fn adopt(pins: &PinDir, mode: HookMode) -> Result<Probes, LoadError> {
         seen,
         attempts,
         untracked,
+        abandoned,
     ] = DAEMON.map(|name| pins.open_map(mode, name).map(|map| (name, map)));
     let listener_stats = typed(stats?)?;
     let probes = Probes {
@@ -260,7 +262,7 @@ fn adopt(pins: &PinDir, mode: HookMode) -> Result<Probes, LoadError> {
             listens_seen: typed(seen?)?,
             attempts: typed(attempts?)?,
             attempts_untracked: typed(untracked?)?,
-            abandoned: Default::default(),
+            abandoned: typed(abandoned?)?,
             tracked: 0,
         },
         _cgroup_ingress: None,
@@ -317,6 +319,7 @@ fn load_mode(
     let listens_seen = typed_map(&mut ebpf, map::LISTENS_SEEN, pinning)?;
     let attempts = typed_map(&mut ebpf, map::ATTEMPTS, pinning)?;
     let attempts_untracked = typed_map(&mut ebpf, map::ATTEMPTS_UNTRACKED, pinning)?;
+    let abandoned = typed_map(&mut ebpf, map::ABANDONED, pinning)?;
     if let Some(pinning) = pinning.take() {
         pinning.complete()?;
     }
@@ -331,7 +334,7 @@ fn load_mode(
             listens_seen,
             attempts,
             attempts_untracked,
-            abandoned: Default::default(),
+            abandoned,
             tracked: 0,
         },
         adopted: false,

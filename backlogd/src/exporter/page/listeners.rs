@@ -117,13 +117,16 @@ pub fn render(
 }
 
 /// What the clients of listeners that dropped a segment paid (delayed, by how much, and
-/// abandoned). A listener that never dropped has nothing to say here: its series would
-/// be 14 zeros, so they appear with its first drop.
+/// abandoned). A listener that never dropped (nor completed a dropped attempt) has
+/// nothing to say here: its 16 series would be zeros, so they appear with its first drop.
 fn impact(e: &mut Exposition<'_>, rows: &[Row<'_>], found: &[(&ListenerStats, QueueFigures)]) {
     let dropped: Vec<(&Row<'_>, &ListenerStats)> = rows
         .iter()
         .zip(found)
-        .filter(|(_, (s, _))| s.drops().iter().any(|&d| d > 0))
+        // A SO_REUSEPORT member can complete an attempt another member dropped.
+        .filter(|(_, (s, _))| {
+            s.drops().iter().any(|&d| d > 0) || s.delayed.iter().any(|&d| d > 0) || s.abandoned > 0
+        })
         .map(|(r, (s, _))| (r, *s))
         .collect();
     Metric::ListenConnectionsDelayed.open(e);
