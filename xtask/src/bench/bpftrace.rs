@@ -62,6 +62,8 @@ pub(super) fn bpftrace(p: &Params, ns: &Netns, r: &mut Report) -> Result<()> {
         match c.workload {
             Workload::DroppedSyns => r.targets.bpftrace_per_syn_ns = ns,
             Workload::Handshakes => r.targets.bpftrace_per_handshake_ns = ns,
+            // The same for bpftrace's script (it has no gate): shown in its table only.
+            Workload::HandshakesAfterDrops => {}
         }
     }
     let names = procs::prog_names()?;

@@ -8,6 +8,9 @@ pub(super) enum Workload {
     Handshakes,
     /// SYNs dropped at a listener whose accept queue is full.
     DroppedSyns,
+    /// Complete handshakes again, right after the dropped SYNs: client impact's gate is
+    /// open (a drop within the horizon), so each queued connection looks its attempt up.
+    HandshakesAfterDrops,
 }
 
 impl Workload {
@@ -15,6 +18,7 @@ impl Workload {
         match self {
             Self::Handshakes => "handshake",
             Self::DroppedSyns => "dropped SYN",
+            Self::HandshakesAfterDrops => "handshake after drops",
         }
     }
 
@@ -25,7 +29,14 @@ impl Workload {
             }
             Self::DroppedSyns => {
                 "SYNs (non-blocking connect, closed at once) to a listener with backlog 1 \
-                 and a full accept queue: every one is dropped as accept_queue_full"
+                 and a full accept queue: every one is dropped as accept_queue_full, and \
+                 its attempt recorded for client impact (a new entry each; once the \
+                 attempts map is full, a failed insert, counted untracked)"
+            }
+            Self::HandshakesAfterDrops => {
+                "the same handshakes, measured right after the dropped SYNs: client \
+                 impact's gate is open for a horizon after a drop on any listener, so each \
+                 queued connection costs one lookup in the attempts map (a miss here)"
             }
         }
     }
@@ -49,7 +60,11 @@ pub(super) fn measure_programs(
 ) -> Result<Vec<WorkloadCost>> {
     let secs = Duration::from_secs_f64(p.cost_secs);
     let mut out = Vec::new();
-    for workload in [Workload::Handshakes, Workload::DroppedSyns] {
+    for workload in [
+        Workload::Handshakes,
+        Workload::DroppedSyns,
+        Workload::HandshakesAfterDrops,
+    ] {
         let mut wc = WorkloadCost {
             workload,
             progs: BTreeMap::new(),
@@ -60,7 +75,9 @@ pub(super) fn measure_programs(
         for _ in 0..p.cost_runs {
             let before = proc.prog_stats()?;
             let (events, took) = match workload {
-                Workload::Handshakes => load::handshakes(ns, CLIENTS, secs, None)?,
+                Workload::Handshakes | Workload::HandshakesAfterDrops => {
+                    load::handshakes(ns, CLIENTS, secs, None)?
+                }
                 Workload::DroppedSyns => full.syns(ns, CLIENTS, secs, None)?,
             };
             let after = proc.prog_stats()?;
@@ -192,6 +209,7 @@ pub(super) fn program_cost(p: &Params, ns: &Netns, r: &mut Report) -> Result<()>
                         Workload::Handshakes => {
                             r.targets.per_handshake_ns = r.targets.per_handshake_ns.or(v)
                         }
+                        Workload::HandshakesAfterDrops => {}
                     }
                 }
             }
