@@ -240,6 +240,63 @@ fn a_request_the_previous_daemon_saw_stays_exact_after_a_restart() {
     );
 }
 
+/// Attempts one daemon counted abandoned (its sweep, not a program, counts them) are still
+/// counted by the daemon that adopts its pins: a restart does not reset the counter.
+#[test]
+fn abandoned_attempts_counted_before_a_restart_stay_counted() {
+    if !pinnable("abandoned_attempts_counted_before_a_restart_stay_counted") {
+        return;
+    }
+    let pins = PinDir::new("abandoned");
+    let args = ["--pin-dir", pins.arg(), "--client-impact-horizon", "2"];
+    let first = Daemon::start_with(&args);
+    let ns = Netns::new();
+    ns.sysctl("net.ipv4.tcp_syncookies", "0");
+    let listener = Listener::open(&ns, "127.0.0.1:0", 1);
+    first.wait_for_listener(listener.inode);
+    let fillers = fill_accept_queue(&ns, &listener, listener.addr, 2);
+    // Three clients whose one SYN is dropped, closed at once: nothing more is sent, and
+    // each attempt is abandoned when its 2 s horizon passes.
+    let before = tcp_ext(&ns);
+    drop(connect_burst(&ns, listener.addr, 3));
+    let inode = listener.inode.to_string();
+    let abandoned = |d: &Daemon| {
+        d.scrape()
+            .value(
+                "backlogd_listen_connections_abandoned_total",
+                &[("socket", &inode)],
+            )
+            .unwrap_or(0.0) as u64
+    };
+    first.wait_for("3 abandoned attempts", |s| {
+        (s.value(
+            "backlogd_listen_connections_abandoned_total",
+            &[("socket", &inode)],
+        ) == Some(3.0))
+        .then_some(())
+    });
+    let kernel = ListenCounters::delta(&before, &tcp_ext(&ns));
+    drop(first);
+    let second = Daemon::start_with(&args);
+    assert!(
+        second.log().contains("adopted the pinned programs"),
+        "the second daemon must adopt the pinned state; log:\n{}",
+        second.log()
+    );
+    second.wait_for_listener(listener.inode);
+    let mut exact = Exact::listener(&second, &ns, &listener);
+    exact
+        .evidence("kernel", &kernel)
+        .eq("SYNs dropped: one per client", kernel.listen_drops, 3)
+        .eq(
+            "abandoned after the restart vs clients that never connected",
+            abandoned(&second),
+            3,
+        );
+    exact.verify();
+    drop(fillers);
+}
+
 #[test]
 fn state_pinned_by_another_build_is_removed_and_counting_starts_afresh() {
     if !pinnable("state_pinned_by_another_build_is_removed_and_counting_starts_afresh") {
