@@ -227,8 +227,11 @@ fn match_completion(sk: KPtr, ino: u64, net: u64, skb: KPtr, child: KPtr) -> Res
     }
     let slot = bucket(waited);
     listener::update(sk, ino, |s| {
-        if let Some(d) = s.delayed.get_mut(entry.cause as usize) {
-            *d += 1;
+        // Constant indices: 5.10's verifier loses the bound of one read from a map value.
+        if entry.cause == cause::FINAL_ACK_OVERFLOW {
+            s.delayed[cause::FINAL_ACK_OVERFLOW as usize] += 1;
+        } else {
+            s.delayed[cause::SYN_DROP as usize] += 1;
         }
         s.delay_sum_ns += waited;
         if let Some(b) = s.delay.get_mut(slot) {
