@@ -23,6 +23,10 @@
 //! before it is full: its free lists are per CPU), turning them into neither delayed nor
 //! abandoned. A segment whose attempt finds no room is counted in `ATTEMPTS_UNTRACKED`.
 
+// Keys and values go to the map helpers by reference: passed by value (as clippy would
+// have it) each would be copied to the stack once more, and a program has 512 bytes.
+#![allow(clippy::needless_borrows_for_generic_args)]
+
 use aya_ebpf::{
     bindings::BPF_NOEXIST,
     helpers::bpf_ktime_get_ns,

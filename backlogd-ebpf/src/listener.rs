@@ -60,8 +60,11 @@ pub(crate) fn update(sk: KPtr, ino: u64, f: impl FnOnce(&mut ListenerStats)) {
             let Some(zero) = ZERO_STATS.get_ptr(0) else {
                 return;
             };
-            // SAFETY: this CPU's element of ZERO_STATS, which nothing writes.
-            if LISTENER_STATS.insert(ino, unsafe { &*zero }, 0).is_err() {
+            // SAFETY: this CPU's element of ZERO_STATS, which nothing writes. By
+            // reference: by value it would be copied to the stack, the point of the map.
+            #[allow(clippy::needless_borrows_for_generic_args)]
+            let created = LISTENER_STATS.insert(ino, unsafe { &*zero }, 0);
+            if created.is_err() {
                 count_map_full(map_full::STATS);
                 return;
             }

@@ -142,7 +142,7 @@ fn final_acks_dropped_first_delay_their_connections_until_the_synack_retransmit(
             a.sort();
             a
         })
-        .evidence("kernel", &kernel);
+        .evidence("kernel", kernel);
     // The construction held: no SYN was dropped, only final ACKs.
     exact.eq(
         "final-ACK overflows vs ListenOverflows",
@@ -254,7 +254,7 @@ fn syn_drops_delay_their_connections_until_a_retransmitted_syn_gets_through() {
     let mut exact = Exact::listener(&daemon, &ns, &listener);
     exact
         .evidence("clients (port, SYN retransmits)", &seen)
-        .evidence("kernel", &kernel);
+        .evidence("kernel", kernel);
     exact.eq(
         "accept-queue-full drops vs ListenOverflows",
         value(
@@ -353,7 +353,7 @@ fn clients_that_give_up_are_counted_abandoned_at_the_horizon() {
     let kernel = ListenCounters::delta(&before, &tcp_ext(&ns));
     let scrape = resolved(&daemon);
     let mut exact = Exact::listener(&daemon, &ns, &listener);
-    exact.evidence("kernel", &kernel);
+    exact.evidence("kernel", kernel);
     exact.eq("clients that timed out", timed_out, 5);
     exact.eq(
         "accept-queue-full drops vs ListenOverflows",
@@ -410,7 +410,7 @@ fn a_full_attempts_map_counts_the_segments_it_could_not_track() {
     let kernel = ListenCounters::delta(&before, &tcp_ext(&ns));
     let scrape = resolved(&daemon);
     let mut exact = Exact::listener(&daemon, &ns, &listener);
-    exact.evidence("kernel", &kernel);
+    exact.evidence("kernel", kernel);
     exact.eq("clients that timed out", timed_out, 10);
     exact.eq(
         "SYNs dropped vs SYNs sent",

@@ -286,7 +286,7 @@ fn abandoned_attempts_counted_before_a_restart_stay_counted() {
     second.wait_for_listener(listener.inode);
     let mut exact = Exact::listener(&second, &ns, &listener);
     exact
-        .evidence("kernel", &kernel)
+        .evidence("kernel", kernel)
         .eq("SYNs dropped: one per client", kernel.listen_drops, 3)
         .eq(
             "abandoned after the restart vs clients that never connected",
