@@ -60,7 +60,7 @@ pub struct Layer {
     /// Listeners whose counters the kernel maps can hold at once. A listener beyond it is
     /// still listed, but its counter updates and queue observations are lost and counted
     /// (backlogd_listener_stats_full_total, backlogd_listener_queue_observations_lost_total;
-    /// logged once). Each slot costs about 400 bytes per CPU, both maps together (a 384-byte
+    /// logged once). Each slot costs about 424 bytes per CPU, both maps together (a 400-byte
     /// counter set and a 24-byte queue state), plus about 100 bytes once for the listener's
     /// last listen() event [default: 16384].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=MAX_LISTENERS_LIMIT))]

@@ -173,7 +173,8 @@ catalogue! {
          their attempt (same client address, port and initial sequence number), by the \
          attempt's first drop: syn_drop (the client retransmitted its SYN, 1 s later at \
          the earliest) or final_ack_overflow (the server retransmitted its SYN-ACK). \
-         Served for listeners that have dropped a segment.";
+         Served for listeners with a drop, a delayed connection or an \
+         abandoned attempt.";
     ListenConnectionDelaySeconds: "backlogd_listen_connection_delay_seconds", Histogram,
         Listener,
         "Delay of the connections in backlogd_listen_connections_delayed_total: from their \
@@ -181,13 +182,13 @@ catalogue! {
          lie between the times clients and servers retry (SYN: 1, 3, 7, 15 ... s, or 1, 2, \
          3, 4, 5, 7, 11 ... s on Linux 6.5+; SYN-ACK: 1, 3, 7 ... s), so a bucket says \
          which retry got through. Served for \
-         listeners that have dropped a segment.";
+         listeners with a drop, a delayed connection or an abandoned attempt.";
     ListenConnectionsAbandoned: "backlogd_listen_connections_abandoned_total", Counter,
         Listener,
         "Connection attempts this listener dropped a segment of that were not queued for \
          accept within client_impact_horizon seconds of the first drop (the client gave \
          up or is still retrying), counted when the horizon passes. Served for listeners \
-         that have dropped a segment.";
+         with a drop, a delayed connection or an abandoned attempt.";
     GroupListeners: "backlogd_listen_group_listeners", Gauge, Group,
         "Listening sockets of the SO_REUSEPORT group (listeners sharing netns, address and \
          port).";
