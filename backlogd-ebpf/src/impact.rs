@@ -159,7 +159,7 @@ fn record_drop(sk: KPtr, ino: u64, net: u64, skb: KPtr, kind: u32) -> Result<()>
             if same {
                 entry.drops = entry.drops.saturating_add(1);
             } else {
-                // A new SYN on the 4-tuple (the client bound its port): the attempt
+                // A new attempt on the 4-tuple (the client bound its port): the one
                 // before it never completed. It is counted on this listener, which has
                 // the same address and port as the one that dropped it.
                 *entry = fresh;
