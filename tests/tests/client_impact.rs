@@ -110,27 +110,13 @@ fn final_acks_dropped_first_delay_their_connections_until_the_synack_retransmit(
     // full, their ACKs are dropped (again at the server's SYN-ACK retransmit at ~3 s).
     // Room is made at 4 s; the next retransmit (~7 s) completes them.
     std::thread::sleep(Duration::from_millis(4000) - started.elapsed());
-    listener
-        .socket
-        .set_nonblocking(true)
-        .expect("non-blocking listener");
-    let mut accepted: HashMap<u16, (Instant, u32)> = HashMap::new();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while accepted.len() < VICTIMS.len() + fillers.len() && Instant::now() < deadline {
-        match listener.socket.accept() {
-            Ok((c, peer)) => {
-                let port = peer.as_socket().map_or(0, |a| a.port());
-                accepted.insert(port, (Instant::now(), tcp_state(&c).1));
-            }
-            Err(_) => std::thread::sleep(Duration::from_millis(5)),
-        }
-    }
+    let accepted = accept_all(
+        &listener,
+        VICTIMS.len() + fillers.len(),
+        Duration::from_secs(10),
+    );
     let timings = watch.finish();
-    let clients: Vec<(u16, u32)> = victims
-        .iter()
-        .map(|c| (local_port(c), tcp_state(c).1))
-        .collect();
-    victims.into_iter().chain(fillers).for_each(reset_close);
+    let clients = close(victims, fillers);
     let scrape = resolved(&daemon);
     let kernel = ListenCounters::delta(&before, &tcp_ext(&ns));
 
@@ -229,26 +215,13 @@ fn syn_drops_delay_their_connections_until_a_retransmitted_syn_gets_through() {
     let clients = connect_burst(&ns, listener.addr, 4);
     watch.add(&clients, started);
     std::thread::sleep(Duration::from_millis(1500).saturating_sub(started.elapsed()));
-    listener
-        .socket
-        .set_nonblocking(true)
-        .expect("non-blocking listener");
-    let mut accepted: HashMap<u16, Instant> = HashMap::new();
-    let deadline = Instant::now() + Duration::from_secs(8);
-    while accepted.len() < clients.len() + fillers.len() && Instant::now() < deadline {
-        match listener.socket.accept() {
-            Ok((_, peer)) => {
-                accepted.insert(peer.as_socket().map_or(0, |a| a.port()), Instant::now());
-            }
-            Err(_) => std::thread::sleep(Duration::from_millis(5)),
-        }
-    }
+    let accepted = accept_all(
+        &listener,
+        clients.len() + fillers.len(),
+        Duration::from_secs(8),
+    );
     let timings = watch.finish();
-    let seen: Vec<(u16, u32)> = clients
-        .iter()
-        .map(|c| (local_port(c), tcp_state(c).1))
-        .collect();
-    clients.into_iter().chain(fillers).for_each(reset_close);
+    let seen = close(clients, fillers);
     let scrape = resolved(&daemon);
     let kernel = ListenCounters::delta(&before, &tcp_ext(&ns));
 
@@ -312,6 +285,37 @@ fn syn_drops_delay_their_connections_until_a_retransmitted_syn_gets_through() {
     ));
     check_buckets(&mut exact, &scrape, &listener, &brackets);
     exact.verify();
+}
+
+/// Accepts until `count` connections came or `within` passed: by client port, when, and
+/// the accepted socket's `tcpi_total_retrans` (its SYN-ACK retransmissions).
+fn accept_all(listener: &Listener, count: usize, within: Duration) -> HashMap<u16, (Instant, u32)> {
+    listener
+        .socket
+        .set_nonblocking(true)
+        .expect("non-blocking listener");
+    let mut accepted = HashMap::new();
+    let deadline = Instant::now() + within;
+    while accepted.len() < count && Instant::now() < deadline {
+        match listener.socket.accept() {
+            Ok((c, peer)) => {
+                let port = peer.as_socket().map_or(0, |a| a.port());
+                accepted.insert(port, (Instant::now(), tcp_state(&c).1));
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(5)),
+        }
+    }
+    accepted
+}
+
+/// Each client's port and SYN retransmissions, then every client closed with a RST.
+fn close(clients: Vec<Socket>, fillers: Vec<Socket>) -> Vec<(u16, u32)> {
+    let seen = clients
+        .iter()
+        .map(|c| (local_port(c), tcp_state(c).1))
+        .collect();
+    clients.into_iter().chain(fillers).for_each(reset_close);
+    seen
 }
 
 /// Each delay bucket whose bound lies outside every bracket must count exactly the
