@@ -52,6 +52,8 @@ pub struct KernelMaps {
     pub abandoned: BpfHashMap<MapData, u64, u64>,
     /// Attempts in the map as of the last sweep.
     pub tracked: u64,
+    /// Sweeps so far: `tracked` is as of the last one.
+    pub sweeps: u64,
 }
 
 /// What a sweep of the attempts map found.
@@ -73,6 +75,7 @@ impl KernelMaps {
         stats
             .chain(self.listener_queues.keys().filter_map(Result::ok))
             .chain(self.listens_seen.keys().filter_map(Result::ok))
+            .chain(self.abandoned.keys().filter_map(Result::ok))
             .collect()
     }
 
@@ -140,15 +143,21 @@ impl KernelMaps {
         let mut expired = Vec::new();
         for (key, attempt) in self.attempts.iter().filter_map(Result::ok) {
             if now.saturating_sub(attempt.first_ns) > horizon_ns {
-                expired.push((key, attempt.listener_ino));
+                expired.push((key, attempt));
             } else {
                 sweep.tracked += 1;
             }
         }
-        for (key, ino) in expired {
+        for (key, attempt) in expired {
+            // A new attempt on the 4-tuple may have replaced this one since the pass read
+            // it (the program counted the old one abandoned then): leave the new one.
+            if self.attempts.get(&key, 0).ok() != Some(attempt) {
+                continue;
+            }
             if self.attempts.remove(&key).is_err() {
                 continue;
             }
+            let ino = attempt.listener_ino;
             sweep.abandoned += 1;
             // A listener that has closed is gone from the figures with its counters.
             if self.listener_stats.get(&ino, 0).is_ok() {
@@ -159,6 +168,7 @@ impl KernelMaps {
             }
         }
         self.tracked = sweep.tracked;
+        self.sweeps += 1;
         sweep
     }
 

@@ -280,6 +280,20 @@ impl Daemon {
         });
     }
 
+    /// Waits until every connection attempt with a drop is resolved (queued for accept, or
+    /// past its horizon and counted abandoned): a sweep of the attempts map that began
+    /// after this call found none left. Call it after the last drop of interest; returns
+    /// that scrape. (The tracked gauge alone is as of the last sweep, which may predate
+    /// the drops.)
+    pub fn attempts_resolved(&self) -> Scrape {
+        let sweeps = |s: &Scrape| s.value("backlogd_client_impact_sweeps_total", &[]);
+        let since = sweeps(&self.scrape()).expect("backlogd_client_impact_sweeps_total");
+        self.wait_for("every attempt completed or past its horizon", |s| {
+            (sweeps(s)? > since && s.value("backlogd_client_impact_tracked", &[]) == Some(0.0))
+                .then(|| s.clone())
+        })
+    }
+
     /// Scrapes until `f` returns `Some`, for up to 10 s; panics with the last scrape and
     /// the daemon's log otherwise.
     pub fn wait_for<T>(&self, what: &str, f: impl Fn(&Scrape) -> Option<T>) -> T {

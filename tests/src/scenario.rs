@@ -224,6 +224,9 @@ pub fn run(name: &str, s: &Scenario, daemon: &Daemon) -> Result<String, String> 
         }
     }
     std::thread::sleep(Duration::from_millis(s.hold_ms));
+    // No SYN reaches the listener from now on: a client still retrying cannot complete
+    // after its connect() timing is taken (it would be accepted with no timing).
+    ns.drop_incoming_to("syn", &target.port().to_string());
     let clients = client_outcomes(&sockets);
     let timings = watch.finish();
     let views: Vec<ClientRecord> = sockets
@@ -265,10 +268,15 @@ pub fn run(name: &str, s: &Scenario, daemon: &Daemon) -> Result<String, String> 
          abandoned"
     );
     let deadline = Instant::now() + Duration::from_secs(HORIZON_SECONDS + 10);
+    let sweeps = |s: &Scrape| s.value("backlogd_client_impact_sweeps_total", &[]);
+    let since = sweeps(&scrape).expect("backlogd_client_impact_sweeps_total");
     let after = loop {
         drain(&members, &accepted);
         let scrape = daemon.scrape();
-        if scrape.value("backlogd_client_impact_tracked", &[]) == Some(0.0) {
+        // A sweep that began after the clients' close found no attempt left.
+        if sweeps(&scrape).is_some_and(|n| n > since)
+            && scrape.value("backlogd_client_impact_tracked", &[]) == Some(0.0)
+        {
             // Anything it counted delayed before the attempts ran out is queued by now.
             drain(&members, &accepted);
             break scrape;
@@ -663,6 +671,8 @@ fn compare(
         );
     }
     let synack_free = !s.burst.iter().any(|b| b.drop_synack);
+    // Kernel and ours, summed over the group where sk_drops is compared per group.
+    let mut group_sk_drops = (0, 0);
     for (i, (m, q)) in members.iter().zip(queues).enumerate() {
         let tag = format!("socket {i} (ino {})", m.inode);
         // The "kernel" column here is the argument the scenario passed to listen().
@@ -687,8 +697,9 @@ fn compare(
         if synack_free {
             // sk_drops counts a final-ACK overflow twice (docs/metrics.md); with SYN-ACKs
             // lost it also counts retransmitted SYNs answered from the SYN queue.
-            // The clients' RSTs that ended pending requests are sk_drops too (one
-            // listener: with a group the member cannot be told).
+            // The clients' RSTs that ended pending requests are sk_drops too: added
+            // per listener when there is one, else to the group's sum (which member held
+            // a request cannot be told).
             let resets = if members.len() == 1 {
                 truth.reset_requests
             } else {
@@ -706,8 +717,19 @@ fn compare(
                 + resets;
             if members.len() == 1 || truth.reset_requests == 0 {
                 row(&format!("{tag} sk_drops"), None, Some(q.drops), Some(ours));
+            } else {
+                group_sk_drops.0 += q.drops;
+                group_sk_drops.1 += ours;
             }
         }
+    }
+    if group_sk_drops != (0, 0) {
+        row(
+            "group sk_drops (with the clients' RSTs)",
+            None,
+            Some(group_sk_drops.0),
+            Some(group_sk_drops.1 + truth.reset_requests),
+        );
     }
     let (impact, impact_bad) = impact_rows(members, truth, after);
     for (label, client, ours) in impact {

@@ -48,9 +48,7 @@ fn start(extra: &[&str]) -> Daemon {
 /// The scrape once the daemon tracks no attempt: each one completed or was counted
 /// abandoned at its horizon.
 fn resolved(daemon: &Daemon) -> Scrape {
-    daemon.wait_for("every attempt completed or past its horizon", |s| {
-        (s.value("backlogd_client_impact_tracked", &[]) == Some(0.0)).then(|| s.clone())
-    })
+    daemon.attempts_resolved()
 }
 
 fn value(scrape: &Scrape, metric: &str, listener: &Listener, extra: &[(&str, &str)]) -> u64 {
@@ -78,7 +76,7 @@ fn final_acks_dropped_first_delay_their_connections_until_the_synack_retransmit(
     let to = listener.addr;
     let before = tcp_ext(&ns);
 
-    // Three clients from known ports, whose SYN-ACKs are dropped: their requests wait in
+    // Two clients from known ports, whose SYN-ACKs are dropped: their requests wait in
     // the SYN queue, the accept queue still empty.
     const VICTIMS: [u16; 2] = [40001, 40002];
     ns.drop_incoming_to("syn|ack", "40001-40002");

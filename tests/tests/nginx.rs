@@ -194,9 +194,7 @@ const HORIZON: &str = "5";
 /// every attempt is resolved (each completed or past the horizon).
 fn impact_in(daemon: &Daemon, ns: &Netns) -> (u64, u64) {
     let netns = ns.inode().to_string();
-    let scrape = daemon.wait_for("every attempt completed or past its horizon", |s| {
-        (s.value("backlogd_client_impact_tracked", &[]) == Some(0.0)).then(|| s.clone())
-    });
+    let scrape = daemon.attempts_resolved();
     let sum = |metric: &str| -> u64 {
         scrape
             .find(metric, &[("netns", &netns), ("port", "8080")])

@@ -248,6 +248,10 @@ catalogue! {
     ClientImpactTracked: "backlogd_client_impact_tracked", Gauge, None,
         "Connection attempts with a dropped segment that are neither completed nor past \
          the horizon yet (entries of the kernel's attempts map, as of the last sweep).";
+    ClientImpactSweeps: "backlogd_client_impact_sweeps_total", Counter, None,
+        "Sweeps of the kernel's attempts map (every client_impact_horizon / 26 seconds, 1 \
+         to 5 s): backlogd_client_impact_tracked is as of the last one, and an attempt past \
+         its horizon is counted abandoned by the next.";
     ClientImpactUntracked: "backlogd_client_impact_untracked_total", Counter, None,
         "Dropped segments whose connection attempt the kernel's attempts map had no room \
          for (client_impact_attempts): their attempts are neither delayed nor abandoned in \

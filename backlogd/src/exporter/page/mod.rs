@@ -53,12 +53,13 @@ fn render_into(metrics: &Metrics, e: &mut Exposition<'_>) {
     netns::render(e, &namespaces);
 
     // One look at the maps for both figures read outside `gather`.
-    let (queues_full, missed_runs, impact_tracked, impact_untracked) = {
+    let (queues_full, missed_runs, impact_tracked, impact_sweeps, impact_untracked) = {
         let maps = metrics.maps.lock().unwrap_or_else(|e| e.into_inner());
         (
             maps.queues_full(),
             maps.missed_runs(),
             maps.tracked,
+            maps.sweeps,
             maps.attempts_untracked(),
         )
     };
@@ -70,6 +71,7 @@ fn render_into(metrics: &Metrics, e: &mut Exposition<'_>) {
             stats_full: figures.stats_full,
             queues_full,
             impact_tracked,
+            impact_sweeps,
             impact_untracked,
             orphans_removed: metrics
                 .shared

@@ -13,6 +13,7 @@ pub struct Own {
     pub queues_full: u64,
     pub orphans_removed: u64,
     pub impact_tracked: u64,
+    pub impact_sweeps: u64,
     pub impact_untracked: u64,
     /// `None` where the kernel does not report skipped runs.
     pub missed_runs: Option<u64>,
@@ -29,6 +30,7 @@ pub fn render(e: &mut Exposition<'_>, own: &Own) {
         (Metric::ListenerQueueObservationsLost, own.queues_full),
         (Metric::ListenerMapOrphansRemoved, own.orphans_removed),
         (Metric::ClientImpactTracked, own.impact_tracked),
+        (Metric::ClientImpactSweeps, own.impact_sweeps),
         (Metric::ClientImpactUntracked, own.impact_untracked),
     ] {
         metric.open(e);
