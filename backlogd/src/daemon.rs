@@ -619,6 +619,7 @@ async fn sample_queues(
             if swept.abandoned > 0 {
                 tracing::debug!(
                     abandoned = swept.abandoned,
+                    of_closed_listeners = swept.gone,
                     tracked = swept.tracked,
                     "connection attempts past the client-impact horizon"
                 );

@@ -64,6 +64,8 @@ pub struct Sweep {
     /// Attempts past their horizon this sweep removed (counted abandoned if their listener
     /// is still open).
     pub abandoned: u64,
+    /// Of those, attempts of listeners that have closed (not counted).
+    pub gone: u64,
 }
 
 pub type SharedMaps = Arc<Mutex<KernelMaps>>;
@@ -165,6 +167,8 @@ impl KernelMaps {
                 if let Err(e) = self.abandoned.insert(ino, count + 1, 0) {
                     tracing::warn!(error = %e, listener = ino, "cannot count an abandoned attempt");
                 }
+            } else {
+                sweep.gone += 1;
             }
         }
         self.tracked = sweep.tracked;

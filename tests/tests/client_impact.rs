@@ -42,7 +42,29 @@ fn start(extra: &[&str]) -> Daemon {
     let horizon = HORIZON_SECONDS.to_string();
     let mut args = vec!["--client-impact-horizon", horizon.as_str()];
     args.extend_from_slice(extra);
-    Daemon::start_with(&args)
+    // The sweeps' debug lines go into a failure's report.
+    Daemon::start_env(&args, &[("BACKLOGD_LOG", "info,backlogd::daemon=debug")])
+}
+
+/// The daemon's client-impact figures and its sweeps' log lines, for a report.
+fn impact_evidence(exact: &mut Exact, daemon: &Daemon, scrape: &Scrape) {
+    let figures: Vec<(String, Option<f64>)> = ["tracked", "sweeps_total", "untracked_total"]
+        .iter()
+        .map(|f| {
+            let name = format!("backlogd_client_impact_{f}");
+            let v = scrape.value(&name, &[]);
+            (name, v)
+        })
+        .collect();
+    let sweeps: Vec<String> = daemon
+        .log()
+        .lines()
+        .filter(|l| l.contains("client-impact"))
+        .map(str::to_owned)
+        .collect();
+    exact
+        .evidence("daemon's client-impact figures", figures)
+        .evidence("daemon's sweeps that counted something", sweeps);
 }
 
 /// The scrape once the daemon tracks no attempt: each one completed or was counted
@@ -119,6 +141,7 @@ fn final_acks_dropped_first_delay_their_connections_until_the_synack_retransmit(
     let kernel = ListenCounters::delta(&before, &tcp_ext(&ns));
 
     let mut exact = Exact::listener(&daemon, &ns, &listener);
+    impact_evidence(&mut exact, &daemon, &scrape);
     exact
         .evidence("victims (port, SYN retransmits)", &clients)
         .evidence("accepted (port -> server SYN-ACK retransmits)", {
@@ -224,6 +247,7 @@ fn syn_drops_delay_their_connections_until_a_retransmitted_syn_gets_through() {
     let kernel = ListenCounters::delta(&before, &tcp_ext(&ns));
 
     let mut exact = Exact::listener(&daemon, &ns, &listener);
+    impact_evidence(&mut exact, &daemon, &scrape);
     exact
         .evidence("clients (port, SYN retransmits)", &seen)
         .evidence("kernel", kernel);
@@ -356,6 +380,7 @@ fn clients_that_give_up_are_counted_abandoned_at_the_horizon() {
     let kernel = ListenCounters::delta(&before, &tcp_ext(&ns));
     let scrape = resolved(&daemon);
     let mut exact = Exact::listener(&daemon, &ns, &listener);
+    impact_evidence(&mut exact, &daemon, &scrape);
     exact.evidence("kernel", kernel);
     exact.eq("clients that timed out", timed_out, 5);
     exact.eq(
@@ -413,6 +438,7 @@ fn a_full_attempts_map_counts_the_segments_it_could_not_track() {
     let kernel = ListenCounters::delta(&before, &tcp_ext(&ns));
     let scrape = resolved(&daemon);
     let mut exact = Exact::listener(&daemon, &ns, &listener);
+    impact_evidence(&mut exact, &daemon, &scrape);
     exact.evidence("kernel", kernel);
     exact.eq("clients that timed out", timed_out, 10);
     exact.eq(
