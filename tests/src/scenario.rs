@@ -298,6 +298,27 @@ pub fn run(name: &str, s: &Scenario, daemon: &Daemon) -> Result<String, String> 
     compare(
         name, s, &members, &clients, &kernel, &queues, &scrape, by_app, &truth, &after,
     )
+    .map_err(|report| {
+        // What the daemon's own client-impact figures and sweeps said, for a mismatch
+        // there (the suite runs its daemon with the sweeps' debug lines on).
+        let figures: Vec<String> = ["tracked", "sweeps_total", "untracked_total"]
+            .iter()
+            .map(|f| {
+                let name = format!("backlogd_client_impact_{f}");
+                format!("{name} {:?}", after.value(&name, &[]))
+            })
+            .collect();
+        let log = daemon.log();
+        let sweeps: Vec<&str> = log
+            .lines()
+            .filter(|l| l.contains("client-impact"))
+            .collect();
+        format!(
+            "{report}  daemon: {} (since {since}); its sweeps that counted:\n    {}\n",
+            figures.join(", "),
+            sweeps.join("\n    ")
+        )
+    })
 }
 
 /// A connection the server accepted: the client's port, when, and the accepted socket's

@@ -31,7 +31,9 @@ fn main() {
     println!("\nrunning {} scenarios", chosen.len());
     let args = scenario::daemon_args();
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let daemon = (!chosen.is_empty()).then(|| Daemon::start_with(&args));
+    // The sweeps' debug lines go into a mismatch's report.
+    let daemon = (!chosen.is_empty())
+        .then(|| Daemon::start_env(&args, &[("BACKLOGD_LOG", "info,backlogd::daemon=debug")]));
     let (mut passed, mut failed) = (0, Vec::new());
     for path in &chosen {
         let name = path.file_stem().unwrap().to_string_lossy().into_owned();
@@ -67,6 +69,8 @@ fn main() {
     );
     if !failed.is_empty() {
         println!("failed scenarios: {}", failed.join(", "));
+        // exit() skips destructors: stop the daemon first, or it outlives the suite.
+        drop(daemon);
         std::process::exit(1);
     }
 }
