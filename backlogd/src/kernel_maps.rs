@@ -152,9 +152,15 @@ impl KernelMaps {
         }
         for (key, attempt) in expired {
             // A new attempt on the 4-tuple may have replaced this one since the pass read
-            // it (the program counted the old one abandoned then): leave the new one.
-            if self.attempts.get(&key, 0).ok() != Some(attempt) {
-                continue;
+            // it (the program counted the old one abandoned then): leave the new one, in
+            // flight. (Gone: a completion took it.)
+            match self.attempts.get(&key, 0) {
+                Ok(now) if now == attempt => {}
+                Ok(_) => {
+                    sweep.tracked += 1;
+                    continue;
+                }
+                Err(_) => continue,
             }
             if self.attempts.remove(&key).is_err() {
                 continue;

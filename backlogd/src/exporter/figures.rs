@@ -36,6 +36,14 @@ pub struct Metrics {
     pub accept_wait_buckets: Arc<RwLock<AcceptWaitBuckets>>,
 }
 
+/// The client-impact sweep's figures (see `kernel_maps.rs`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ImpactFigures {
+    pub tracked: u64,
+    pub sweeps: u64,
+    pub untracked: u64,
+}
+
 /// Per-listener figures by socket inode. Kernel-made keys (no adversary picks them), built
 /// and probed 10k times per scrape with 10k listeners: a fast hash suits.
 pub type ByInode<V> = foldhash::HashMap<u64, V>;
@@ -44,6 +52,10 @@ pub type ByInode<V> = foldhash::HashMap<u64, V>;
 pub struct Figures {
     pub events_lost: u64,
     pub stats_full: u64,
+    /// Client impact's attempts in flight, sweeps and untracked drops, read in the same
+    /// look at the maps as `stats`: a reader that sees no attempt left sees the abandoned
+    /// counts of the sweep that said so.
+    pub impact: ImpactFigures,
     /// Per-listener counters summed over CPUs, by socket inode.
     pub stats: ByInode<ListenerStats>,
     /// Per-listener queue figures, by socket inode, for every listener of the table.
@@ -78,11 +90,16 @@ impl Metrics {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .epoch();
-        let (events_lost, stats_full, stats, queue_states): (_, _, _, ByInode<_>) = {
+        let (events_lost, stats_full, impact, stats, queue_states): (_, _, _, _, ByInode<_>) = {
             let maps = self.maps.lock().unwrap_or_else(|e| e.into_inner());
             (
                 maps.events_lost(),
                 maps.stats_full(),
+                ImpactFigures {
+                    tracked: maps.tracked,
+                    sweeps: maps.sweeps,
+                    untracked: maps.attempts_untracked(),
+                },
                 maps.listener_stats(),
                 maps.queue_states(epoch),
             )
@@ -104,6 +121,7 @@ impl Metrics {
         Figures {
             events_lost,
             stats_full,
+            impact,
             stats,
             queues,
         }
@@ -116,6 +134,7 @@ impl Metrics {
             stats_full,
             stats,
             queues,
+            ..
         } = self.gather();
         // Before the table is locked: reading a namespace's sysctls may lock it too.
         let sysctls = self.shared.netns_sysctls();

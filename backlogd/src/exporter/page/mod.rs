@@ -53,15 +53,9 @@ fn render_into(metrics: &Metrics, e: &mut Exposition<'_>) {
     netns::render(e, &namespaces);
 
     // One look at the maps for both figures read outside `gather`.
-    let (queues_full, missed_runs, impact_tracked, impact_sweeps, impact_untracked) = {
+    let (queues_full, missed_runs) = {
         let maps = metrics.maps.lock().unwrap_or_else(|e| e.into_inner());
-        (
-            maps.queues_full(),
-            maps.missed_runs(),
-            maps.tracked,
-            maps.sweeps,
-            maps.attempts_untracked(),
-        )
+        (maps.queues_full(), maps.missed_runs())
     };
     own::render(
         e,
@@ -70,9 +64,9 @@ fn render_into(metrics: &Metrics, e: &mut Exposition<'_>) {
             events_lost: figures.events_lost,
             stats_full: figures.stats_full,
             queues_full,
-            impact_tracked,
-            impact_sweeps,
-            impact_untracked,
+            impact_tracked: figures.impact.tracked,
+            impact_sweeps: figures.impact.sweeps,
+            impact_untracked: figures.impact.untracked,
             orphans_removed: metrics
                 .shared
                 .orphans_removed
