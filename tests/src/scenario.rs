@@ -396,8 +396,12 @@ fn impact_truth(
                 // The first SYN was dropped as the client sent it; the handshake ended
                 // as its connect() completed (seen within a millisecond, later under
                 // load: hence the wider margin below).
-                let took = c.timing.took.map_or(f64::INFINITY, |d| d.as_secs_f64());
-                t.brackets.push((took - 0.3, took + 0.05));
+                // (Never seen connecting: unknown, so no bucket is checked against it.)
+                t.brackets
+                    .push(c.timing.took.map_or((0.0, f64::INFINITY), |d| {
+                        let took = d.as_secs_f64();
+                        (took - 0.3, took + 0.05)
+                    }));
             }
             Some(a) if a.retrans > 0 => {
                 t.delayed_final_ack_overflow += 1;

@@ -280,7 +280,22 @@ impl ConnectWatch {
         if let Some(t) = self.thread.take() {
             t.join().expect("connect watch thread");
         }
-        let watched = self.watched.lock().unwrap();
+        let mut watched = self.watched.lock().unwrap();
+        // A last look, so a connection that completed since the thread's last poll (the
+        // caller may have just accepted it) has its time: a little late, never missing.
+        let now = std::time::Instant::now();
+        for w in watched.iter_mut().filter(|w| w.done.is_none()) {
+            let mut p = libc::pollfd {
+                fd: w.fd,
+                events: libc::POLLOUT,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd.
+            let n = unsafe { libc::poll(&mut p, 1, 0) };
+            if n > 0 && p.revents & (libc::POLLOUT | libc::POLLERR | libc::POLLHUP) != 0 {
+                w.done = Some(now);
+            }
+        }
         watched
             .iter()
             .map(|w| {
