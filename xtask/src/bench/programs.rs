@@ -18,7 +18,7 @@ impl Workload {
         match self {
             Self::Handshakes => "handshake",
             Self::DroppedSyns => "dropped SYN",
-            Self::HandshakesAfterDrops => "handshake after drops",
+            Self::HandshakesAfterDrops => "post-drop handshake",
         }
     }
 
