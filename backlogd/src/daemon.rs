@@ -22,7 +22,7 @@ use crate::{
         http,
         server::{self, HttpSettings},
     },
-    kernel_maps::SharedMaps,
+    kernel_maps::{self, SharedMaps},
     loader::{self, LoadOptions},
     names, programs,
     queues::QueueWindows,
@@ -611,19 +611,6 @@ async fn sample_queues(
             let mut maps = maps.lock().unwrap_or_else(|e| e.into_inner());
             let mut windows = windows.lock().unwrap_or_else(|e| e.into_inner());
             maps.sample_queues(&mut windows, std::time::Instant::now());
-            let swept = if ticks.is_multiple_of(sweep_every) {
-                maps.sweep_attempts(horizon_ns)
-            } else {
-                Default::default()
-            };
-            if swept.abandoned > 0 {
-                tracing::debug!(
-                    abandoned = swept.abandoned,
-                    of_closed_listeners = swept.gone,
-                    tracked = swept.tracked,
-                    "connection attempts past the client-impact horizon"
-                );
-            }
             // Once per run: a full map loses updates continuously while it stays full.
             if !full_reported && maps.stats_full() + maps.queues_full() > 0 {
                 full_reported = true;
@@ -637,14 +624,29 @@ async fn sample_queues(
                 );
             }
         }
+        if ticks.is_multiple_of(sweep_every) {
+            let maps = maps.clone();
+            let swept =
+                tokio::task::spawn_blocking(move || kernel_maps::sweep_attempts(&maps, horizon_ns))
+                    .await
+                    .unwrap_or_default();
+            if swept.abandoned > 0 {
+                tracing::debug!(
+                    abandoned = swept.abandoned,
+                    of_closed_listeners = swept.gone,
+                    tracked = swept.tracked,
+                    "connection attempts past the client-impact horizon"
+                );
+            }
+        }
         heartbeats.sampled();
     }
 }
 
-/// Seconds between sweeps of the attempts map: a sweep reads every tracked attempt (two
-/// syscalls each, up to client_impact_attempts of them under a SYN flood), so not every
-/// second with the default 130 s horizon; an abandoned attempt is counted within
-/// horizon / 26 (at most 5 s) of its horizon passing.
+/// Seconds between sweeps of the attempts map: a sweep reads every tracked attempt (up to
+/// client_impact_attempts of them under a SYN flood) and removes the expired ones, two
+/// syscalls each, so not every second with the default 130 s horizon; an abandoned attempt
+/// is counted within horizon / 26 (at most 5 s) of its horizon passing.
 fn sweep_every(horizon_ns: u64) -> u64 {
     (horizon_ns / 1_000_000_000 / 26).clamp(1, 5)
 }

@@ -135,51 +135,24 @@ impl KernelMaps {
         sum_at(&self.attempts_untracked, 0, map::ATTEMPTS_UNTRACKED)
     }
 
-    /// Removes the attempts whose first drop is more than `horizon_ns` old (the programs'
-    /// clock, CLOCK_MONOTONIC) and counts each abandoned on its listener. An attempt is
-    /// counted only if this delete removed it: a program that matched its completion at
-    /// the same moment removed it first and counted it delayed instead.
-    pub fn sweep_attempts(&mut self, horizon_ns: u64) -> Sweep {
-        let now = monotonic_ns();
-        let mut sweep = Sweep::default();
-        let mut expired = Vec::new();
-        for (key, attempt) in self.attempts.iter().filter_map(Result::ok) {
-            if now.saturating_sub(attempt.first_ns) > horizon_ns {
-                expired.push((key, attempt));
-            } else {
-                sweep.tracked += 1;
+    /// Every attempt in the attempts map: in a few batch lookups, or entry by entry where
+    /// the kernel refuses batches.
+    fn attempts_all(&self) -> Vec<(AttemptKey, Attempt)> {
+        let fd = self.attempts.map().fd().as_fd();
+        let (mut keys, mut values) = (Vec::new(), Vec::new());
+        let mut cursor = BatchCursor::default();
+        let mut out = Vec::new();
+        loop {
+            match syscall::lookup_batch(fd, &mut cursor, BATCH, &mut keys, &mut values) {
+                Ok(done) => {
+                    out.extend(keys.iter().copied().zip(values.iter().copied()));
+                    if done {
+                        return out;
+                    }
+                }
+                Err(_) => return self.attempts.iter().filter_map(Result::ok).collect(),
             }
         }
-        for (key, attempt) in expired {
-            // A new attempt on the 4-tuple may have replaced this one since the pass read
-            // it (the program counted the old one abandoned then): leave the new one, in
-            // flight. (Gone: a completion took it.)
-            match self.attempts.get(&key, 0) {
-                Ok(now) if now == attempt => {}
-                Ok(_) => {
-                    sweep.tracked += 1;
-                    continue;
-                }
-                Err(_) => continue,
-            }
-            if self.attempts.remove(&key).is_err() {
-                continue;
-            }
-            let ino = attempt.listener_ino;
-            sweep.abandoned += 1;
-            // A listener that has closed is gone from the figures with its counters.
-            if self.listener_stats.get(&ino, 0).is_ok() {
-                let count = self.abandoned.get(&ino, 0).unwrap_or(0);
-                if let Err(e) = self.abandoned.insert(ino, count + 1, 0) {
-                    tracing::warn!(error = %e, listener = ino, "cannot count an abandoned attempt");
-                }
-            } else {
-                sweep.gone += 1;
-            }
-        }
-        self.tracked = sweep.tracked;
-        self.sweeps += 1;
-        sweep
     }
 
     /// Each listener's queue state merged over CPUs for sampling epoch `epoch`.
@@ -230,6 +203,66 @@ impl KernelMaps {
         }
         total
     }
+}
+
+/// Attempts a sweep removes per hold of the maps' lock: under a flood a sweep removes up
+/// to client_impact_attempts of them, two syscalls each, and a scrape waits for no more
+/// than this many.
+const SWEEP_CHUNK: usize = 256;
+
+/// Removes the attempts whose first drop is more than `horizon_ns` old (the programs'
+/// clock, CLOCK_MONOTONIC) and counts each abandoned on its listener. An attempt is
+/// counted only if this delete removed it: a program that matched its completion at the
+/// same moment removed it first and counted it delayed instead.
+///
+/// Blocking (syscalls, and the maps' lock in short holds): call it off the async workers.
+/// The counts and `tracked` change in one hold at the end, so a scrape sees a sweep's
+/// figures whole or not at all.
+pub fn sweep_attempts(maps: &SharedMaps, horizon_ns: u64) -> Sweep {
+    let lock = || maps.lock().unwrap_or_else(|e| e.into_inner());
+    let now = monotonic_ns();
+    let mut sweep = Sweep::default();
+    let (expired, live): (Vec<_>, Vec<_>) = lock()
+        .attempts_all()
+        .into_iter()
+        .partition(|(_, attempt)| now.saturating_sub(attempt.first_ns) > horizon_ns);
+    sweep.tracked = live.len() as u64;
+    let mut removed: HashMap<u64, u64> = HashMap::new();
+    for chunk in expired.chunks(SWEEP_CHUNK) {
+        let mut maps = lock();
+        for (key, attempt) in chunk {
+            // A new attempt on the 4-tuple may have replaced this one since the pass read
+            // it (the program counted the old one abandoned then): leave the new one, in
+            // flight. (Gone: a completion took it.)
+            match maps.attempts.get(key, 0) {
+                Ok(current) if current == *attempt => {}
+                Ok(_) => {
+                    sweep.tracked += 1;
+                    continue;
+                }
+                Err(_) => continue,
+            }
+            if maps.attempts.remove(key).is_ok() {
+                *removed.entry(attempt.listener_ino).or_default() += 1;
+            }
+        }
+    }
+    let mut maps = lock();
+    for (ino, n) in removed {
+        sweep.abandoned += n;
+        // A listener that has closed is gone from the figures with its counters.
+        if maps.listener_stats.get(&ino, 0).is_err() {
+            sweep.gone += n;
+            continue;
+        }
+        let count = maps.abandoned.get(&ino, 0).unwrap_or(0);
+        if let Err(e) = maps.abandoned.insert(ino, count + n, 0) {
+            tracing::warn!(error = %e, listener = ino, "cannot count abandoned attempts");
+        }
+    }
+    maps.tracked = sweep.tracked;
+    maps.sweeps += 1;
+    sweep
 }
 
 /// CLOCK_MONOTONIC in ns: the clock of `bpf_ktime_get_ns()`.

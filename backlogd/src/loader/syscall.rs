@@ -131,10 +131,35 @@ pub fn lookup_batch_per_cpu<V: Pod>(
             "per-CPU values must be a multiple of 8 bytes for a batch lookup",
         ));
     }
+    lookup_batch_of(map, cursor, max, cpus, keys, values)
+}
+
+/// One BPF_MAP_LOOKUP_BATCH of a hash map whose keys are `K` and values `V` (their sizes
+/// must be the map's): fills `keys` and `values` (cleared first) with up to `max` entries
+/// after `cursor`. Returns whether these were the map's last entries.
+pub fn lookup_batch<K: Pod, V: Pod>(
+    map: BorrowedFd<'_>,
+    cursor: &mut BatchCursor,
+    max: u32,
+    keys: &mut Vec<K>,
+    values: &mut Vec<V>,
+) -> io::Result<bool> {
+    lookup_batch_of(map, cursor, max, 1, keys, values)
+}
+
+/// The batch lookup of both kinds: `per_key` values of `V` per key.
+fn lookup_batch_of<K: Pod, V: Pod>(
+    map: BorrowedFd<'_>,
+    cursor: &mut BatchCursor,
+    max: u32,
+    per_key: usize,
+    keys: &mut Vec<K>,
+    values: &mut Vec<V>,
+) -> io::Result<bool> {
     keys.clear();
     keys.reserve(max as usize);
     values.clear();
-    values.reserve(max as usize * cpus);
+    values.reserve(max as usize * per_key);
     let mut attr = BatchAttr {
         in_batch: if cursor.started {
             (&raw const cursor.token) as u64
@@ -149,7 +174,8 @@ pub fn lookup_batch_per_cpu<V: Pod>(
         ..BatchAttr::default()
     };
     // SAFETY: BatchAttr is the command's part of bpf_attr; its pointers are to the cursor's
-    // token and to buffers with room for `max` keys and `max * cpus` values, all live here.
+    // token and to buffers with room for `max` keys and `max * per_key` values, all live
+    // here.
     let done = match unsafe { bpf(BPF_MAP_LOOKUP_BATCH, &mut attr) } {
         Ok(_) => false,
         // ENOENT: this batch holds the last entries.
@@ -158,11 +184,11 @@ pub fn lookup_batch_per_cpu<V: Pod>(
     };
     cursor.started = true;
     let n = (attr.count as usize).min(max as usize);
-    // SAFETY: the kernel wrote `n` keys and `n * cpus` values (V is Pod, so any bytes are
-    // a valid V), within the reserved capacity.
+    // SAFETY: the kernel wrote `n` keys and `n * per_key` values (K and V are Pod, so any
+    // bytes are valid), within the reserved capacity.
     unsafe {
         keys.set_len(n);
-        values.set_len(n * cpus);
+        values.set_len(n * per_key);
     }
     Ok(done)
 }
