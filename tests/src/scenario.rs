@@ -535,6 +535,39 @@ fn impact_rows(members: &[Listener], truth: &ImpactTruth, after: &Scrape) -> Imp
         truth.abandoned,
         value("backlogd_listen_connections_abandoned_total", &[]),
     );
+    // An SO_REUSEPORT group's sums: the same clients, whichever member took each.
+    if members.len() > 1 {
+        let inode = members[0].inode.to_string();
+        let netns = after
+            .find("backlogd_listen_syns_received_total", &[("socket", &inode)])
+            .first()
+            .map(|s| s.labels["netns"].clone())
+            .expect("the first member's series");
+        let port = members[0].addr.port().to_string();
+        let group = |metric: &str, extra: &[(&str, &str)]| -> u64 {
+            let mut labels = vec![("netns", netns.as_str()), ("port", port.as_str())];
+            labels.extend_from_slice(extra);
+            after
+                .value(metric, &labels)
+                .unwrap_or_else(|| panic!("no {metric} {labels:?}")) as u64
+        };
+        let delayed = "backlogd_listen_group_connections_delayed_total";
+        row(
+            "group: delayed after a SYN drop".into(),
+            truth.delayed_syn_drop,
+            group(delayed, &[("cause", "syn_drop")]),
+        );
+        row(
+            "group: delayed after a final-ACK drop".into(),
+            truth.delayed_final_ack_overflow,
+            group(delayed, &[("cause", "final_ack_overflow")]),
+        );
+        row(
+            "group: abandoned after a drop".into(),
+            truth.abandoned,
+            group("backlogd_listen_group_connections_abandoned_total", &[]),
+        );
+    }
     let histogram = "backlogd_listen_connection_delay_seconds_bucket";
     let mut unchecked = Vec::new();
     for le in [

@@ -47,8 +47,10 @@ pub enum Labels {
     Owner,
     Group,
     GroupAndReason,
+    GroupAndCause,
     Process,
     ProcessAndReason,
+    ProcessAndCause,
     Netns,
     NetnsName,
     Mode,
@@ -58,8 +60,14 @@ pub enum Labels {
 #[cfg_attr(not(test), expect(dead_code, reason = "read by the docs check"))]
 impl Labels {
     pub fn names(self) -> Vec<&'static str> {
-        if self == Labels::ListenerAndCause {
-            let mut names = LISTENER_LABELS.to_vec();
+        let by_cause: Option<&[&str]> = match self {
+            Labels::ListenerAndCause => Some(&LISTENER_LABELS),
+            Labels::GroupAndCause => Some(&GROUP_LABELS),
+            Labels::ProcessAndCause => Some(&PROCESS_LABELS),
+            _ => None,
+        };
+        if let Some(base) = by_cause {
+            let mut names = base.to_vec();
             names.push(CAUSE);
             return names;
         }
@@ -68,9 +76,9 @@ impl Labels {
             Labels::Listener | Labels::ListenerAndCause => (&LISTENER_LABELS, false),
             Labels::ListenerAndReason => (&LISTENER_LABELS, true),
             Labels::Owner => (&OWNER_LABELS, false),
-            Labels::Group => (&GROUP_LABELS, false),
+            Labels::Group | Labels::GroupAndCause => (&GROUP_LABELS, false),
             Labels::GroupAndReason => (&GROUP_LABELS, true),
-            Labels::Process => (&PROCESS_LABELS, false),
+            Labels::Process | Labels::ProcessAndCause => (&PROCESS_LABELS, false),
             Labels::ProcessAndReason => (&PROCESS_LABELS, true),
             Labels::Netns => (&["netns"], false),
             Labels::NetnsName => (&["netns", "name"], false),
@@ -204,6 +212,16 @@ catalogue! {
     GroupDrops: "backlogd_listen_group_drops_total", Counter, GroupAndReason,
         "Connections dropped by the listening sockets of the SO_REUSEPORT group (listeners \
          sharing netns, address and port), by reason (as in backlogd_listen_drops_total).";
+    GroupConnectionsDelayed: "backlogd_listen_group_connections_delayed_total", Counter,
+        GroupAndCause,
+        "Connections queued for accept by the listening sockets of the SO_REUSEPORT group \
+         after a drop on their way, by the cause of the first drop (as in \
+         backlogd_listen_connections_delayed_total).";
+    GroupConnectionsAbandoned: "backlogd_listen_group_connections_abandoned_total", Counter,
+        Group,
+        "Connection attempts with a drop the listening sockets of the SO_REUSEPORT group \
+         did not queue within client_impact_horizon (as in \
+         backlogd_listen_connections_abandoned_total).";
     ProcessListeners: "backlogd_process_listeners", Gauge, Process,
         "Listening sockets of the process.";
     ProcessAcceptQueueLength: "backlogd_process_accept_queue_length", Gauge, Process,
@@ -215,6 +233,16 @@ catalogue! {
     ProcessDrops: "backlogd_process_drops_total", Counter, ProcessAndReason,
         "Connections dropped by the listening sockets of the process, by reason (as in \
          backlogd_listen_drops_total).";
+    ProcessConnectionsDelayed: "backlogd_process_connections_delayed_total", Counter,
+        ProcessAndCause,
+        "Connections queued for accept by the listening sockets of the process after a \
+         drop on their way, by the cause of the first drop (as in \
+         backlogd_listen_connections_delayed_total).";
+    ProcessConnectionsAbandoned: "backlogd_process_connections_abandoned_total", Counter,
+        Process,
+        "Connection attempts with a drop the listening sockets of the process did not \
+         queue within client_impact_horizon (as in \
+         backlogd_listen_connections_abandoned_total).";
     NetnsInfo: "backlogd_netns_info", Gauge, NetnsName,
         "Always 1: the name of a network namespace with listeners, where it has one \
          (/run/netns/NAME: ip netns, CNI); join on netns (group_left).";

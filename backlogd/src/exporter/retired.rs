@@ -10,7 +10,7 @@ use backlogd_common::ListenerStats;
 pub type GroupKey = (u32, std::net::IpAddr, u16);
 pub type ProcessKey = (u32, String);
 
-/// The counters the group and process families sum: 48 of a [`ListenerStats`]' 280
+/// The counters the group and process families sum: 72 of a [`ListenerStats`]' 400
 /// bytes, so the per-scrape bookkeeping of 10k listeners stays in cache.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Counted {
@@ -18,6 +18,9 @@ pub struct Counted {
     pub accepted: u64,
     /// In `catalogue::DROP_REASONS` order.
     pub drops: [u64; 4],
+    /// Connections delayed by a drop, in `catalogue::DELAY_CAUSES` order.
+    pub delayed: [u64; 2],
+    pub abandoned: u64,
 }
 
 impl Counted {
@@ -26,6 +29,8 @@ impl Counted {
             syns: s.syns,
             accepted: s.accepted,
             drops: s.drops(),
+            delayed: s.delayed,
+            abandoned: s.abandoned,
         }
     }
 
@@ -35,6 +40,10 @@ impl Counted {
         for (a, b) in self.drops.iter_mut().zip(o.drops) {
             *a += b;
         }
+        for (a, b) in self.delayed.iter_mut().zip(o.delayed) {
+            *a += b;
+        }
+        self.abandoned += o.abandoned;
     }
 }
 

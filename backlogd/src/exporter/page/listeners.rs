@@ -3,7 +3,7 @@
 
 use backlogd_common::{DELAY_BUCKETS, ListenerStats};
 
-use super::rows::{Row, reason_suffixes};
+use super::rows::{Row, label_suffixes, reason_suffixes};
 use crate::{
     api::{AcceptWait, ClientImpact},
     config::AcceptWaitBuckets,
@@ -130,7 +130,7 @@ fn impact(e: &mut Exposition<'_>, rows: &[Row<'_>], found: &[(&ListenerStats, Qu
         .map(|(r, (s, _))| (r, *s))
         .collect();
     Metric::ListenConnectionsDelayed.open(e);
-    let causes = cause_suffixes();
+    let causes = label_suffixes(CAUSE, DELAY_CAUSES);
     for (r, s) in &dropped {
         for (suffix, count) in causes.iter().zip(s.delayed) {
             e.sample_suffix(
@@ -160,10 +160,6 @@ fn impact(e: &mut Exposition<'_>, rows: &[Row<'_>], found: &[(&ListenerStats, Qu
             s.abandoned,
         );
     }
-}
-
-fn cause_suffixes() -> [String; 2] {
-    DELAY_CAUSES.map(|cause| format!(",{CAUSE}=\"{cause}\"}} "))
 }
 
 /// One info series per listener, with the names its owner's cgroup and container runtime

@@ -47,10 +47,16 @@ impl<'a> Row<'a> {
     }
 }
 
-/// `,reason="x"} ` for each drop reason, pre-rendered once per family.
+/// `,label="x"} ` for each of `values`, pre-rendered once per family: the last label of
+/// a per-listener series, after the listener's set.
+pub fn label_suffixes<const N: usize>(label: &str, values: [&str; N]) -> [String; N] {
+    values.map(|value| format!(",{label}=\"{value}\"}} "))
+}
+
+/// [`label_suffixes`] of each drop reason.
 pub fn reason_suffixes() -> [String; 4] {
-    crate::exporter::catalogue::DROP_REASONS
-        .map(|reason| format!(",{}=\"{reason}\"}} ", crate::exporter::catalogue::REASON))
+    use crate::exporter::catalogue::{DROP_REASONS, REASON};
+    label_suffixes(REASON, DROP_REASONS)
 }
 
 #[cfg(test)]
