@@ -49,11 +49,6 @@ static ATTEMPTS: HashMap<AttemptKey, Attempt> = HashMap::with_max_entries(ATTEMP
 #[map]
 static ATTEMPTS_UNTRACKED: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 
-/// Per CPU: `bpf_ktime_get_ns()` of this CPU's last insert into `ATTEMPTS` that found it
-/// full; 0: none yet. See [`FULL_BACKOFF_NS`].
-#[map]
-static ATTEMPTS_FULL_AT: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
-
 /// `bpf_ktime_get_ns()` of the newest recorded drop, on any listener; 0: none yet. A
 /// per-listener gate would itself be a hash lookup, the cost it is there to save.
 #[map]
@@ -67,13 +62,6 @@ static CLIENT_IMPACT: ImpactSettings = ImpactSettings { horizon_ns: 0 };
 /// and still belong to it: more than any receive window a request offers, and 1/4096 of
 /// the sequence space, the odds that a new attempt's random ISN falls inside by chance.
 const ACK_WINDOW: u32 = 1 << 20;
-
-/// For this long after an insert found `ATTEMPTS` full, a CPU counts a new attempt
-/// untracked without trying to insert it. A failed insert into a full preallocated hash
-/// is the dearest thing a drop does here (the kernel searches every CPU's free list
-/// before it gives up), and a flood against a full accept queue would pay it for every
-/// SYN; room comes back only as attempts complete or the daemon's sweep removes them.
-const FULL_BACKOFF_NS: u64 = 100_000_000;
 
 /// `LAST_DROP` is rewritten only when it is older than half this, and the gate stays open
 /// this much longer than the horizon.
@@ -179,7 +167,10 @@ fn record_drop(sk: KPtr, ino: u64, net: u64, skb: KPtr, kind: u32) -> Result<()>
             }
         }
         None => {
-            if !insert_attempt(&key, &fresh, now) {
+            if ATTEMPTS
+                .insert(&key, &fresh, u64::from(BPF_NOEXIST))
+                .is_err()
+            {
                 if let Some(lost) = ATTEMPTS_UNTRACKED.get_ptr_mut(0) {
                     // SAFETY: this CPU's counter.
                     unsafe { *lost += 1 };
@@ -199,29 +190,6 @@ fn record_drop(sk: KPtr, ino: u64, net: u64, skb: KPtr, kind: u32) -> Result<()>
         }
     }
     Ok(())
-}
-
-/// Inserts a new attempt; false when the map is full, or was on this CPU within
-/// [`FULL_BACKOFF_NS`] (not tried then).
-#[inline(always)]
-fn insert_attempt(key: &AttemptKey, fresh: &Attempt, now: u64) -> bool {
-    let full_at = ATTEMPTS_FULL_AT.get_ptr_mut(0);
-    if let Some(at) = full_at {
-        // SAFETY: this CPU's element.
-        let at = unsafe { *at };
-        if at != 0 && now.wrapping_sub(at) < FULL_BACKOFF_NS {
-            return false;
-        }
-    }
-    if ATTEMPTS.insert(key, fresh, u64::from(BPF_NOEXIST)).is_ok() {
-        return true;
-    }
-    if let Some(at) = full_at {
-        // SAFETY: this CPU's element. A program interrupting this one on the CPU may
-        // store its own time here: as good a time of the map being full.
-        unsafe { *at = now };
-    }
-    false
 }
 
 /// Listener `sk` (inode `ino`, netns `net`) queued `child` for accept, on the segment
