@@ -553,17 +553,17 @@ fn impact_rows(members: &[Listener], truth: &ImpactTruth, after: &Scrape) -> Imp
         };
         let delayed = "backlogd_listen_group_connections_delayed_total";
         row(
-            "group: delayed after a SYN drop".into(),
+            "group: delayed, SYN drop".into(),
             truth.delayed_syn_drop,
             group(delayed, &[("cause", "syn_drop")]),
         );
         row(
-            "group: delayed after a final-ACK drop".into(),
+            "group: delayed, final-ACK drop".into(),
             truth.delayed_final_ack_overflow,
             group(delayed, &[("cause", "final_ack_overflow")]),
         );
         row(
-            "group: abandoned after a drop".into(),
+            "group: abandoned".into(),
             truth.abandoned,
             group("backlogd_listen_group_connections_abandoned_total", &[]),
         );
