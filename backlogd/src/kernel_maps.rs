@@ -135,26 +135,6 @@ impl KernelMaps {
         sum_at(&self.attempts_untracked, 0, map::ATTEMPTS_UNTRACKED)
     }
 
-    /// Every attempt in the attempts map: in a few batch lookups, or entry by entry where
-    /// the kernel refuses batches.
-    fn attempts_all(&self) -> Vec<(AttemptKey, Attempt)> {
-        let fd = self.attempts.map().fd().as_fd();
-        let (mut keys, mut values) = (Vec::new(), Vec::new());
-        let mut cursor = BatchCursor::default();
-        let mut out = Vec::new();
-        loop {
-            match syscall::lookup_batch(fd, &mut cursor, BATCH, &mut keys, &mut values) {
-                Ok(done) => {
-                    out.extend(keys.iter().copied().zip(values.iter().copied()));
-                    if done {
-                        return out;
-                    }
-                }
-                Err(_) => return self.attempts.iter().filter_map(Result::ok).collect(),
-            }
-        }
-    }
-
     /// Each listener's queue state merged over CPUs for sampling epoch `epoch`.
     pub fn queue_states<M: FromIterator<(u64, QueueState)>>(&self, epoch: u32) -> M {
         fold_per_cpu(&self.listener_queues, |per_cpu| merge(per_cpu, epoch))
@@ -222,8 +202,14 @@ pub fn sweep_attempts(maps: &SharedMaps, horizon_ns: u64) -> Sweep {
     let lock = || maps.lock().unwrap_or_else(|e| e.into_inner());
     let now = monotonic_ns();
     let mut sweep = Sweep::default();
-    let (expired, live): (Vec<_>, Vec<_>) = lock()
-        .attempts_all()
+    // The whole map is read without the lock, through a duplicate of its fd: a scrape
+    // need not wait for a read of up to client_impact_attempts entries.
+    let fd = lock().attempts.map().fd().as_fd().try_clone_to_owned();
+    let all = match fd.map(|fd| batched_entries(fd.as_fd())) {
+        Ok(Some(all)) => all,
+        _ => lock().attempts.iter().filter_map(Result::ok).collect(),
+    };
+    let (expired, live): (Vec<_>, Vec<_>) = all
         .into_iter()
         .partition(|(_, attempt)| now.saturating_sub(attempt.first_ns) > horizon_ns);
     sweep.tracked = live.len() as u64;
@@ -263,6 +249,21 @@ pub fn sweep_attempts(maps: &SharedMaps, horizon_ns: u64) -> Sweep {
     maps.tracked = sweep.tracked;
     maps.sweeps += 1;
     sweep
+}
+
+/// Every entry of the hash map `map` (keys `K`, values `V`) in a few batch lookups; None
+/// where the kernel refuses them.
+fn batched_entries<K: Pod, V: Pod>(map: std::os::fd::BorrowedFd<'_>) -> Option<Vec<(K, V)>> {
+    let (mut keys, mut values) = (Vec::new(), Vec::new());
+    let mut cursor = BatchCursor::default();
+    let mut out = Vec::new();
+    loop {
+        let done = syscall::lookup_batch(map, &mut cursor, BATCH, &mut keys, &mut values).ok()?;
+        out.extend(keys.iter().copied().zip(values.iter().copied()));
+        if done {
+            return Some(out);
+        }
+    }
 }
 
 /// CLOCK_MONOTONIC in ns: the clock of `bpf_ktime_get_ns()`.
