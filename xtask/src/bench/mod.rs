@@ -8,7 +8,8 @@
 //! and tracepoint modes); handshake capacity with and without the daemon (an
 //! in-process loop, then nginx + wrk); traffic that never meets a listen queue (UDP and TCP
 //! bulk over loopback); the daemon's CPU and memory under SYN load; how long a drop takes
-//! to show; scrape cost at scale (listeners and established connections), with `ss`/`nstat`
+//! to show; scrapes while a flood's connection attempts expire (the client-impact
+//! sweep); scrape cost at scale (listeners and established connections), with `ss`/`nstat`
 //! polling beside it; a bpftrace script on the same tracepoints.
 
 mod bpftrace;
@@ -23,6 +24,7 @@ mod programs;
 mod scale;
 mod stats;
 mod summary;
+mod sweep;
 mod syscalls;
 
 use std::{
@@ -39,7 +41,7 @@ use procs::{BpfStats, Bpftrace, Daemon, Memory, Watched};
 
 use self::{
     bpftrace::*, bystander::*, capacity::*, daemon_cost::*, drop_latency::*, nginx::*, programs::*,
-    scale::*, stats::*, summary::*, syscalls::*,
+    scale::*, stats::*, summary::*, sweep::*, syscalls::*,
 };
 use crate::setup::output;
 
@@ -156,7 +158,7 @@ impl Report {
 pub use load::hold;
 
 /// The report's sections: (name for `--section`, title).
-const SECTIONS: [(&str, &str); 9] = [
+const SECTIONS: [(&str, &str); 10] = [
     ("programs", "Per-event cost of the eBPF programs"),
     ("syscalls", "Cost on every syscall"),
     ("capacity", "Connection-rate capacity"),
@@ -167,6 +169,10 @@ const SECTIONS: [(&str, &str); 9] = [
     ("bystander", "Traffic that never meets a listen queue"),
     ("daemon", "Daemon CPU and memory under SYN load"),
     ("drop", "From a drop to /metrics and the JSON API"),
+    (
+        "sweep",
+        "Scrapes while a flood's connection attempts expire (client-impact sweep)",
+    ),
     ("scale", "Scale: listeners and established connections"),
     ("bpftrace", "bpftrace on the same tracepoints"),
 ];
@@ -203,6 +209,7 @@ pub fn run(quick: bool, only: &[String]) -> Result<()> {
             "bystander" => bystander(p, &ns, r),
             "daemon" => daemon_cost(p, &ns, r),
             "drop" => drop_latency(p, &ns, r),
+            "sweep" => sweep_cost(p, &ns, r),
             "scale" => scale(p, r),
             _ => bpftrace(p, &ns, r),
         });
