@@ -629,7 +629,10 @@ async fn sample_queues(
             let swept =
                 tokio::task::spawn_blocking(move || kernel_maps::sweep_attempts(&maps, horizon_ns))
                     .await
-                    .unwrap_or_default();
+                    .unwrap_or_else(|e| {
+                        tracing::error!(error = %e, "the sweep of the attempts map failed");
+                        Default::default()
+                    });
             if swept.abandoned > 0 {
                 tracing::debug!(
                     abandoned = swept.abandoned,

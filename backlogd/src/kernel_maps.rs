@@ -4,7 +4,7 @@
 
 use std::{
     collections::{HashMap, HashSet},
-    os::fd::{AsFd as _, AsRawFd as _},
+    os::fd::{AsFd as _, AsRawFd as _, BorrowedFd},
     sync::{Arc, Mutex},
     time::Instant,
 };
@@ -203,16 +203,27 @@ pub fn sweep_attempts(maps: &SharedMaps, horizon_ns: u64) -> Sweep {
     let now = monotonic_ns();
     let mut sweep = Sweep::default();
     // The whole map is read without the lock, through a duplicate of its fd: a scrape
-    // need not wait for a read of up to client_impact_attempts entries.
-    let fd = lock().attempts.map().fd().as_fd().try_clone_to_owned();
-    let all = match fd.map(|fd| batched_entries(fd.as_fd())) {
-        Ok(Some(all)) => all,
-        _ => lock().attempts.iter().filter_map(Result::ok).collect(),
+    // need not wait for a read of up to client_impact_attempts entries. The pass keeps
+    // the expired attempts and counts the live ones.
+    let mut pass: (Vec<(AttemptKey, Attempt)>, u64) = (Vec::new(), 0);
+    let see = |pass: &mut (Vec<_>, u64), key: AttemptKey, attempt: Attempt| {
+        if now.saturating_sub(attempt.first_ns) > horizon_ns {
+            pass.0.push((key, attempt));
+        } else {
+            pass.1 += 1;
+        }
     };
-    let (expired, live): (Vec<_>, Vec<_>) = all
-        .into_iter()
-        .partition(|(_, attempt)| now.saturating_sub(attempt.first_ns) > horizon_ns);
-    sweep.tracked = live.len() as u64;
+    let fd = lock().attempts.map().fd().as_fd().try_clone_to_owned();
+    let batched = fd.is_ok_and(|fd| for_each_batched(fd.as_fd(), |k, a| see(&mut pass, k, a)));
+    if !batched {
+        // The kernel refused a batch (perhaps midway): entry by entry, from the start.
+        pass = (Vec::new(), 0);
+        for (key, attempt) in lock().attempts.iter().filter_map(Result::ok) {
+            see(&mut pass, key, attempt);
+        }
+    }
+    let (expired, live) = pass;
+    sweep.tracked = live;
     let mut removed: HashMap<u64, u64> = HashMap::new();
     for chunk in expired.chunks(SWEEP_CHUNK) {
         let mut maps = lock();
@@ -221,7 +232,19 @@ pub fn sweep_attempts(maps: &SharedMaps, horizon_ns: u64) -> Sweep {
             // it (the program counted the old one abandoned then): leave the new one, in
             // flight. (Gone: a completion took it.)
             match maps.attempts.get(key, 0) {
-                Ok(current) if current == *attempt => {}
+                // The same attempt, perhaps with a segment more dropped since.
+                Ok(current)
+                    if (
+                        current.first_ns,
+                        current.isn,
+                        current.cause,
+                        current.listener_ino,
+                    ) == (
+                        attempt.first_ns,
+                        attempt.isn,
+                        attempt.cause,
+                        attempt.listener_ino,
+                    ) => {}
                 Ok(_) => {
                     sweep.tracked += 1;
                     continue;
@@ -251,17 +274,24 @@ pub fn sweep_attempts(maps: &SharedMaps, horizon_ns: u64) -> Sweep {
     sweep
 }
 
-/// Every entry of the hash map `map` (keys `K`, values `V`) in a few batch lookups; None
-/// where the kernel refuses them.
-fn batched_entries<K: Pod, V: Pod>(map: std::os::fd::BorrowedFd<'_>) -> Option<Vec<(K, V)>> {
+/// Calls `f` with every entry of the attempts map `map` (a duplicate of its fd), read in a
+/// few batch lookups; false where the kernel refuses them (`f` may have seen some entries).
+fn for_each_batched(map: BorrowedFd<'_>, mut f: impl FnMut(AttemptKey, Attempt)) -> bool {
     let (mut keys, mut values) = (Vec::new(), Vec::new());
     let mut cursor = BatchCursor::default();
-    let mut out = Vec::new();
     loop {
-        let done = syscall::lookup_batch(map, &mut cursor, BATCH, &mut keys, &mut values).ok()?;
-        out.extend(keys.iter().copied().zip(values.iter().copied()));
+        // SAFETY: `map` is the attempts map, whose keys and values are AttemptKey and
+        // Attempt (checked when the loader typed it).
+        let batch =
+            unsafe { syscall::lookup_batch(map, &mut cursor, BATCH, &mut keys, &mut values) };
+        let Ok(done) = batch else {
+            return false;
+        };
+        for (key, attempt) in keys.iter().zip(&values) {
+            f(*key, *attempt);
+        }
         if done {
-            return Some(out);
+            return true;
         }
     }
 }
@@ -321,9 +351,12 @@ fn batched<V: Pod, T>(
     let mut cursor = BatchCursor::default();
     let mut out = Vec::new();
     loop {
-        let done =
+        // SAFETY: `fd` is `map`'s, typed u64 -> V per CPU when it was loaded; `cpus` is
+        // the possible CPUs, as the kernel counts them.
+        let batch = unsafe {
             syscall::lookup_batch_per_cpu(fd, &mut cursor, BATCH, cpus, &mut keys, &mut values)
-                .ok()?;
+        };
+        let done = batch.ok()?;
         for (key, per_cpu) in keys.iter().zip(values.chunks_exact(cpus)) {
             out.push((*key, fold(per_cpu)));
         }

@@ -284,20 +284,34 @@ impl Daemon {
     /// past its horizon and counted abandoned): a sweep of the attempts map that began
     /// after this call found none left. Call it after the last drop of interest; returns
     /// that scrape. (The tracked gauge alone is as of the last sweep, which may predate
-    /// the drops.)
+    /// the drops.) See [`began_after`].
     pub fn attempts_resolved(&self) -> Scrape {
         let sweeps = |s: &Scrape| s.value("backlogd_client_impact_sweeps_total", &[]);
         let since = sweeps(&self.scrape()).expect("backlogd_client_impact_sweeps_total");
-        self.wait_for("every attempt completed or past its horizon", |s| {
-            (sweeps(s)? > since && s.value("backlogd_client_impact_tracked", &[]) == Some(0.0))
-                .then(|| s.clone())
+        // The suites' horizons are at most 8 s and their sweeps 1 s apart: the attempts
+        // still in flight expire, then two sweeps end.
+        let within = Duration::from_secs(20);
+        self.wait_for_within("every attempt completed or past its horizon", within, |s| {
+            (began_after(sweeps(s)?, since)
+                && s.value("backlogd_client_impact_tracked", &[]) == Some(0.0))
+            .then(|| s.clone())
         })
     }
 
     /// Scrapes until `f` returns `Some`, for up to 10 s; panics with the last scrape and
     /// the daemon's log otherwise.
     pub fn wait_for<T>(&self, what: &str, f: impl Fn(&Scrape) -> Option<T>) -> T {
-        let deadline = Instant::now() + Duration::from_secs(10);
+        self.wait_for_within(what, Duration::from_secs(10), f)
+    }
+
+    /// [`wait_for`](Self::wait_for) for up to `within`.
+    pub fn wait_for_within<T>(
+        &self,
+        what: &str,
+        within: Duration,
+        f: impl Fn(&Scrape) -> Option<T>,
+    ) -> T {
+        let deadline = Instant::now() + within;
         loop {
             let scrape = self.scrape();
             if let Some(v) = f(&scrape) {
@@ -352,4 +366,12 @@ pub fn missed_runs_of(pid: u32) -> std::io::Result<u64> {
         .collect::<std::collections::HashMap<u64, u64>>()
         .values()
         .sum())
+}
+
+/// Whether the sweep that made `backlogd_client_impact_sweeps_total` `now` began after a
+/// scrape that showed `since`. A sweep reads the attempts map before it publishes its
+/// count, so the next one (`since + 1`) may have read it before that scrape; the one after
+/// it began once that one had ended, after the scrape.
+pub fn began_after(now: f64, since: f64) -> bool {
+    now > since + 1.0
 }

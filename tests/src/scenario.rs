@@ -274,7 +274,7 @@ pub fn run(name: &str, s: &Scenario, daemon: &Daemon) -> Result<String, String> 
         drain(&members, &accepted);
         let scrape = daemon.scrape();
         // A sweep that began after the clients' close found no attempt left.
-        if sweeps(&scrape).is_some_and(|n| n > since)
+        if sweeps(&scrape).is_some_and(|n| crate::daemon::began_after(n, since))
             && scrape.value("backlogd_client_impact_tracked", &[]) == Some(0.0)
         {
             // Anything it counted delayed before the attempts ran out is queued by now.

@@ -117,7 +117,11 @@ pub struct BatchCursor {
 /// to `max` entries after `cursor`. Returns whether these were the map's last entries.
 ///
 /// `V` must be a multiple of 8 bytes: the kernel copies each CPU's value rounded up to 8.
-pub fn lookup_batch_per_cpu<V: Pod>(
+///
+/// # Safety
+/// `map`'s values must be `V`s, and `cpus` the possible CPUs: the kernel writes `max`
+/// keys and `max * cpus` values at its own sizes into buffers sized for these.
+pub unsafe fn lookup_batch_per_cpu<V: Pod>(
     map: BorrowedFd<'_>,
     cursor: &mut BatchCursor,
     max: u32,
@@ -134,10 +138,14 @@ pub fn lookup_batch_per_cpu<V: Pod>(
     lookup_batch_of(map, cursor, max, cpus, keys, values)
 }
 
-/// One BPF_MAP_LOOKUP_BATCH of a hash map whose keys are `K` and values `V` (their sizes
-/// must be the map's): fills `keys` and `values` (cleared first) with up to `max` entries
-/// after `cursor`. Returns whether these were the map's last entries.
-pub fn lookup_batch<K: Pod, V: Pod>(
+/// One BPF_MAP_LOOKUP_BATCH of a (not per-CPU) hash map whose keys are `K` and values `V`:
+/// fills `keys` and `values` (cleared first) with up to `max` entries after `cursor`.
+/// Returns whether these were the map's last entries.
+///
+/// # Safety
+/// `map`'s key and value sizes must be those of `K` and `V`: the kernel writes `max` of
+/// each at its own sizes into buffers sized for these.
+pub unsafe fn lookup_batch<K: Pod, V: Pod>(
     map: BorrowedFd<'_>,
     cursor: &mut BatchCursor,
     max: u32,
