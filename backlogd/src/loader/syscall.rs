@@ -135,7 +135,8 @@ pub unsafe fn lookup_batch_per_cpu<V: Pod>(
             "per-CPU values must be a multiple of 8 bytes for a batch lookup",
         ));
     }
-    lookup_batch_of(map, cursor, max, cpus, keys, values)
+    // SAFETY: the caller's contract above.
+    unsafe { lookup_batch_of(map, cursor, max, cpus, keys, values) }
 }
 
 /// One BPF_MAP_LOOKUP_BATCH of a (not per-CPU) hash map whose keys are `K` and values `V`:
@@ -152,11 +153,15 @@ pub unsafe fn lookup_batch<K: Pod, V: Pod>(
     keys: &mut Vec<K>,
     values: &mut Vec<V>,
 ) -> io::Result<bool> {
-    lookup_batch_of(map, cursor, max, 1, keys, values)
+    // SAFETY: the caller's contract above.
+    unsafe { lookup_batch_of(map, cursor, max, 1, keys, values) }
 }
 
 /// The batch lookup of both kinds: `per_key` values of `V` per key.
-fn lookup_batch_of<K: Pod, V: Pod>(
+///
+/// # Safety
+/// `map`'s keys must be `K`s and each key's values `per_key` `V`s (see the callers).
+unsafe fn lookup_batch_of<K: Pod, V: Pod>(
     map: BorrowedFd<'_>,
     cursor: &mut BatchCursor,
     max: u32,
