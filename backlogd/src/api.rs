@@ -58,6 +58,20 @@ pub struct ListenerSnapshot {
     /// What its clients paid for its drops (absent from older daemons: zero).
     #[serde(default)]
     pub impact: ClientImpact,
+    /// The same over the last five minutes (absent from older daemons: zero).
+    #[serde(default)]
+    pub recent_impact: RecentImpact,
+}
+
+/// A listener's [`ClientImpact`] over the last `window_seconds`: from 300 to 310 s once
+/// the daemon has run that long, since its start before (see `exporter/recent.rs`). An
+/// attempt is abandoned in the window its horizon passed in.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct RecentImpact {
+    /// 0: nothing recorded yet.
+    pub window_seconds: f64,
+    #[serde(flatten)]
+    pub impact: ClientImpact,
 }
 
 /// Connection attempts a listener dropped a segment of, and what became of them (see
@@ -77,6 +91,31 @@ pub struct ClientImpact {
 }
 
 impl ClientImpact {
+    /// From the kernel's counters: `delayed` by cause ([`backlogd_common::cause`]), the
+    /// per-bucket `delay` counts and their sum, `abandoned` attempts.
+    pub fn of(
+        delayed: [u64; backlogd_common::cause::COUNT],
+        delay: [u64; DELAY_BUCKETS + 1],
+        delay_sum_ns: u64,
+        abandoned: u64,
+    ) -> Self {
+        use backlogd_common::cause;
+        Self {
+            delayed_syn_drop: delayed[cause::SYN_DROP as usize],
+            delayed_final_ack_overflow: delayed[cause::FINAL_ACK_OVERFLOW as usize],
+            abandoned,
+            delay: Self::bounds()
+                .iter()
+                .copied()
+                .map(Some)
+                .chain([None])
+                .zip(delay)
+                .map(|(le, count)| Bucket { le, count })
+                .collect(),
+            delay_sum_seconds: delay_sum_ns as f64 / 1e9,
+        }
+    }
+
     /// Upper bounds of the delay buckets in seconds, the last (infinite) one left out.
     pub fn bounds() -> [f64; DELAY_BUCKETS] {
         DELAY_BOUNDS_MS.map(|ms| ms as f64 / 1e3)
@@ -259,21 +298,8 @@ impl ListenerSnapshot {
                     .map(|(le, count)| Bucket { le, count })
                     .collect(),
             },
-            impact: ClientImpact {
-                delayed_syn_drop: s.delayed[backlogd_common::cause::SYN_DROP as usize],
-                delayed_final_ack_overflow: s.delayed
-                    [backlogd_common::cause::FINAL_ACK_OVERFLOW as usize],
-                abandoned: s.abandoned,
-                delay: ClientImpact::bounds()
-                    .iter()
-                    .copied()
-                    .map(Some)
-                    .chain([None])
-                    .zip(s.delay)
-                    .map(|(le, count)| Bucket { le, count })
-                    .collect(),
-                delay_sum_seconds: s.delay_sum_ns as f64 / 1e9,
-            },
+            impact: ClientImpact::of(s.delayed, s.delay, s.delay_sum_ns, s.abandoned),
+            recent_impact: RecentImpact::default(),
         }
     }
 }

@@ -18,8 +18,8 @@ use tokio::{
 use crate::{
     config::{self, Config},
     exporter::{
-        figures::Metrics,
-        http,
+        figures::{ByInode, Metrics},
+        http, recent,
         server::{self, HttpSettings},
     },
     kernel_maps::{self, SharedMaps},
@@ -145,21 +145,25 @@ async fn serve(
     let windows = Arc::new(Mutex::new(QueueWindows::new(Duration::from_secs(
         current.hwm_window,
     ))));
-    let sampler = tokio::spawn(sample_queues(
-        maps.clone(),
-        windows.clone(),
-        heartbeats.clone(),
-        current.max_listeners,
-        current.client_impact_horizon * 1_000_000_000,
-    ));
     let metrics = Metrics::new(
         shared.clone(),
-        maps,
+        maps.clone(),
         windows.clone(),
         probes.mode,
         probes.kernel,
         probes.pinned,
     );
+    // The recent figures start from what the maps hold now: counts a pinned map kept
+    // from before this daemon are not recent.
+    record_impact(&maps, &metrics.recent);
+    let sampler = tokio::spawn(sample_queues(
+        maps,
+        windows.clone(),
+        metrics.recent.clone(),
+        heartbeats.clone(),
+        current.max_listeners,
+        current.client_impact_horizon * 1_000_000_000,
+    ));
     *metrics
         .accept_wait_buckets
         .write()
@@ -589,12 +593,25 @@ async fn rescan(shared: &Arc<Shared>, maps: &SharedMaps) {
     }
 }
 
+/// Records every listener's client-impact counters for the recent figures.
+fn record_impact(maps: &SharedMaps, history: &Mutex<recent::ImpactHistory>) {
+    let stats: ByInode<_> = maps
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .listener_stats();
+    history.lock().unwrap_or_else(|e| e.into_inner()).record(
+        std::time::Instant::now(),
+        stats.iter().map(|(k, v)| (*k, v)),
+    );
+}
+
 /// Every second, moves the kernel's queue maxima into the high-water-mark windows; every
 /// [`sweep_every`] seconds, counts the connection attempts past the client-impact horizon
-/// abandoned.
+/// abandoned; every [`recent::EVERY`], records the client-impact counters.
 async fn sample_queues(
     maps: SharedMaps,
     windows: Arc<Mutex<QueueWindows>>,
+    recent: Arc<Mutex<recent::ImpactHistory>>,
     heartbeats: Arc<Heartbeats>,
     max_listeners: u64,
     horizon_ns: u64,
@@ -641,6 +658,9 @@ async fn sample_queues(
                     "connection attempts past the client-impact horizon"
                 );
             }
+        }
+        if ticks.is_multiple_of(recent::EVERY.as_secs()) {
+            record_impact(&maps, &recent);
         }
         heartbeats.sampled();
     }

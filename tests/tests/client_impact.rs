@@ -13,6 +13,7 @@ use std::{
 
 use backlogd_tests::{
     Daemon, Exact, Netns, Scrape,
+    doctor::{Doctor, evidence},
     kernel::{ListenCounters, tcp_ext},
     sockets::{
         ConnectWatch, Listener, connect_burst, fill_accept_queue, local_port, reset_close,
@@ -221,6 +222,7 @@ fn final_acks_dropped_first_delay_their_connections_until_the_synack_retransmit(
          {brackets:.2?}\n"
     ));
     check_buckets(&mut exact, &scrape, &listener, &brackets);
+    doctor_recent(&mut exact, &daemon, &ns, &listener, victims_done, 0);
     exact.verify();
 }
 
@@ -313,7 +315,59 @@ fn syn_drops_delay_their_connections_until_a_retransmitted_syn_gets_through() {
         "SYN-dropped clients' delays (connect() duration, s, with margins): {brackets:.2?}\n"
     ));
     check_buckets(&mut exact, &scrape, &listener, &brackets);
+    doctor_recent(&mut exact, &daemon, &ns, &listener, delayed_truth, 0);
     exact.verify();
+}
+
+/// What `backlogd doctor` says the listener's drops cost its clients in its recent window:
+/// a test's daemon is younger than the window's five minutes, so it runs from the daemon's
+/// start and must equal the clients' truth as the totals do, in the JSON and in the
+/// evidence line quoting it.
+fn doctor_recent(
+    exact: &mut Exact,
+    daemon: &Daemon,
+    ns: &Netns,
+    listener: &Listener,
+    delayed: u64,
+    abandoned: u64,
+) {
+    let doctor = Doctor::run(daemon, &[]);
+    let port = format!(":{} (netns", listener.addr.port());
+    let Some(finding) = doctor.about(ns).into_iter().find(|f| {
+        f["kind"] == "accept_queue_overflow" && f["subject"].as_str().unwrap().contains(&port)
+    }) else {
+        panic!(
+            "doctor has no accept_queue_overflow finding on {}: {:#?}",
+            listener.addr, doctor.findings
+        );
+    };
+    exact.evidence("doctor's finding", finding);
+    let recent = &finding["recent_client_impact"];
+    let figure = |k: &str| recent[k].as_u64().unwrap_or(u64::MAX);
+    exact.eq(
+        "doctor: delayed in its recent window vs clients",
+        figure("delayed_syn_drop").saturating_add(figure("delayed_final_ack_overflow")),
+        delayed,
+    );
+    exact.eq(
+        "doctor: abandoned in its recent window vs clients",
+        figure("abandoned"),
+        abandoned,
+    );
+    let window = recent["window_seconds"].as_f64().unwrap_or(0.0);
+    exact.eq(
+        "doctor: its window is the daemon's age so far (between 0 and 300 s)",
+        u64::from(window > 0.0 && window < 300.0),
+        1,
+    );
+    let line = format!("s since backlogd started: {delayed} connections delayed by a drop, ");
+    let tail = format!("; {abandoned} attempts never connected");
+    let said = evidence(finding);
+    exact.eq(
+        "doctor's evidence quotes those figures",
+        u64::from(said.contains(&line) && said.contains(&tail)),
+        1,
+    );
 }
 
 /// Accepts until `count` connections came or `within` passed: by client port, when, and
@@ -428,6 +482,7 @@ fn clients_that_give_up_are_counted_abandoned_at_the_horizon() {
             0,
         );
     }
+    doctor_recent(&mut exact, &daemon, &ns, &listener, 0, timed_out);
     exact.verify();
     drop(fillers);
 }

@@ -41,6 +41,7 @@ pub fn finding(l: &ListenerSnapshot, ns: Option<&NamespaceSnapshot>) -> Option<F
                 ],
                 remedy: remedy(wanted, l, ns, program),
                 client_impact: None,
+                recent_client_impact: None,
             })
         }
         Request::Program {
@@ -66,6 +67,7 @@ pub fn finding(l: &ListenerSnapshot, ns: Option<&NamespaceSnapshot>) -> Option<F
                 ],
                 remedy: remedy(wanted, l, ns, program),
                 client_impact: None,
+                recent_client_impact: None,
             })
         }
         Request::AtLeast { .. } => {
@@ -103,6 +105,7 @@ pub fn finding(l: &ListenerSnapshot, ns: Option<&NamespaceSnapshot>) -> Option<F
                      {granted}, raise net.core.somaxconn in its namespace and restart it"
                 ),
                 client_impact: None,
+                recent_client_impact: None,
             })
         }
         Request::Somaxconn { .. } | Request::Unknown => None,

@@ -4,7 +4,7 @@
 
 use serde::Serialize;
 
-use crate::api::{ClientImpact, ListenerSnapshot};
+use crate::api::{ClientImpact, ListenerSnapshot, RecentImpact};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
@@ -29,6 +29,10 @@ pub struct Finding {
     /// connection was delayed or abandoned. Its evidence lines quote these figures.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub client_impact: Option<ClientImpact>,
+    /// The same over the last five minutes, where `client_impact` is given and the daemon
+    /// has recent figures (`window_seconds` says how long; shorter since its start).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub recent_client_impact: Option<RecentImpact>,
 }
 
 /// How findings name a listener.

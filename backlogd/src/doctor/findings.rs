@@ -5,7 +5,10 @@
 use std::collections::BTreeMap;
 
 use super::finding::{Finding, Severity, subject};
-use crate::api::{ClientImpact, ListenerSnapshot, NamespaceSnapshot, Snapshot};
+use crate::{
+    api::{ClientImpact, ListenerSnapshot, NamespaceSnapshot, RecentImpact, Snapshot},
+    exporter::recent::WINDOW,
+};
 
 fn drops(l: &ListenerSnapshot) -> u64 {
     l.drops.accept_queue_full + l.drops.syn_queue_full + l.drops.final_ack_overflow + l.drops.other
@@ -33,17 +36,55 @@ fn human_seconds(s: f64) -> String {
     }
 }
 
+/// What a listener's drops cost its clients, as a finding quotes it.
+struct Impact {
+    total: ClientImpact,
+    recent: Option<RecentImpact>,
+    lines: Vec<String>,
+}
+
+/// "in the last 5.1 min" (the window has its full length), or "in the 42 s since backlogd
+/// started" (a younger daemon).
+pub fn window(seconds: f64) -> String {
+    if seconds >= WINDOW.as_secs_f64() {
+        format!("in the last {:.1} min", seconds / 60.0)
+    } else {
+        format!("in the {seconds:.0} s since backlogd started")
+    }
+}
+
 /// What `l`'s drops cost its clients (all of them, whatever the cause of each drop), for
 /// the findings about its drops: the figures, and the evidence lines quoting them. None
 /// when no connection was delayed or abandoned. How long they waited is told by the
 /// first two delay buckets' bounds (0.5 and 1.5 s: halfway to the first retry, and
-/// between the first and the next), the only figures the histogram has.
-fn client_impact(l: &ListenerSnapshot) -> Option<(ClientImpact, Vec<String>)> {
+/// between the first and the next), the only figures the histogram has. The first line
+/// says whether the damage goes on: the recent figures (none from an older daemon).
+fn client_impact(l: &ListenerSnapshot) -> Option<Impact> {
     let i = &l.impact;
+    let [first, second, ..] = ClientImpact::bounds();
     let mut lines = Vec::new();
     let delayed = i.delayed();
+    if delayed == 0 && i.abandoned == 0 {
+        return None;
+    }
+    let recent = (l.recent_impact.window_seconds > 0.0).then(|| l.recent_impact.clone());
+    if let Some(r) = &recent {
+        let when = window(r.window_seconds);
+        let (d, a) = (r.impact.delayed(), r.impact.abandoned);
+        lines.push(if d == 0 && a == 0 {
+            format!(
+                "{when}: no connection delayed or abandoned (the figures below count since \
+                 the listener's counters started)"
+            )
+        } else {
+            format!(
+                "{when}: {d} connections delayed by a drop, {} of them more than {first} s \
+                 (a retry); {a} attempts never connected",
+                r.impact.delayed_at_least(first)
+            )
+        });
+    }
     if delayed > 0 {
-        let [first, second, ..] = ClientImpact::bounds();
         let waited = i.delayed_at_least(first);
         let longer = i.delayed_at_least(second);
         let how_long = match (waited, longer) {
@@ -68,7 +109,11 @@ fn client_impact(l: &ListenerSnapshot) -> Option<(ClientImpact, Vec<String>)> {
             i.abandoned
         ));
     }
-    (!lines.is_empty()).then(|| (i.clone(), lines))
+    Some(Impact {
+        total: i.clone(),
+        recent,
+        lines,
+    })
 }
 
 pub fn diagnose(snapshot: &Snapshot) -> Vec<Finding> {
@@ -106,7 +151,7 @@ pub fn diagnose(snapshot: &Snapshot) -> Vec<Finding> {
             queue_evidence.push(format!("accept wait p99 {p99}"));
         }
         let impact = client_impact(l);
-        let impact_lines = impact.iter().flat_map(|(_, lines)| lines.iter().cloned());
+        let impact_lines = impact.iter().flat_map(|i| i.lines.iter().cloned());
         let accepts_slowly = "the application accepts too slowly for the arrival rate: \
             accept in a loop until EAGAIN, add workers (SO_REUSEPORT), or move work out of \
             the accept path; a larger backlog only hides this and adds latency";
@@ -128,7 +173,8 @@ pub fn diagnose(snapshot: &Snapshot) -> Vec<Finding> {
                 ),
                 evidence,
                 remedy: accepts_slowly.to_owned(),
-                client_impact: impact.as_ref().map(|(figures, _)| figures.clone()),
+                client_impact: impact.as_ref().map(|i| i.total.clone()),
+                recent_client_impact: impact.as_ref().and_then(|i| i.recent.clone()),
             });
         } else if granted > 0 && f64::from(peak) >= 0.9 * f64::from(granted) {
             out.push(Finding {
@@ -142,6 +188,7 @@ pub fn diagnose(snapshot: &Snapshot) -> Vec<Finding> {
                 evidence: queue_evidence,
                 remedy: accepts_slowly.to_owned(),
                 client_impact: None,
+                recent_client_impact: None,
             });
         }
         // 3. SYN queue overflow with syncookies off.
@@ -175,7 +222,8 @@ pub fn diagnose(snapshot: &Snapshot) -> Vec<Finding> {
                     /etc/sysctl.d), and if the handshakes are legitimate raise the listen \
                     backlog: the SYN queue's limit is the granted backlog"
                     .to_owned(),
-                client_impact: impact.as_ref().map(|(figures, _)| figures.clone()),
+                client_impact: impact.as_ref().map(|i| i.total.clone()),
+                recent_client_impact: impact.as_ref().and_then(|i| i.recent.clone()),
             });
         }
         // 4. Syncookies firing.
@@ -201,6 +249,7 @@ pub fn diagnose(snapshot: &Snapshot) -> Vec<Finding> {
                     listen backlog (and net.core.somaxconn)"
                     .to_owned(),
                 client_impact: None,
+                recent_client_impact: None,
             });
         }
     }
@@ -256,6 +305,7 @@ pub fn diagnose(snapshot: &Snapshot) -> Vec<Finding> {
                         l.listener.inode
                     ),
                     client_impact: None,
+                    recent_client_impact: None,
                 });
             }
         }
@@ -294,6 +344,7 @@ pub fn diagnose(snapshot: &Snapshot) -> Vec<Finding> {
                 clients get ECONNRESET on a burst the queue would have absorbed a moment later"
                 .to_owned(),
             client_impact: None,
+            recent_client_impact: None,
         });
     }
     out.sort_by(|a, b| b.severity.cmp(&a.severity).then(a.kind.cmp(b.kind)));

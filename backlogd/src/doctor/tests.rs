@@ -7,7 +7,7 @@ use super::{
 };
 use crate::{
     api::{
-        ClientImpact, ListenerSnapshot,
+        ClientImpact, ListenerSnapshot, RecentImpact,
         fixtures::{NETNS, impact, listener, namespace, owned_by, snapshot},
     },
     programs::{Asks, Known},
@@ -388,6 +388,80 @@ fn accept_queue_overflow_says_how_many_connections_waited_and_how_many_never_con
         ),
         "{text}"
     );
+}
+
+/// `l`'s recent figures: `impact` over the last `seconds`.
+fn recent(l: &mut ListenerSnapshot, seconds: f64, impact: ClientImpact) {
+    l.recent_impact = RecentImpact {
+        window_seconds: seconds,
+        impact,
+    };
+}
+
+#[test]
+fn client_impact_says_first_whether_it_goes_on_in_the_last_five_minutes() {
+    // A daemon up longer than the window: "in the last 5.1 min", with its own figures.
+    let mut l = overflowing_with_impact();
+    recent(&mut l, 306.0, impact(20, 2, &[1, 15, 0, 6], 4));
+    let f = only(
+        diagnose(&snapshot(vec![l.clone()], vec![])),
+        "accept_queue_overflow",
+    );
+    assert_eq!(
+        f.evidence[1],
+        "in the last 5.1 min: 22 connections delayed by a drop, 21 of them more than 0.5 s \
+         (a retry); 4 attempts never connected"
+    );
+    // The totals follow, unchanged.
+    assert!(
+        f.evidence[2].starts_with("312 connections reached"),
+        "{f:#?}"
+    );
+    let json = serde_json::to_value(&f).unwrap();
+    let r = &json["recent_client_impact"];
+    assert_eq!(
+        (
+            &r["window_seconds"],
+            &r["delayed_syn_drop"],
+            &r["delayed_final_ack_overflow"],
+            &r["abandoned"]
+        ),
+        (&306.0.into(), &20.into(), &2.into(), &4.into()),
+        "{json:#}"
+    );
+    // Younger than the window: since its start.
+    recent(&mut l, 42.4, impact(0, 3, &[3], 0));
+    let f = only(
+        diagnose(&snapshot(vec![l.clone()], vec![])),
+        "accept_queue_overflow",
+    );
+    assert_eq!(
+        f.evidence[1],
+        "in the 42 s since backlogd started: 3 connections delayed by a drop, 0 of them more \
+         than 0.5 s (a retry); 0 attempts never connected"
+    );
+    // Over: said so, so the totals are not read as current.
+    recent(&mut l, 300.0, impact(0, 0, &[], 0));
+    let f = only(
+        diagnose(&snapshot(vec![l.clone()], vec![])),
+        "accept_queue_overflow",
+    );
+    assert_eq!(
+        f.evidence[1],
+        "in the last 5.0 min: no connection delayed or abandoned (the figures below count \
+         since the listener's counters started)"
+    );
+    // No recent figures (an older daemon): no line, none in the JSON.
+    l.recent_impact = RecentImpact::default();
+    let f = only(
+        diagnose(&snapshot(vec![l], vec![])),
+        "accept_queue_overflow",
+    );
+    assert!(
+        f.evidence[1].starts_with("312 connections reached"),
+        "{f:#?}"
+    );
+    assert!(f.recent_client_impact.is_none());
 }
 
 #[test]

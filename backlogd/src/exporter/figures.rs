@@ -9,7 +9,7 @@ use std::{
 
 use backlogd_common::ListenerStats;
 
-use super::retired::Retired;
+use super::{recent::ImpactHistory, retired::Retired};
 use crate::{
     api::{ListenerSnapshot, NamespaceSnapshot, Snapshot},
     config::AcceptWaitBuckets,
@@ -34,6 +34,8 @@ pub struct Metrics {
     /// The accept-wait bounds /metrics exports (`accept_wait_buckets`; SIGHUP replaces
     /// them). The JSON API always has every bucket.
     pub accept_wait_buckets: Arc<RwLock<AcceptWaitBuckets>>,
+    /// Client impact's records for the last five minutes (the sampler records).
+    pub recent: Arc<Mutex<ImpactHistory>>,
 }
 
 /// The client-impact sweep's figures (see `kernel_maps.rs`).
@@ -80,6 +82,7 @@ impl Metrics {
             pinned,
             retired: Arc::default(),
             accept_wait_buckets: Arc::default(),
+            recent: Arc::default(),
         }
     }
 
@@ -140,19 +143,25 @@ impl Metrics {
         let sysctls = self.shared.netns_sysctls();
         let somaxconn: HashMap<u32, u32> =
             sysctls.iter().map(|(ns, s)| (*ns, s.somaxconn)).collect();
+        let history = self.recent.lock().unwrap_or_else(|e| e.into_inner());
+        let recent = history.at(std::time::Instant::now());
         let mut listeners: Vec<ListenerSnapshot> = self
             .shared
             .listeners()
             .iter()
             .map(|l| {
-                ListenerSnapshot::new(
+                let s = stats.get(&l.inode).copied().unwrap_or_default();
+                let mut snapshot = ListenerSnapshot::new(
                     l.clone(),
-                    stats.get(&l.inode).copied().unwrap_or_default(),
+                    s,
                     queues.get(&l.inode).copied().unwrap_or_default(),
                     somaxconn.get(&l.netns).copied(),
-                )
+                );
+                snapshot.recent_impact = recent.of(l.inode, &s);
+                snapshot
             })
             .collect();
+        drop(history);
         listeners.sort_by_key(|l| (l.listener.netns, l.listener.port, l.listener.inode));
         let host = crate::sampling::netns::host();
         let mut names = crate::names::netns::named();

@@ -6,11 +6,13 @@
 //!   one collector per file; [`text`] writes the exposition format.
 //! - [`http`]: the routes; [`server`] the hardened HTTP/TLS server; [`webconfig`] the
 //!   exporter-toolkit web config.
+//! - [`recent`]: client impact over the last five minutes, for the JSON API.
 
 pub mod catalogue;
 pub mod figures;
 pub mod http;
 pub mod page;
+pub mod recent;
 pub mod retired;
 pub mod server;
 pub mod text;

@@ -11,7 +11,7 @@ use ratatui::{
 };
 
 use super::app::{App, Line, Row};
-use crate::api::Request;
+use crate::api::{ListenerSnapshot, Request};
 
 pub fn draw(frame: &mut Frame, app: &App) {
     let area = frame.area();
@@ -319,6 +319,21 @@ fn draw_table(frame: &mut Frame, app: &App, area: Rect) {
 }
 
 /// The `DLY/ABN/s` cell: delayed and abandoned connections per second.
+/// The detail pane's line of the daemon's recent client impact (none from an older
+/// daemon).
+fn recent_impact(l: &ListenerSnapshot, long: f64) -> Option<TextLine<'static>> {
+    let r = &l.recent_impact;
+    (r.window_seconds > 0.0).then(|| {
+        TextLine::raw(format!(
+            "impact {}: delayed {} ({} waited > {long} s)  abandoned {}",
+            crate::doctor::findings::window(r.window_seconds),
+            r.impact.delayed(),
+            r.impact.delayed_at_least(long),
+            r.impact.abandoned
+        ))
+    })
+}
+
 fn impact((delayed, abandoned): (f64, f64)) -> String {
     format!("{}/{}", rate(delayed), rate(abandoned))
 }
@@ -495,6 +510,7 @@ fn draw_detail(frame: &mut Frame, app: &App, area: Rect) {
                 )),
             ]
             .into_iter()
+            .chain(recent_impact(l, long))
             .chain(
                 app.findings
                     .iter()
@@ -602,7 +618,7 @@ mod tests {
 
     use super::*;
     use crate::{
-        api::{ListenerSnapshot, Snapshot, fixtures},
+        api::{RecentImpact, Snapshot, fixtures},
         queues::QueueFigures,
     };
 
@@ -639,6 +655,10 @@ mod tests {
             syn_max: 3,
         };
         busy[0].impact = fixtures::impact(10, 2, &[2, 9, 1], 3);
+        busy[0].recent_impact = RecentImpact {
+            window_seconds: 303.0,
+            impact: fixtures::impact(4, 0, &[1, 3], 1),
+        };
         let mut app = App::new(Duration::from_secs(1));
         app.update(snapshot(quiet), Duration::from_secs(1));
         app.update(snapshot(busy), Duration::from_secs(1));
@@ -834,6 +854,7 @@ mod tests {
             "client impact: delayed 12/s (10/s waited > 0.5 s)  abandoned 3.0/s  (last refresh)",
             "impact totals: delayed 12 (SYN drop 10, final-ACK overflow 2; 10 waited > 0.5 s)  \
              abandoned 3",
+            "impact in the last 5.0 min: delayed 4 (3 waited > 0.5 s)  abandoned 1",
         ] {
             assert!(
                 screen.iter().any(|l| l.contains(line)),
