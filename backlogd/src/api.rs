@@ -22,6 +22,9 @@ pub struct Snapshot {
     pub events_lost: u64,
     pub stats_full: u64,
     pub listeners: Vec<ListenerSnapshot>,
+    /// What the listeners' `recent_impact` covers (absent from older daemons).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub impact_window: Option<ImpactWindow>,
     /// Listen sysctls of each namespace that has listeners.
     pub namespaces: Vec<NamespaceSnapshot>,
 }
@@ -58,18 +61,28 @@ pub struct ListenerSnapshot {
     /// What its clients paid for its drops (absent from older daemons: zero).
     #[serde(default)]
     pub impact: ClientImpact,
-    /// The same over the last five minutes (absent from older daemons: zero).
-    #[serde(default)]
-    pub recent_impact: RecentImpact,
+    /// The same over the snapshot's `impact_window`: absent when nothing (or from an
+    /// older daemon).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recent_impact: Option<ClientImpact>,
 }
 
-/// A listener's [`ClientImpact`] over the last `window_seconds`: from 300 to 310 s once
-/// the daemon has run that long, since its start before (see `exporter/recent.rs`). An
-/// attempt is abandoned in the window its horizon passed in.
+/// The span the recent client-impact figures cover (see `exporter/recent.rs`): the last
+/// five minutes, or less since the daemon started. At least 300 s once the daemon has run
+/// that long, normally under 310 s. Abandoned attempts are those the daemon counted in it
+/// (when a sweep found their horizon passed).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct ImpactWindow {
+    pub window_seconds: f64,
+    /// The window runs from the daemon's start: it has run less than five minutes.
+    pub since_start: bool,
+}
+
+/// A listener's [`ClientImpact`] over an [`ImpactWindow`], as `doctor` quotes it.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct RecentImpact {
-    /// 0: nothing recorded yet.
-    pub window_seconds: f64,
+    #[serde(flatten)]
+    pub window: ImpactWindow,
     #[serde(flatten)]
     pub impact: ClientImpact,
 }
@@ -119,6 +132,11 @@ impl ClientImpact {
     /// Upper bounds of the delay buckets in seconds, the last (infinite) one left out.
     pub fn bounds() -> [f64; DELAY_BUCKETS] {
         DELAY_BOUNDS_MS.map(|ms| ms as f64 / 1e3)
+    }
+
+    /// Nothing delayed or abandoned, with every bucket.
+    pub fn none() -> Self {
+        Self::of(Default::default(), Default::default(), 0, 0)
     }
 
     pub fn delayed(&self) -> u64 {
@@ -299,7 +317,7 @@ impl ListenerSnapshot {
                     .collect(),
             },
             impact: ClientImpact::of(s.delayed, s.delay, s.delay_sum_ns, s.abandoned),
-            recent_impact: RecentImpact::default(),
+            recent_impact: None,
         }
     }
 }
@@ -358,6 +376,7 @@ pub mod fixtures {
             events_lost: 0,
             stats_full: 0,
             listeners,
+            impact_window: None,
             namespaces,
         }
     }

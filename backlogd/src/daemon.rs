@@ -154,7 +154,8 @@ async fn serve(
         probes.pinned,
     );
     // The recent figures start from what the maps hold now: counts a pinned map kept
-    // from before this daemon are not recent.
+    // from before this daemon are not recent. (Attempts whose horizon passed while no
+    // daemon ran are, like the abandoned counter: this daemon's sweeps count them.)
     record_impact(&maps, &metrics.recent);
     let sampler = tokio::spawn(sample_queues(
         maps,
@@ -607,7 +608,7 @@ fn record_impact(maps: &SharedMaps, history: &Mutex<recent::ImpactHistory>) {
 
 /// Every second, moves the kernel's queue maxima into the high-water-mark windows; every
 /// [`sweep_every`] seconds, counts the connection attempts past the client-impact horizon
-/// abandoned; every [`recent::EVERY`], records the client-impact counters.
+/// abandoned; about every [`recent::EVERY`], records the client-impact counters.
 async fn sample_queues(
     maps: SharedMaps,
     windows: Arc<Mutex<QueueWindows>>,
@@ -659,7 +660,12 @@ async fn sample_queues(
                 );
             }
         }
-        if ticks.is_multiple_of(recent::EVERY.as_secs()) {
+        // By the clock, not by ticks: a sweep may hold the loop up.
+        if recent
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .due(std::time::Instant::now())
+        {
             record_impact(&maps, &recent);
         }
         heartbeats.sampled();

@@ -41,6 +41,28 @@ impl Doctor {
     }
 }
 
+impl Doctor {
+    /// The finding of `kind` about `listener` in `ns`; panics with every finding when there
+    /// is none.
+    pub fn on(
+        &self,
+        kind: &str,
+        ns: &Netns,
+        listener: &crate::sockets::Listener,
+    ) -> &serde_json::Value {
+        let port = format!(":{} (netns", listener.addr.port());
+        self.about(ns)
+            .into_iter()
+            .find(|f| f["kind"] == kind && f["subject"].as_str().unwrap().contains(&port))
+            .unwrap_or_else(|| {
+                panic!(
+                    "doctor has no {kind} finding on {}: {:#?}",
+                    listener.addr, self.findings
+                )
+            })
+    }
+}
+
 pub fn kinds(findings: &[&serde_json::Value]) -> BTreeSet<String> {
     findings
         .iter()

@@ -222,7 +222,15 @@ fn final_acks_dropped_first_delay_their_connections_until_the_synack_retransmit(
          {brackets:.2?}\n"
     ));
     check_buckets(&mut exact, &scrape, &listener, &brackets);
-    doctor_recent(&mut exact, &daemon, &ns, &listener, victims_done, 0);
+    doctor_recent(
+        &mut exact,
+        &daemon,
+        &scrape,
+        &ns,
+        &listener,
+        victims_done,
+        0,
+    );
     exact.verify();
 }
 
@@ -315,7 +323,15 @@ fn syn_drops_delay_their_connections_until_a_retransmitted_syn_gets_through() {
         "SYN-dropped clients' delays (connect() duration, s, with margins): {brackets:.2?}\n"
     ));
     check_buckets(&mut exact, &scrape, &listener, &brackets);
-    doctor_recent(&mut exact, &daemon, &ns, &listener, delayed_truth, 0);
+    doctor_recent(
+        &mut exact,
+        &daemon,
+        &scrape,
+        &ns,
+        &listener,
+        delayed_truth,
+        0,
+    );
     exact.verify();
 }
 
@@ -326,21 +342,14 @@ fn syn_drops_delay_their_connections_until_a_retransmitted_syn_gets_through() {
 fn doctor_recent(
     exact: &mut Exact,
     daemon: &Daemon,
+    scrape: &Scrape,
     ns: &Netns,
     listener: &Listener,
     delayed: u64,
     abandoned: u64,
 ) {
     let doctor = Doctor::run(daemon, &[]);
-    let port = format!(":{} (netns", listener.addr.port());
-    let Some(finding) = doctor.about(ns).into_iter().find(|f| {
-        f["kind"] == "accept_queue_overflow" && f["subject"].as_str().unwrap().contains(&port)
-    }) else {
-        panic!(
-            "doctor has no accept_queue_overflow finding on {}: {:#?}",
-            listener.addr, doctor.findings
-        );
-    };
+    let finding = doctor.on("accept_queue_overflow", ns, listener);
     exact.evidence("doctor's finding", finding);
     let recent = &finding["recent_client_impact"];
     let figure = |k: &str| recent[k].as_u64().unwrap_or(u64::MAX);
@@ -356,10 +365,29 @@ fn doctor_recent(
     );
     let window = recent["window_seconds"].as_f64().unwrap_or(0.0);
     exact.eq(
-        "doctor: its window is the daemon's age so far (between 0 and 300 s)",
-        u64::from(window > 0.0 && window < 300.0),
+        "doctor: its window runs from the daemon's start (under 300 s)",
+        u64::from(recent["since_start"] == true && window > 0.0 && window < 300.0),
         1,
     );
+    // Its buckets as the scrape has them (checked against the clients' brackets there).
+    let buckets = recent["delay"].as_array().cloned().unwrap_or_default();
+    let mut cumulative = 0;
+    for (i, le) in DELAY_BOUNDS.iter().enumerate() {
+        cumulative += buckets
+            .get(i)
+            .and_then(|b| b["count"].as_u64())
+            .unwrap_or(u64::MAX / 16);
+        exact.eq(
+            &format!("doctor: recent delays up to {le} s vs the scrape's bucket"),
+            cumulative,
+            value(
+                scrape,
+                "backlogd_listen_connection_delay_seconds_bucket",
+                listener,
+                &[("le", le)],
+            ),
+        );
+    }
     let line = format!("s since backlogd started: {delayed} connections delayed by a drop, ");
     let tail = format!("; {abandoned} attempts never connected");
     let said = evidence(finding);
@@ -482,7 +510,7 @@ fn clients_that_give_up_are_counted_abandoned_at_the_horizon() {
             0,
         );
     }
-    doctor_recent(&mut exact, &daemon, &ns, &listener, 0, timed_out);
+    doctor_recent(&mut exact, &daemon, &scrape, &ns, &listener, 0, timed_out);
     exact.verify();
     drop(fillers);
 }

@@ -241,8 +241,9 @@ fn a_request_the_previous_daemon_saw_stays_exact_after_a_restart() {
 }
 
 /// Attempts one daemon counted abandoned (its sweep, not a program, counts them) are still
-/// counted by the daemon that adopts its pins, and attempts still in flight at the restart
-/// are counted by the new one when their horizon passes.
+/// counted by the daemon that adopts its pins, and attempts dropped while no daemon ran
+/// are counted by the new one when their horizon passes; its recent figures (doctor's)
+/// have only those.
 #[test]
 fn abandoned_attempts_counted_before_a_restart_stay_counted() {
     if !pinnable("abandoned_attempts_counted_before_a_restart_stay_counted") {
@@ -276,10 +277,11 @@ fn abandoned_attempts_counted_before_a_restart_stay_counted() {
         ) == Some(3.0))
         .then_some(())
     });
-    // Two more, dropped just before the restart: in flight while no daemon runs.
+    // Two more, dropped by the pinned programs while no daemon runs: in flight at the
+    // restart, or expired before it; the next daemon's sweeps count them either way.
+    drop(first);
     drop(connect_burst(&ns, listener.addr, 2));
     let kernel = ListenCounters::delta(&before, &tcp_ext(&ns));
-    drop(first);
     let second = Daemon::start_with(&args);
     assert!(
         second.log().contains("adopted the pinned programs"),
@@ -296,6 +298,36 @@ fn abandoned_attempts_counted_before_a_restart_stay_counted() {
             "abandoned after the restart vs clients that never connected",
             abandoned(&second),
             5,
+        );
+    // doctor's recent figures run from the second daemon's start: the 3 the first one
+    // counted are not in them, the 2 the second one counted are.
+    let doctor = Doctor::run(&second, &[]);
+    let finding = doctor.on("accept_queue_overflow", &ns, &listener);
+    exact.evidence("doctor's finding", finding);
+    let figure = |of: &str, k: &str| finding[of][k].as_u64().unwrap_or(u64::MAX);
+    exact
+        .eq(
+            "doctor: abandoned in all vs clients that never connected",
+            figure("client_impact", "abandoned"),
+            5,
+        )
+        .eq(
+            "doctor: abandoned since the second daemon started vs the clients it saw expire",
+            figure("recent_client_impact", "abandoned"),
+            2,
+        )
+        .eq(
+            "doctor: its recent window runs from the second daemon's start",
+            u64::from(finding["recent_client_impact"]["since_start"] == true),
+            1,
+        )
+        .eq(
+            "doctor's evidence quotes the recent figures",
+            u64::from(evidence(finding).contains(
+                " s since backlogd started: 0 connections delayed by a drop, 0 of them more \
+                 than 0.5 s (a retry); 2 attempts never connected",
+            )),
+            1,
         );
     exact.verify();
     drop(fillers);

@@ -5,9 +5,8 @@
 use std::collections::BTreeMap;
 
 use super::finding::{Finding, Severity, subject};
-use crate::{
-    api::{ClientImpact, ListenerSnapshot, NamespaceSnapshot, RecentImpact, Snapshot},
-    exporter::recent::WINDOW,
+use crate::api::{
+    ClientImpact, ImpactWindow, ListenerSnapshot, NamespaceSnapshot, RecentImpact, Snapshot,
 };
 
 fn drops(l: &ListenerSnapshot) -> u64 {
@@ -43,13 +42,13 @@ struct Impact {
     lines: Vec<String>,
 }
 
-/// "in the last 5.1 min" (the window has its full length), or "in the 42 s since backlogd
-/// started" (a younger daemon).
-pub fn window(seconds: f64) -> String {
-    if seconds >= WINDOW.as_secs_f64() {
-        format!("in the last {:.1} min", seconds / 60.0)
+/// "in the last 5.1 min", or "in the 42 s since backlogd started" (a daemon younger than
+/// the window).
+pub fn window(w: &ImpactWindow) -> String {
+    if w.since_start {
+        format!("in the {:.0} s since backlogd started", w.window_seconds)
     } else {
-        format!("in the {seconds:.0} s since backlogd started")
+        format!("in the last {:.1} min", w.window_seconds / 60.0)
     }
 }
 
@@ -58,8 +57,9 @@ pub fn window(seconds: f64) -> String {
 /// when no connection was delayed or abandoned. How long they waited is told by the
 /// first two delay buckets' bounds (0.5 and 1.5 s: halfway to the first retry, and
 /// between the first and the next), the only figures the histogram has. The first line
-/// says whether the damage goes on: the recent figures (none from an older daemon).
-fn client_impact(l: &ListenerSnapshot) -> Option<Impact> {
+/// says whether the damage goes on: the figures over the snapshot's recent window `recent`
+/// (none from an older daemon).
+fn client_impact(l: &ListenerSnapshot, recent: Option<ImpactWindow>) -> Option<Impact> {
     let i = &l.impact;
     let [first, second, ..] = ClientImpact::bounds();
     let mut lines = Vec::new();
@@ -67,9 +67,12 @@ fn client_impact(l: &ListenerSnapshot) -> Option<Impact> {
     if delayed == 0 && i.abandoned == 0 {
         return None;
     }
-    let recent = (l.recent_impact.window_seconds > 0.0).then(|| l.recent_impact.clone());
+    let recent = recent.map(|w| RecentImpact {
+        window: w,
+        impact: l.recent_impact.clone().unwrap_or_else(ClientImpact::none),
+    });
     if let Some(r) = &recent {
-        let when = window(r.window_seconds);
+        let when = window(&r.window);
         let (d, a) = (r.impact.delayed(), r.impact.abandoned);
         lines.push(if d == 0 && a == 0 {
             format!(
@@ -150,7 +153,7 @@ pub fn diagnose(snapshot: &Snapshot) -> Vec<Finding> {
         if let Some(p99) = wait_quantile(l, 0.99) {
             queue_evidence.push(format!("accept wait p99 {p99}"));
         }
-        let impact = client_impact(l);
+        let impact = client_impact(l, snapshot.impact_window);
         let impact_lines = impact.iter().flat_map(|i| i.lines.iter().cloned());
         let accepts_slowly = "the application accepts too slowly for the arrival rate: \
             accept in a loop until EAGAIN, add workers (SO_REUSEPORT), or move work out of \

@@ -7,7 +7,7 @@ use super::{
 };
 use crate::{
     api::{
-        ClientImpact, ListenerSnapshot, RecentImpact,
+        ClientImpact, ImpactWindow, ListenerSnapshot, Snapshot,
         fixtures::{NETNS, impact, listener, namespace, owned_by, snapshot},
     },
     programs::{Asks, Known},
@@ -390,21 +390,24 @@ fn accept_queue_overflow_says_how_many_connections_waited_and_how_many_never_con
     );
 }
 
-/// `l`'s recent figures: `impact` over the last `seconds`.
-fn recent(l: &mut ListenerSnapshot, seconds: f64, impact: ClientImpact) {
-    l.recent_impact = RecentImpact {
+/// A snapshot of `l` whose recent figures cover `seconds` (`since_start`: the daemon is
+/// younger than the window).
+fn with_window(l: &ListenerSnapshot, seconds: f64, since_start: bool) -> Snapshot {
+    let mut s = snapshot(vec![l.clone()], vec![]);
+    s.impact_window = Some(ImpactWindow {
         window_seconds: seconds,
-        impact,
-    };
+        since_start,
+    });
+    s
 }
 
 #[test]
 fn client_impact_says_first_whether_it_goes_on_in_the_last_five_minutes() {
     // A daemon up longer than the window: "in the last 5.1 min", with its own figures.
     let mut l = overflowing_with_impact();
-    recent(&mut l, 306.0, impact(20, 2, &[1, 15, 0, 6], 4));
+    l.recent_impact = Some(impact(20, 2, &[1, 15, 0, 6], 4));
     let f = only(
-        diagnose(&snapshot(vec![l.clone()], vec![])),
+        diagnose(&with_window(&l, 306.0, false)),
         "accept_queue_overflow",
     );
     assert_eq!(
@@ -422,17 +425,24 @@ fn client_impact_says_first_whether_it_goes_on_in_the_last_five_minutes() {
     assert_eq!(
         (
             &r["window_seconds"],
+            &r["since_start"],
             &r["delayed_syn_drop"],
             &r["delayed_final_ack_overflow"],
             &r["abandoned"]
         ),
-        (&306.0.into(), &20.into(), &2.into(), &4.into()),
+        (
+            &306.0.into(),
+            &false.into(),
+            &20.into(),
+            &2.into(),
+            &4.into()
+        ),
         "{json:#}"
     );
     // Younger than the window: since its start.
-    recent(&mut l, 42.4, impact(0, 3, &[3], 0));
+    l.recent_impact = Some(impact(0, 3, &[3], 0));
     let f = only(
-        diagnose(&snapshot(vec![l.clone()], vec![])),
+        diagnose(&with_window(&l, 42.4, true)),
         "accept_queue_overflow",
     );
     assert_eq!(
@@ -440,10 +450,10 @@ fn client_impact_says_first_whether_it_goes_on_in_the_last_five_minutes() {
         "in the 42 s since backlogd started: 3 connections delayed by a drop, 0 of them more \
          than 0.5 s (a retry); 0 attempts never connected"
     );
-    // Over: said so, so the totals are not read as current.
-    recent(&mut l, 300.0, impact(0, 0, &[], 0));
+    // Over: said so, so the totals are not read as current; the JSON has every bucket.
+    l.recent_impact = None;
     let f = only(
-        diagnose(&snapshot(vec![l.clone()], vec![])),
+        diagnose(&with_window(&l, 300.0, false)),
         "accept_queue_overflow",
     );
     assert_eq!(
@@ -451,8 +461,10 @@ fn client_impact_says_first_whether_it_goes_on_in_the_last_five_minutes() {
         "in the last 5.0 min: no connection delayed or abandoned (the figures below count \
          since the listener's counters started)"
     );
-    // No recent figures (an older daemon): no line, none in the JSON.
-    l.recent_impact = RecentImpact::default();
+    let recent = f.recent_client_impact.expect("recent figures, all zero");
+    assert_eq!((recent.impact.delayed(), recent.impact.abandoned), (0, 0));
+    assert_eq!(recent.impact.delay.len(), ClientImpact::bounds().len() + 1);
+    // No window (an older daemon): no line, none in the JSON.
     let f = only(
         diagnose(&snapshot(vec![l], vec![])),
         "accept_queue_overflow",

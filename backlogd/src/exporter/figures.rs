@@ -1,6 +1,7 @@
 //! What the exporters show, read once per request: the live listener table, the kernel
 //! maps and the high-water-mark windows, joined per listener. `/metrics` (`page/`) and
-//! the JSON snapshot are both made from a [`Figures`].
+//! the JSON snapshot are both made from a [`Figures`]; the snapshot adds the last five
+//! minutes' client impact from the sampler's records (`recent.rs`).
 
 use std::{
     collections::HashMap,
@@ -143,8 +144,11 @@ impl Metrics {
         let sysctls = self.shared.netns_sysctls();
         let somaxconn: HashMap<u32, u32> =
             sysctls.iter().map(|(ns, s)| (*ns, s.somaxconn)).collect();
-        let history = self.recent.lock().unwrap_or_else(|e| e.into_inner());
-        let recent = history.at(std::time::Instant::now());
+        let recent = self
+            .recent
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .at(std::time::Instant::now());
         let mut listeners: Vec<ListenerSnapshot> = self
             .shared
             .listeners()
@@ -157,11 +161,10 @@ impl Metrics {
                     queues.get(&l.inode).copied().unwrap_or_default(),
                     somaxconn.get(&l.netns).copied(),
                 );
-                snapshot.recent_impact = recent.of(l.inode, &s);
+                snapshot.recent_impact = recent.as_ref().and_then(|r| r.of(l.inode, &s));
                 snapshot
             })
             .collect();
-        drop(history);
         listeners.sort_by_key(|l| (l.listener.netns, l.listener.port, l.listener.inode));
         let host = crate::sampling::netns::host();
         let mut names = crate::names::netns::named();
@@ -182,6 +185,7 @@ impl Metrics {
             events_lost,
             stats_full,
             listeners,
+            impact_window: recent.map(|r| r.window),
         }
     }
 }

@@ -1,12 +1,15 @@
-//! Client impact over the last five minutes, for `doctor`: "312 connections waited and 41
-//! never connected in the last 5 min" tells an operator whether the damage is going on
-//! now, which the counters since start (a daemon up for weeks) cannot. Prometheus users
-//! have `increase(...[5m])`; the JSON API's clients have no history but this one.
+//! Client impact over the last five minutes, for `doctor` and `top`: "312 connections
+//! waited and 41 never connected in the last 5 min" tells an operator whether the damage
+//! is going on now, which the counters since start (a daemon up for weeks) cannot.
+//! Prometheus users have `increase(...[5m])`; the JSON API's clients have no history but
+//! this one.
 //!
-//! Every [`EVERY`] the daemon's sampler records each listener's cumulative client-impact
-//! counters; a snapshot subtracts the newest record at least [`WINDOW`] old (the oldest,
-//! from the daemon's start, while it is younger). Only listeners with some impact are
-//! recorded: a host with 10k quiet listeners keeps nothing.
+//! About every [`EVERY`] the daemon's sampler records the time, and each listener's
+//! cumulative client-impact counters where they changed since its last record. A snapshot
+//! subtracts each listener's counters as of the newest record at least [`WINDOW`] old (the
+//! daemon's first, at its start, while it is younger). A listener costs nothing until its
+//! clients pay something, then one entry, plus one per record its counters changed at
+//! within the window; a listener the kernel no longer counts is forgotten.
 
 use std::{
     collections::VecDeque,
@@ -15,17 +18,17 @@ use std::{
 
 use backlogd_common::{DELAY_BUCKETS, ListenerStats, cause};
 
-use crate::api::{ClientImpact, RecentImpact};
-
-/// By socket inode: kernel-made keys, a fast hash suits (as the scrape's `ByInode`).
-type ByInode<V> = foldhash::HashMap<u64, V>;
+use crate::api::{ClientImpact, ImpactWindow};
 
 /// How far back the recent figures reach.
 pub const WINDOW: Duration = Duration::from_secs(300);
 
-/// How often the sampler records: the window a snapshot reports is WINDOW to
-/// WINDOW + EVERY long.
+/// How often the sampler records: a window is WINDOW to WINDOW + EVERY long (longer only
+/// when the sampler was held up).
 pub const EVERY: Duration = Duration::from_secs(10);
+
+/// By socket inode: kernel-made keys, a fast hash suits (as the scrape's `ByInode`).
+type ByInode<V> = foldhash::HashMap<u64, V>;
 
 /// A listener's cumulative client-impact counters (those of [`ListenerStats`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -75,77 +78,127 @@ impl Counts {
             abandoned: self.abandoned - base.abandoned,
         }
     }
+
+    fn impact(&self) -> ClientImpact {
+        ClientImpact::of(self.delayed, self.delay, self.delay_sum_ns, self.abandoned)
+    }
 }
 
-/// The records of the last [`WINDOW`] (and the one just before it).
+/// One listener's counters where they changed, oldest first.
+#[derive(Debug, Default)]
+struct Changes {
+    /// The record that last saw the listener in the kernel's counters.
+    seen: Option<Instant>,
+    points: VecDeque<(Instant, Counts)>,
+}
+
+impl Changes {
+    /// The counters as of `at`: the last change at or before it (zero before the first).
+    fn at(&self, at: Instant) -> Option<Counts> {
+        self.points
+            .iter()
+            .rev()
+            .find(|(when, _)| *when <= at)
+            .map(|(_, c)| *c)
+    }
+}
+
 #[derive(Debug, Default)]
 pub struct ImpactHistory {
-    records: VecDeque<(Instant, ByInode<Counts>)>,
+    /// The daemon's first record.
+    start: Option<Instant>,
+    /// The records a snapshot after the last one may subtract, oldest first.
+    records: VecDeque<Instant>,
+    changes: ByInode<Changes>,
 }
 
 impl ImpactHistory {
+    /// Whether a record is due at `now` (EVERY after the last).
+    pub fn due(&self, now: Instant) -> bool {
+        self.records
+            .back()
+            .is_none_or(|last| now.saturating_duration_since(*last) >= EVERY)
+    }
+
     /// Records the cumulative counters of every listener in `stats` as of `now`, and forgets
-    /// the records no snapshot after `now` subtracts.
+    /// what no snapshot after `now` subtracts.
     pub fn record<'a>(
         &mut self,
         now: Instant,
         stats: impl IntoIterator<Item = (u64, &'a ListenerStats)>,
     ) {
-        let counts = stats
-            .into_iter()
-            .map(|(inode, s)| (inode, Counts::of(s)))
-            .filter(|(_, c)| !c.is_zero())
-            .collect();
-        self.records.push_back((now, counts));
-        // The newest record at least WINDOW old is the one subtracted: those before it
-        // are not needed again.
+        self.start.get_or_insert(now);
+        self.records.push_back(now);
+        // Later snapshots subtract the newest record at least WINDOW old, or a newer one:
+        // the records before it are not needed again.
         while self
             .records
             .get(1)
-            .is_some_and(|(at, _)| now.saturating_duration_since(*at) >= WINDOW)
+            .is_some_and(|at| now.saturating_duration_since(*at) >= WINDOW)
         {
             self.records.pop_front();
         }
+        let oldest = self.records[0];
+        for (inode, s) in stats {
+            let counts = Counts::of(s);
+            if counts.is_zero() && !self.changes.contains_key(&inode) {
+                continue;
+            }
+            let changes = self.changes.entry(inode).or_default();
+            changes.seen = Some(now);
+            if changes
+                .points
+                .back()
+                .is_none_or(|(_, last)| *last != counts)
+            {
+                changes.points.push_back((now, counts));
+            }
+            // Its value at the oldest record is its last change at or before it.
+            while changes.points.get(1).is_some_and(|(at, _)| *at <= oldest) {
+                changes.points.pop_front();
+            }
+        }
+        // Closed: out of every later snapshot.
+        self.changes.retain(|_, c| c.seen == Some(now));
     }
 
-    /// The record a snapshot at `now` subtracts: the newest at least WINDOW old, else the
-    /// oldest. None before the first record.
-    fn base(&self, now: Instant) -> Option<&(Instant, ByInode<Counts>)> {
-        self.records
+    /// What a snapshot at `now` subtracts (None before the first record). Copied out, so the
+    /// history's lock is held for the listeners with some impact only.
+    pub fn at(&self, now: Instant) -> Option<Recent> {
+        let base = self
+            .records
             .iter()
             .rev()
-            .find(|(at, _)| now.saturating_duration_since(*at) >= WINDOW)
+            .find(|at| now.saturating_duration_since(**at) >= WINDOW)
             .or_else(|| self.records.front())
-    }
-
-    /// A reader of the recent figures as of `now`.
-    pub fn at(&self, now: Instant) -> Recent<'_> {
-        Recent {
-            base: self.base(now),
-            now,
-        }
+            .copied()?;
+        Some(Recent {
+            window: ImpactWindow {
+                window_seconds: now.saturating_duration_since(base).as_secs_f64(),
+                since_start: Some(base) == self.start,
+            },
+            bases: self
+                .changes
+                .iter()
+                .filter_map(|(inode, c)| Some((*inode, c.at(base)?)))
+                .collect(),
+        })
     }
 }
 
-/// The recent figures as of one instant.
-pub struct Recent<'a> {
-    base: Option<&'a (Instant, ByInode<Counts>)>,
-    now: Instant,
+/// The counters one snapshot subtracts.
+pub struct Recent {
+    pub window: ImpactWindow,
+    bases: ByInode<Counts>,
 }
 
-impl Recent<'_> {
-    /// What listener `inode`, whose counters are now `current`, cost its clients since the
-    /// base record. Nothing (a zero window) before the first record.
-    pub fn of(&self, inode: u64, current: &ListenerStats) -> RecentImpact {
-        let Some((at, counts)) = self.base else {
-            return RecentImpact::default();
-        };
-        let base = counts.get(&inode).copied().unwrap_or_default();
-        let c = Counts::of(current).since(&base);
-        RecentImpact {
-            window_seconds: self.now.saturating_duration_since(*at).as_secs_f64(),
-            impact: ClientImpact::of(c.delayed, c.delay, c.delay_sum_ns, c.abandoned),
-        }
+impl Recent {
+    /// What listener `inode`, whose counters are now `current`, cost its clients in the
+    /// window: None when nothing.
+    pub fn of(&self, inode: u64, current: &ListenerStats) -> Option<ClientImpact> {
+        let base = self.bases.get(&inode).copied().unwrap_or_default();
+        let recent = Counts::of(current).since(&base);
+        (!recent.is_zero()).then(|| recent.impact())
     }
 }
 
@@ -163,20 +216,16 @@ mod tests {
         s
     }
 
-    fn figures(r: &RecentImpact) -> (u64, u64, u64, f64) {
-        (
-            r.impact.delayed_syn_drop,
-            r.impact.delay.get(1).map_or(0, |b| b.count),
-            r.impact.abandoned,
-            r.window_seconds,
-        )
+    /// (delayed after a SYN drop, in the 1.5 s bucket, abandoned) in the window.
+    fn figures(r: &Recent, inode: u64, now: &ListenerStats) -> (u64, u64, u64) {
+        r.of(inode, now).map_or((0, 0, 0), |i| {
+            (i.delayed_syn_drop, i.delay[1].count, i.abandoned)
+        })
     }
 
     #[test]
-    fn before_any_record_the_window_is_empty() {
-        let h = ImpactHistory::default();
-        let r = h.at(Instant::now()).of(7, &stats(3, 1));
-        assert_eq!(figures(&r), (0, 0, 0, 0.0));
+    fn before_any_record_there_is_no_window() {
+        assert!(ImpactHistory::default().at(Instant::now()).is_none());
     }
 
     #[test]
@@ -186,11 +235,19 @@ mod tests {
         // Pinned maps: listener 7 had figures before this daemon started.
         h.record(t0, [(7, &stats(2, 1))]);
         h.record(t0 + EVERY, [(7, &stats(5, 1)), (8, &stats(4, 0))]);
-        let now = t0 + Duration::from_secs(25);
-        let recent = h.at(now);
-        assert_eq!(figures(&recent.of(7, &stats(6, 3))), (4, 4, 2, 25.0));
+        let r = h.at(t0 + Duration::from_secs(25)).unwrap();
+        assert_eq!(
+            r.window,
+            ImpactWindow {
+                window_seconds: 25.0,
+                since_start: true
+            }
+        );
+        assert_eq!(figures(&r, 7, &stats(6, 3)), (4, 4, 2));
         // Not in the start's record: it had nothing then.
-        assert_eq!(figures(&recent.of(8, &stats(4, 0))), (4, 4, 0, 25.0));
+        assert_eq!(figures(&r, 8, &stats(4, 0)), (4, 4, 0));
+        // Nothing since: no figures at all.
+        assert!(r.of(7, &stats(2, 1)).is_none());
     }
 
     #[test]
@@ -198,46 +255,55 @@ mod tests {
         let t0 = Instant::now();
         let mut h = ImpactHistory::default();
         // A record every EVERY for 10 minutes; listener 7 gains one delayed connection
-        // per record.
+        // per record, listener 9 one at the start only.
         let records = 2 * WINDOW.as_secs() / EVERY.as_secs();
         for i in 0..=records {
-            h.record(t0 + EVERY * i as u32, [(7, &stats(i, 0))]);
+            let at = t0 + EVERY * i as u32;
+            assert!(h.due(at));
+            h.record(at, [(7, &stats(i, 0)), (9, &stats(1, 0))]);
+            assert!(!h.due(at + EVERY / 2));
         }
         let last = t0 + EVERY * records as u32;
         // The base is the record exactly WINDOW old: the last WINDOW / EVERY increments.
         let per_window = WINDOW.as_secs() / EVERY.as_secs();
+        let r = h.at(last).unwrap();
         assert_eq!(
-            figures(&h.at(last).of(7, &stats(records, 0))),
-            (per_window, per_window, 0, WINDOW.as_secs_f64())
+            r.window,
+            ImpactWindow {
+                window_seconds: WINDOW.as_secs_f64(),
+                since_start: false
+            }
         );
-        // Kept: that base and the records after it.
-        assert_eq!(h.records.len() as u64, per_window + 1);
-        // Between records the base stays until the next one is WINDOW old.
-        let later = last + EVERY / 2;
         assert_eq!(
-            figures(&h.at(later).of(7, &stats(records, 0))),
-            (
-                per_window,
-                per_window,
-                0,
-                (WINDOW + EVERY / 2).as_secs_f64()
-            )
+            figures(&r, 7, &stats(records, 0)),
+            (per_window, per_window, 0)
+        );
+        assert_eq!(figures(&r, 9, &stats(1, 0)), (0, 0, 0));
+        // Kept: the records from that base on; 7's changes from it on, 9's one change.
+        assert_eq!(h.records.len() as u64, per_window + 1);
+        assert_eq!(h.changes[&7].points.len() as u64, per_window + 1);
+        assert_eq!(h.changes[&9].points.len(), 1);
+        // Between records the base stays until the next one is WINDOW old.
+        let r = h.at(last + EVERY / 2).unwrap();
+        assert_eq!(r.window.window_seconds, (WINDOW + EVERY / 2).as_secs_f64());
+        assert_eq!(
+            figures(&r, 7, &stats(records, 0)),
+            (per_window, per_window, 0)
         );
     }
 
     #[test]
-    fn quiet_listeners_are_not_recorded_and_a_reused_inode_starts_over() {
+    fn quiet_and_closed_listeners_take_no_room_and_a_reused_inode_starts_over() {
         let t0 = Instant::now();
         let mut h = ImpactHistory::default();
         h.record(t0, [(7, &stats(9, 2)), (8, &ListenerStats::default())]);
-        assert_eq!(
-            h.records[0].1.len(),
-            1,
-            "the quiet listener 8 takes no room"
-        );
+        assert_eq!(h.changes.len(), 1, "the quiet listener 8 takes no room");
         // Inode 7 closed and a new listener took it: its counters restarted below the
         // base. It shows all it has, not a wrapped (or clamped) subtraction.
-        let r = h.at(t0 + EVERY).of(7, &stats(1, 0));
-        assert_eq!(figures(&r), (1, 1, 0, EVERY.as_secs_f64()));
+        let r = h.at(t0 + EVERY).unwrap();
+        assert_eq!(figures(&r, 7, &stats(1, 0)), (1, 1, 0));
+        // Gone from the kernel's counters: forgotten.
+        h.record(t0 + EVERY, [(8, &ListenerStats::default())]);
+        assert!(h.changes.is_empty());
     }
 }

@@ -122,6 +122,8 @@ struct GroupSums {
 #[derive(Debug)]
 pub struct App {
     pub hook_mode: String,
+    /// What the listeners' recent client impact covers (None from an older daemon).
+    pub impact_window: Option<crate::api::ImpactWindow>,
     pub rows: Vec<Row>,
     pub sort: SortBy,
     pub filter: String,
@@ -145,6 +147,7 @@ impl App {
     pub fn new(interval: Duration) -> Self {
         Self {
             hook_mode: String::new(),
+            impact_window: None,
             rows: Vec::new(),
             sort: SortBy::Drops,
             filter: String::new(),
@@ -173,6 +176,7 @@ impl App {
             .map(|l| (l.listener.inode, l))
             .collect();
         self.hook_mode = snapshot.hook_mode.clone();
+        self.impact_window = snapshot.impact_window;
         self.rows = snapshot
             .listeners
             .iter()

@@ -11,14 +11,14 @@ use ratatui::{
 };
 
 use super::app::{App, Line, Row};
-use crate::api::{ListenerSnapshot, Request};
+use crate::api::{ClientImpact, ImpactWindow, ListenerSnapshot, Request};
 
 pub fn draw(frame: &mut Frame, app: &App) {
     let area = frame.area();
     let [header, table, bottom] = Layout::vertical([
         Constraint::Length(2),
         Constraint::Min(5),
-        Constraint::Length(if app.detail { 12 } else { 5 }),
+        Constraint::Length(if app.detail { 13 } else { 5 }),
     ])
     .areas(area);
     draw_header(frame, app, header);
@@ -318,22 +318,26 @@ fn draw_table(frame: &mut Frame, app: &App, area: Rect) {
     frame.render_stateful_widget(table, area, &mut state);
 }
 
-/// The `DLY/ABN/s` cell: delayed and abandoned connections per second.
 /// The detail pane's line of the daemon's recent client impact (none from an older
 /// daemon).
-fn recent_impact(l: &ListenerSnapshot, long: f64) -> Option<TextLine<'static>> {
-    let r = &l.recent_impact;
-    (r.window_seconds > 0.0).then(|| {
-        TextLine::raw(format!(
-            "impact {}: delayed {} ({} waited > {long} s)  abandoned {}",
-            crate::doctor::findings::window(r.window_seconds),
-            r.impact.delayed(),
-            r.impact.delayed_at_least(long),
-            r.impact.abandoned
-        ))
-    })
+fn recent_impact(
+    window: Option<&ImpactWindow>,
+    l: &ListenerSnapshot,
+    long: f64,
+) -> Option<TextLine<'static>> {
+    let window = window?;
+    let none = ClientImpact::none();
+    let r = l.recent_impact.as_ref().unwrap_or(&none);
+    Some(TextLine::raw(format!(
+        "impact {}: delayed {} ({} waited > {long} s)  abandoned {}",
+        crate::doctor::findings::window(window),
+        r.delayed(),
+        r.delayed_at_least(long),
+        r.abandoned
+    )))
 }
 
+/// The `DLY/ABN/s` cell: delayed and abandoned connections per second.
 fn impact((delayed, abandoned): (f64, f64)) -> String {
     format!("{}/{}", rate(delayed), rate(abandoned))
 }
@@ -510,7 +514,7 @@ fn draw_detail(frame: &mut Frame, app: &App, area: Rect) {
                 )),
             ]
             .into_iter()
-            .chain(recent_impact(l, long))
+            .chain(recent_impact(app.impact_window.as_ref(), l, long))
             .chain(
                 app.findings
                     .iter()
@@ -618,7 +622,7 @@ mod tests {
 
     use super::*;
     use crate::{
-        api::{RecentImpact, Snapshot, fixtures},
+        api::{Snapshot, fixtures},
         queues::QueueFigures,
     };
 
@@ -655,13 +659,15 @@ mod tests {
             syn_max: 3,
         };
         busy[0].impact = fixtures::impact(10, 2, &[2, 9, 1], 3);
-        busy[0].recent_impact = RecentImpact {
-            window_seconds: 303.0,
-            impact: fixtures::impact(4, 0, &[1, 3], 1),
-        };
+        busy[0].recent_impact = Some(fixtures::impact(4, 0, &[1, 3], 1));
         let mut app = App::new(Duration::from_secs(1));
         app.update(snapshot(quiet), Duration::from_secs(1));
-        app.update(snapshot(busy), Duration::from_secs(1));
+        let mut busy = snapshot(busy);
+        busy.impact_window = Some(ImpactWindow {
+            window_seconds: 303.0,
+            since_start: false,
+        });
+        app.update(busy, Duration::from_secs(1));
         app
     }
 
