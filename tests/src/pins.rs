@@ -1,9 +1,6 @@
 //! Pin directories for tests of `--pin-dir`: on bpffs, each its own, unpinned when done.
 
-use std::{
-    path::{Path, PathBuf},
-    process::Command,
-};
+use std::path::{Path, PathBuf};
 
 use crate::daemon::run_to_end;
 
@@ -13,15 +10,7 @@ pub struct PinDir(PathBuf);
 
 impl PinDir {
     pub fn new(name: &str) -> Self {
-        let mounts = std::fs::read_to_string("/proc/self/mounts").expect("/proc/self/mounts");
-        if !mounts.lines().any(|l| l.contains(" /sys/fs/bpf bpf ")) {
-            eprintln!("mounting bpffs at /sys/fs/bpf (this host had none)");
-            let out = Command::new("mount")
-                .args(["-t", "bpf", "bpf", "/sys/fs/bpf"])
-                .output()
-                .expect("running mount");
-            assert!(out.status.success(), "mount bpffs: {out:?}");
-        }
+        crate::tools::ensure_mounted("bpf", "/sys/fs/bpf");
         let dir = PathBuf::from(format!(
             "/sys/fs/bpf/backlogd-test-{}-{name}",
             std::process::id()

@@ -56,3 +56,31 @@ pub fn available(test: &str, program: &str, probe_args: &[&str], package: &str) 
     ));
     false
 }
+
+/// Mounts a `fstype` file system at `at` unless one is mounted there: the CI machine kind
+/// mounts neither bpffs nor tracefs at boot (../shared/notes/platform.md), and a fresh one
+/// has nothing that mounts them. bpffs holds `--pin-dir`; bpftrace finds classic
+/// tracepoints through tracefs (without it each tracepoint probe attaches to nothing and
+/// counts 0).
+pub fn ensure_mounted(fstype: &str, at: &str) {
+    // Tests of one binary run in parallel: one mount, not one per test.
+    static MOUNTING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = MOUNTING.lock().unwrap_or_else(|e| e.into_inner());
+    let mounts = std::fs::read_to_string("/proc/self/mounts").expect("/proc/self/mounts");
+    let there = mounts.lines().any(|l| {
+        let mut f = l.split(' ').skip(1);
+        f.next() == Some(at) && f.next() == Some(fstype)
+    });
+    if there {
+        return;
+    }
+    eprintln!("mounting {fstype} at {at} (this host had none)");
+    let out = Command::new("mount")
+        .args(["-t", fstype, fstype, at])
+        .output()
+        .expect("running mount");
+    assert!(
+        out.status.success(),
+        "mount -t {fstype} {fstype} {at}: {out:?}"
+    );
+}

@@ -40,6 +40,7 @@ fn bursts_stay_exact_while_bpftrace_traces_the_same_events() {
     if !tools::available(TEST, "bpftrace", &["--version"], "bpftrace") {
         return;
     }
+    tools::ensure_mounted("tracefs", "/sys/kernel/tracing");
     let daemon = Daemon::start();
     let (ns, listener) = burst_target(&daemon);
     let mode = daemon.scrape().hook_mode();
