@@ -350,9 +350,17 @@ fn test(filter: Option<&str>, deadline: Option<std::time::Instant>) -> Result<()
     let mut cmd = Command::new("cargo");
     // Setup installed every tool the suite drives: a test that finds one missing fails
     // here instead of skipping (tests/src/tools.rs).
-    cmd.args(["test", "--release", "--package", "backlogd-tests"])
-        .env("BACKLOGD_BIN", &bin)
-        .env("BACKLOGD_REQUIRE_TOOLS", "1");
+    // --no-fail-fast: a failing suite must not hide the suites after it (cargo stops at
+    // the first failing test binary otherwise, and a red run names one cause of several).
+    cmd.args([
+        "test",
+        "--release",
+        "--no-fail-fast",
+        "--package",
+        "backlogd-tests",
+    ])
+    .env("BACKLOGD_BIN", &bin)
+    .env("BACKLOGD_REQUIRE_TOOLS", "1");
     if let Some(filter) = filter {
         cmd.args(["--", filter]);
     }
