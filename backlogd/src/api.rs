@@ -117,14 +117,7 @@ impl ClientImpact {
             delayed_syn_drop: delayed[cause::SYN_DROP as usize],
             delayed_final_ack_overflow: delayed[cause::FINAL_ACK_OVERFLOW as usize],
             abandoned,
-            delay: Self::bounds()
-                .iter()
-                .copied()
-                .map(Some)
-                .chain([None])
-                .zip(delay)
-                .map(|(le, count)| Bucket { le, count })
-                .collect(),
+            delay: Bucket::list(&Self::bounds(), delay),
             delay_sum_seconds: delay_sum_ns as f64 / 1e9,
         }
     }
@@ -254,6 +247,20 @@ pub struct Bucket {
     pub count: u64,
 }
 
+impl Bucket {
+    /// Per-bucket `counts` under their finite `bounds`, the last count the +Inf bucket's.
+    fn list(bounds: &[f64], counts: impl IntoIterator<Item = u64>) -> Vec<Bucket> {
+        bounds
+            .iter()
+            .copied()
+            .map(Some)
+            .chain([None])
+            .zip(counts)
+            .map(|(le, count)| Bucket { le, count })
+            .collect()
+    }
+}
+
 impl AcceptWait {
     /// Upper bounds of the buckets in seconds, the last (infinite) one left out: 2^i
     /// microseconds.
@@ -307,14 +314,7 @@ impl ListenerSnapshot {
             accept_wait: AcceptWait {
                 count: s.accept_wait.iter().sum(),
                 sum_seconds: s.accept_wait_sum_ns as f64 / 1e9,
-                buckets: AcceptWait::bounds()
-                    .iter()
-                    .copied()
-                    .map(Some)
-                    .chain([None])
-                    .zip(s.accept_wait)
-                    .map(|(le, count)| Bucket { le, count })
-                    .collect(),
+                buckets: Bucket::list(&AcceptWait::bounds(), s.accept_wait),
             },
             impact: ClientImpact::of(s.delayed, s.delay, s.delay_sum_ns, s.abandoned),
             recent_impact: None,

@@ -18,7 +18,7 @@ use tokio::{
 use crate::{
     config::{self, Config},
     exporter::{
-        figures::{ByInode, Metrics},
+        figures::Metrics,
         http, recent,
         server::{self, HttpSettings},
     },
@@ -596,7 +596,8 @@ async fn rescan(shared: &Arc<Shared>, maps: &SharedMaps) {
 
 /// Records every listener's client-impact counters for the recent figures.
 fn record_impact(maps: &SharedMaps, history: &Mutex<recent::ImpactHistory>) {
-    let stats: ByInode<_> = maps
+    // A Vec: the history looks nothing up by inode here, so no table is worth building.
+    let stats: Vec<_> = maps
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .listener_stats();
