@@ -27,9 +27,11 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Install the toolchain pieces and Debian packages the build and tests need.
+    /// Install the toolchain pieces and Debian packages the build and tests need (no
+    /// package's service is started).
     Setup,
-    /// Set up, build (eBPF object included) and run the daemon in the foreground.
+    /// Install only what building needs (nightly rust-src, bpf-linker), build (eBPF object
+    /// included) and run the daemon in the foreground.
     Run {
         /// Arguments for `backlogd run` (e.g. `-- --listen 127.0.0.1:9851`).
         #[arg(last = true)]
@@ -133,7 +135,7 @@ fn main() -> Result<()> {
     match Cli::parse().command {
         Cmd::Setup => setup::run(),
         Cmd::Run { args } => {
-            setup::run()?;
+            setup::build()?;
             cargo(&["build", "--release", "--package", "backlogd"])?;
             let status = Command::new(workspace_root().join("target/release/backlogd"))
                 .arg("run")
@@ -199,7 +201,7 @@ fn main() -> Result<()> {
             no_build,
         } => {
             if !no_build {
-                setup::run()?;
+                setup::build()?;
                 cargo(&["build", "--release", "--package", "backlogd"])?;
             }
             let done = install::install(
@@ -245,7 +247,7 @@ fn main() -> Result<()> {
             let binary = match binary {
                 Some(binary) => binary,
                 None => {
-                    setup::run()?;
+                    setup::build()?;
                     cargo(&["build", "--release", "--package", "backlogd"])?;
                     workspace_root().join("target/release/backlogd")
                 }
