@@ -322,8 +322,7 @@ fn enabled_units(packages: &[&str]) -> Vec<String> {
             else {
                 continue;
             };
-            if unit.contains('/') || !(unit.ends_with(".service") || unit.ends_with(".socket"))
-            {
+            if unit.contains('/') || !(unit.ends_with(".service") || unit.ends_with(".socket")) {
                 continue;
             }
             let wants = std::fs::read_dir("/etc/systemd/system")
