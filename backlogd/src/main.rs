@@ -1,6 +1,7 @@
 //! backlogd: eBPF-based listen-queue observability daemon and CLI.
 
 mod api;
+mod bpf_syscall;
 mod cli;
 mod client;
 mod config;
