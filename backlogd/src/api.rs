@@ -7,7 +7,6 @@ use serde::{Deserialize, Serialize};
 
 use crate::{
     listeners::Listener,
-    loader::modes::KernelSupport,
     programs::{Asks, Known},
     queues::QueueFigures,
     sampling::tcpext::ListenSysctls,
@@ -27,6 +26,24 @@ pub struct Snapshot {
     pub impact_window: Option<ImpactWindow>,
     /// Listen sysctls of each namespace that has listeners.
     pub namespaces: Vec<NamespaceSnapshot>,
+}
+
+/// What the daemon's kernel supports, as it found by trying at startup: the figures of the
+/// loader's `modes::KernelSupport`, in a type of the API's own so that a client links no
+/// kernel side (and the loader's type can change without changing what is served).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KernelSupport {
+    /// fentry mode can run (BPF trampolines, and `bpf_get_func_ret`: Linux 5.17).
+    pub fentry: bool,
+    /// kprobes can be attached (CONFIG_KPROBES).
+    pub kprobe: bool,
+    /// BPF trampolines work (Linux 5.5).
+    #[serde(default)]
+    pub trampolines: bool,
+    /// kprobe links can be pinned (Linux 5.15): kprobe mode keeps counting across a
+    /// restart.
+    #[serde(default)]
+    pub perf_link_pinning: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

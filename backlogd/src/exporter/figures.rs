@@ -181,7 +181,12 @@ impl Metrics {
             namespaces,
             version: env!("CARGO_PKG_VERSION").to_owned(),
             hook_mode: self.mode.name().to_owned(),
-            kernel: self.kernel,
+            kernel: crate::api::KernelSupport {
+                fentry: self.kernel.fentry,
+                kprobe: self.kernel.kprobe,
+                trampolines: self.kernel.trampolines,
+                perf_link_pinning: self.kernel.perf_link_pinning,
+            },
             events_lost,
             stats_full,
             listeners,
