@@ -84,7 +84,7 @@ pub struct ListenerSnapshot {
     pub recent_impact: Option<ClientImpact>,
 }
 
-/// The span the recent client-impact figures cover (see `exporter/recent.rs`): the last
+/// The span the recent client-impact figures cover (see `state/recent.rs`): the last
 /// five minutes, or less since the daemon started. At least 300 s once the daemon has run
 /// that long, normally under 310 s. Abandoned attempts are those the daemon counted in it
 /// (when a sweep found their horizon passed).

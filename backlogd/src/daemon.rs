@@ -18,8 +18,7 @@ use tokio::{
 use crate::{
     config::{self, Config},
     exporter::{
-        figures::Metrics,
-        http, recent,
+        http,
         server::{self, HttpSettings},
     },
     kernel_maps::{self, SharedMaps},
@@ -28,7 +27,7 @@ use crate::{
     queues::QueueWindows,
     sampling::{self, tcpext},
     service::{self, health::Heartbeats, notify},
-    state::Shared,
+    state::{Live, Shared, recent},
 };
 
 pub struct RunConfig {
@@ -145,7 +144,7 @@ async fn serve(
     let windows = Arc::new(Mutex::new(QueueWindows::new(Duration::from_secs(
         current.hwm_window,
     ))));
-    let metrics = Metrics::new(
+    let live = Live::new(
         shared.clone(),
         maps.clone(),
         windows.clone(),
@@ -156,24 +155,24 @@ async fn serve(
     // The recent figures start from what the maps hold now: counts a pinned map kept
     // from before this daemon are not recent. (Attempts whose horizon passed while no
     // daemon ran are, like the abandoned counter: this daemon's sweeps count them.)
-    record_impact(&maps, &metrics.recent);
+    record_impact(&maps, &live.recent);
     let sampler = tokio::spawn(sample_queues(
         maps,
         windows.clone(),
-        metrics.recent.clone(),
+        live.recent.clone(),
         heartbeats.clone(),
         current.max_listeners,
         current.client_impact_horizon * 1_000_000_000,
     ));
-    *metrics
+    *live
         .accept_wait_buckets
         .write()
         .unwrap_or_else(|e| e.into_inner()) = current.accept_wait_buckets.clone();
-    let accept_wait_buckets = metrics.accept_wait_buckets.clone();
+    let accept_wait_buckets = live.accept_wait_buckets.clone();
     let listener =
         tokio::net::TcpListener::from_std(socket).context("registering the HTTP socket")?;
     let addr = listener.local_addr()?;
-    let router = server::with_auth(http::router(metrics, shared), http_rx.clone());
+    let router = server::with_auth(http::router(live), http_rx.clone());
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let mut server = tokio::spawn(server::serve(listener, router, http_rx, async move {
         let _ = stop_rx.await;

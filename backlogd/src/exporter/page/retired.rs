@@ -1,4 +1,8 @@
-//! What closed members contributed to the group and process counters (see [`Retired`]).
+//! What closed members contributed to the group and process counters (see [`Retired`]):
+//! the page's own memory of what it served, written by each render. Not daemon state: a
+//! member retires with the figures the last render showed, so a group's counter never
+//! falls below what a scraper has seen; figures taken by the sampler at another moment
+//! could be lower than the last render's, and would read as a counter reset.
 
 // Keyed by kernel-made values (inodes, addresses): no adversary picks them, so a fast
 // hash, rebuilt or probed 10k times per scrape, suits.
