@@ -77,7 +77,7 @@ pub struct Shared {
     /// Listen sysctls by netns inode, as of the last scan (or the first API request that
     /// needed a namespace the scan had not seen).
     netns_sysctls: Mutex<HashMap<u32, tcpext::ListenSysctls>>,
-    /// Kernel map entries of gone listeners removed by the rescans (see `remove_orphans`).
+    /// Kernel map entries of gone listeners removed by the rescans (see `daemon/rescans.rs`, `remove_orphans`).
     pub orphans_removed: std::sync::atomic::AtomicU64,
     /// Container names from the runtimes' APIs (one pass at a time: a pass that finds
     /// it busy leaves the work to the one running, or to the next rescan).
