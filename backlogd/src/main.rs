@@ -6,6 +6,7 @@ mod cli;
 mod client;
 mod config;
 mod daemon;
+mod diagnosis;
 mod doctor;
 mod exporter;
 mod kernel_maps;

@@ -19,7 +19,7 @@ use axum::{
 use super::{figures, page::Page, text};
 use crate::{
     api::Snapshot,
-    doctor::{finding::Finding, findings},
+    diagnosis::{finding::Finding, findings},
     listeners::Listener,
     state::Live,
 };

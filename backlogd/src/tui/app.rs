@@ -139,7 +139,7 @@ pub struct App {
     /// Why the view is stale, if it is.
     pub status: Option<String>,
     /// `backlogd doctor`'s findings on the latest snapshot.
-    pub findings: Vec<crate::doctor::finding::Finding>,
+    pub findings: Vec<crate::diagnosis::finding::Finding>,
     previous: Option<Snapshot>,
 }
 
@@ -234,7 +234,7 @@ impl App {
         let live: BTreeSet<u64> = self.rows.iter().map(|r| r.l.listener.inode).collect();
         self.history.retain(|k, _| live.contains(k));
         self.sort_rows();
-        self.findings = crate::doctor::findings::diagnose(&snapshot);
+        self.findings = crate::diagnosis::findings::diagnose(&snapshot);
         self.previous = Some(snapshot);
         self.status = None;
     }

@@ -330,7 +330,7 @@ fn recent_impact(
     let r = l.recent_impact.as_ref().unwrap_or(&none);
     Some(TextLine::raw(format!(
         "impact {}: delayed {} ({} waited > {long} s)  abandoned {}",
-        crate::doctor::findings::window(window),
+        crate::diagnosis::findings::window(window),
         r.delayed(),
         r.delayed_at_least(long),
         r.abandoned
@@ -518,7 +518,7 @@ fn draw_detail(frame: &mut Frame, app: &App, area: Rect) {
             .chain(
                 app.findings
                     .iter()
-                    .filter(|f| f.subject == crate::doctor::finding::subject(l))
+                    .filter(|f| f.subject == crate::diagnosis::finding::subject(l))
                     .map(|f| {
                         TextLine::styled(
                             format!("doctor: {} ({:?}): {}", f.kind, f.severity, f.summary),

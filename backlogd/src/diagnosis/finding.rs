@@ -1,4 +1,4 @@
-//! What the doctor says about one subject: severity, a stable kind, evidence, the fix.
+//! What a diagnosis says about one subject: severity, a stable kind, evidence, the fix.
 //! Its own module so that the checks (`findings.rs`, `backlog.rs`) share it without
 //! depending on each other.
 
