@@ -1,9 +1,9 @@
-//! `diagnose` is pure: one test per finding kind, on snapshots built by hand. (The
-//! integration suite, tests/tests/doctor.rs, builds each situation for real.)
+//! `diagnose` is pure: one test per finding kind (named after it), on snapshots built by
+//! hand. (The integration suite, tests/tests/doctor.rs, builds each situation for real.)
 
 use super::{
-    finding::{Finding, Severity, subject},
-    findings::diagnose,
+    RULES, diagnose,
+    finding::{Finding, FindingKind, Severity, subject},
 };
 use crate::{
     api::{
@@ -23,12 +23,35 @@ fn known(program: &str, asks: Asks, source: &str) -> Option<Known> {
 }
 
 fn kinds(found: &[Finding]) -> Vec<&'static str> {
-    found.iter().map(|f| f.kind).collect()
+    found.iter().map(|f| f.kind.name()).collect()
 }
 
 fn only(found: Vec<Finding>, kind: &str) -> Finding {
     assert_eq!(kinds(&found), [kind], "{found:#?}");
     found.into_iter().next().unwrap()
+}
+
+#[test]
+fn every_kind_has_one_rule_and_a_test_named_after_it() {
+    let here = include_str!("tests.rs");
+    for kind in FindingKind::ALL {
+        let rules = RULES.iter().filter(|r| r.kind == *kind).count();
+        assert_eq!(rules, 1, "{kind}: {rules} rules (one per kind)");
+        assert!(
+            here.contains(&format!("fn {kind}_")) && here.contains(&format!("\"{kind}\"")),
+            "no test for the {kind} finding: add one named `{kind}_...` that asserts \
+             diagnose reports \"{kind}\""
+        );
+    }
+    assert_eq!(RULES.len(), FindingKind::ALL.len());
+}
+
+#[test]
+fn a_kind_is_served_and_printed_as_its_name() {
+    for kind in FindingKind::ALL {
+        assert_eq!(serde_json::to_value(kind).unwrap(), kind.name());
+        assert_eq!(kind.to_string(), kind.name());
+    }
 }
 
 fn queues(depth: u32, accept_max: u32, syn_max: u32) -> QueueFigures {

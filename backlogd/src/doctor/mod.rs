@@ -5,8 +5,8 @@ use crate::{
     api::Snapshot,
     client::Api,
     diagnosis::{
+        diagnose,
         finding::{Finding, Severity},
-        findings,
     },
 };
 
@@ -19,7 +19,7 @@ pub struct DoctorOptions {
 /// Prints the findings; returns whether one is at or above `fail_on`.
 pub fn run(opts: &DoctorOptions) -> anyhow::Result<bool> {
     let snapshot = opts.api.snapshot()?;
-    let found = findings::diagnose(&snapshot);
+    let found = diagnose(&snapshot);
     if opts.json {
         println!("{}", serde_json::to_string_pretty(&found)?);
     } else {
@@ -60,7 +60,7 @@ fn render(snapshot: &Snapshot, found: &[Finding]) -> String {
 mod tests {
     use crate::{
         api::fixtures::snapshot,
-        diagnosis::{findings::diagnose, tests::overflowing_with_impact},
+        diagnosis::{diagnose, tests::overflowing_with_impact},
     };
 
     #[test]

@@ -19,7 +19,7 @@ use axum::{
 use super::{figures, page::Page, text};
 use crate::{
     api::Snapshot,
-    diagnosis::{finding::Finding, findings},
+    diagnosis::{diagnose, finding::Finding},
     listeners::Listener,
     state::Live,
 };
@@ -135,7 +135,7 @@ async fn serve_snapshot(State(state): State<Arc<AppState>>) -> Json<Snapshot> {
 
 /// What `backlogd doctor` would say, for automation and `top`.
 async fn serve_findings(State(state): State<Arc<AppState>>) -> Json<Vec<Finding>> {
-    Json(findings::diagnose(&figures::snapshot(&state.live)))
+    Json(diagnose(&figures::snapshot(&state.live)))
 }
 
 async fn healthz() -> &'static str {

@@ -234,7 +234,7 @@ impl App {
         let live: BTreeSet<u64> = self.rows.iter().map(|r| r.l.listener.inode).collect();
         self.history.retain(|k, _| live.contains(k));
         self.sort_rows();
-        self.findings = crate::diagnosis::findings::diagnose(&snapshot);
+        self.findings = crate::diagnosis::diagnose(&snapshot);
         self.previous = Some(snapshot);
         self.status = None;
     }

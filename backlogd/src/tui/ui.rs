@@ -330,7 +330,7 @@ fn recent_impact(
     let r = l.recent_impact.as_ref().unwrap_or(&none);
     Some(TextLine::raw(format!(
         "impact {}: delayed {} ({} waited > {long} s)  abandoned {}",
-        crate::diagnosis::findings::window(window),
+        crate::diagnosis::impact::window(window),
         r.delayed(),
         r.delayed_at_least(long),
         r.abandoned
