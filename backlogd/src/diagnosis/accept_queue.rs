@@ -1,6 +1,8 @@
 //! The accept queue: overflowing (connections dropped because it was full), or hovering
 //! near full without drops yet.
 
+use backlogd_common::DropReason;
+
 use super::{
     finding::{Finding, FindingKind, Severity, subject},
     impact::client_impact,
@@ -14,7 +16,7 @@ const ACCEPTS_SLOWLY: &str = "the application accepts too slowly for the arrival
 
 /// Connections dropped at SYN or at the final ACK because the accept queue was full.
 fn overflows(l: &ListenerSnapshot) -> u64 {
-    l.drops.accept_queue_full + l.drops.final_ack_overflow
+    l.drops[DropReason::AcceptQueueFull] + l.drops[DropReason::FinalAckOverflow]
 }
 
 /// `accept_queue_overflow`: drops with the accept queue full.
@@ -27,7 +29,8 @@ pub fn overflow(l: &ListenerSnapshot, cx: &Context<'_>) -> Option<Finding> {
     let mut evidence = vec![format!(
         "{overflows} connections dropped with the accept queue full ({} at SYN, {} at \
          the final ACK)",
-        l.drops.accept_queue_full, l.drops.final_ack_overflow
+        l.drops[DropReason::AcceptQueueFull],
+        l.drops[DropReason::FinalAckOverflow]
     )];
     evidence.extend(impact.iter().flat_map(|i| i.lines.iter().cloned()));
     evidence.extend(queue_evidence(l));

@@ -9,7 +9,7 @@ use super::{
 use crate::api::ListenerSnapshot;
 
 fn drops(l: &ListenerSnapshot) -> u64 {
-    l.drops.accept_queue_full + l.drops.syn_queue_full + l.drops.final_ack_overflow + l.drops.other
+    l.drops.total()
 }
 
 /// `reuseport_imbalance`: a stalled member of a group whose other members are idle.

@@ -1,6 +1,8 @@
 //! The SYN queue: SYNs dropped because it was full with syncookies off, and syncookies
 //! sent because it was full.
 
+use backlogd_common::DropReason;
+
 use super::{
     finding::{Finding, FindingKind, Severity, subject},
     impact::client_impact,
@@ -10,7 +12,7 @@ use crate::api::ListenerSnapshot;
 
 /// `syn_queue_overflow`: SYNs dropped, the SYN queue full and syncookies off.
 pub fn overflow(l: &ListenerSnapshot, cx: &Context<'_>) -> Option<Finding> {
-    if l.drops.syn_queue_full == 0 {
+    if l.drops[DropReason::SynQueueFull] == 0 {
         return None;
     }
     let granted = l.listener.granted;
@@ -26,7 +28,7 @@ pub fn overflow(l: &ListenerSnapshot, cx: &Context<'_>) -> Option<Finding> {
         ),
         evidence: [format!(
             "{} SYNs dropped (TCPReqQFullDrop)",
-            l.drops.syn_queue_full
+            l.drops[DropReason::SynQueueFull]
         )]
         .into_iter()
         .chain(impact.iter().flat_map(|i| i.lines.iter().cloned()))

@@ -1,5 +1,7 @@
 //! Namespace sysctls that change what a full queue does.
 
+use backlogd_common::DropReason;
+
 use super::{
     finding::{Finding, FindingKind, Severity},
     rule::Context,
@@ -17,7 +19,7 @@ pub fn abort_on_overflow(cx: &Context<'_>) -> Vec<Finding> {
             .listeners
             .iter()
             .filter(|l| l.listener.netns == n.netns)
-            .map(|l| l.drops.final_ack_overflow)
+            .map(|l| l.drops[DropReason::FinalAckOverflow])
             .sum();
         out.push(Finding {
             severity: if resets > 0 {

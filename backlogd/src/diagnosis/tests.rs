@@ -1,6 +1,8 @@
 //! `diagnose` is pure: one test per finding kind (named after it), on snapshots built by
 //! hand. (The integration suite, tests/tests/doctor.rs, builds each situation for real.)
 
+use backlogd_common::DropReason;
+
 use super::{
     RULES, diagnose,
     finding::{Finding, FindingKind, Severity, subject},
@@ -294,8 +296,8 @@ fn a_request_granted_in_full_or_unknown_or_negative_is_not_a_clamp() {
 #[test]
 fn accept_queue_overflow_counts_drops_at_syn_and_at_the_final_ack() {
     let mut l = listener(1, 8080, "app", Some(8), 8);
-    l.drops.accept_queue_full = 480;
-    l.drops.final_ack_overflow = 3;
+    l.drops[DropReason::AcceptQueueFull] = 480;
+    l.drops[DropReason::FinalAckOverflow] = 3;
     l.queues = queues(9, 9, 2);
     l.queued = 20;
     l.accepted = 11;
@@ -319,7 +321,7 @@ fn accept_queue_overflow_counts_drops_at_syn_and_at_the_final_ack() {
 fn overflow_evidence_never_quotes_a_peak_below_the_capacity_its_drops_exceeded() {
     // The drops are counted since the daemon started; the peak covers its window only.
     let mut l = listener(1, 8080, "app", Some(8), 8);
-    l.drops.accept_queue_full = 5;
+    l.drops[DropReason::AcceptQueueFull] = 5;
     l.queues = queues(0, 3, 0);
     let f = only(
         diagnose(&snapshot(vec![l], vec![])),
@@ -335,7 +337,7 @@ fn overflow_evidence_never_quotes_a_peak_below_the_capacity_its_drops_exceeded()
 #[test]
 fn accept_wait_p99_joins_the_queue_evidence() {
     let mut l = listener(1, 8080, "app", Some(8), 8);
-    l.drops.accept_queue_full = 1;
+    l.drops[DropReason::AcceptQueueFull] = 1;
     // 99 waits under 1 us, one in the 2^10 us bucket: p99 is the first bucket's bound.
     l.accept_wait.buckets[0].count = 99;
     l.accept_wait.buckets[10].count = 1;
@@ -359,8 +361,8 @@ fn accept_wait_p99_joins_the_queue_evidence() {
 /// 1 by 9-17 s); 41 attempts abandoned.
 pub fn overflowing_with_impact() -> ListenerSnapshot {
     let mut l = listener(1, 8080, "app", Some(8), 8);
-    l.drops.accept_queue_full = 480;
-    l.drops.final_ack_overflow = 3;
+    l.drops[DropReason::AcceptQueueFull] = 480;
+    l.drops[DropReason::FinalAckOverflow] = 3;
     l.queues = queues(9, 9, 2);
     l.queued = 20;
     l.accepted = 11;
@@ -545,7 +547,7 @@ fn client_impact_is_said_only_where_there_is_some_and_never_beyond_its_figures()
 #[test]
 fn syn_queue_overflow_carries_the_listeners_client_impact_too() {
     let mut l = listener(1, 443, "app", Some(16), 16);
-    l.drops.syn_queue_full = 40;
+    l.drops[DropReason::SynQueueFull] = 40;
     l.queues = queues(0, 0, 16);
     l.impact = impact(25, 0, &[0, 20, 5], 15);
     let mut ns = namespace(NETNS, 4096);
@@ -592,7 +594,7 @@ fn accept_queue_near_full_from_ninety_percent_of_the_grant_without_drops() {
 #[test]
 fn syn_queue_overflow_reports_the_namespaces_syncookies_setting() {
     let mut l = listener(1, 443, "app", Some(16), 16);
-    l.drops.syn_queue_full = 40;
+    l.drops[DropReason::SynQueueFull] = 40;
     l.queues = queues(0, 0, 16);
     let mut ns = namespace(NETNS, 4096);
     ns.sysctls.tcp_syncookies = 0;
@@ -636,7 +638,7 @@ fn reuseport_group() -> Vec<ListenerSnapshot> {
 #[test]
 fn reuseport_imbalance_names_the_stalled_member_and_lists_every_member() {
     let mut group = reuseport_group();
-    group[1].drops.accept_queue_full = 12;
+    group[1].drops[DropReason::AcceptQueueFull] = 12;
     group[1].queues = queues(65, 65, 0);
     let found = diagnose(&snapshot(group.clone(), vec![]));
     // The stalled member also overflows on its own.
@@ -662,7 +664,7 @@ fn reuseport_imbalance_names_the_stalled_member_and_lists_every_member() {
 fn a_group_whose_members_all_struggle_is_not_an_imbalance() {
     let mut group = reuseport_group();
     for m in &mut group {
-        m.drops.accept_queue_full = 5;
+        m.drops[DropReason::AcceptQueueFull] = 5;
     }
     let found = diagnose(&snapshot(group, vec![]));
     assert!(
@@ -686,7 +688,7 @@ fn abort_on_overflow_is_info_until_it_resets_a_handshake() {
     assert_eq!(f.evidence[1], "0 final-ACK overflows answered with a RST");
 
     let mut reset = quiet;
-    reset.drops.final_ack_overflow = 4;
+    reset.drops[DropReason::FinalAckOverflow] = 4;
     let found = diagnose(&snapshot(vec![reset], vec![ns]));
     assert_eq!(
         kinds(&found),
@@ -704,7 +706,7 @@ fn findings_come_most_severe_first() {
     let mut clamped_and_cookies = listener(1, 80, "nginx", Some(511), 128);
     clamped_and_cookies.syncookies_sent = 1;
     let mut overflowing = listener(2, 81, "app", Some(8), 8);
-    overflowing.drops.accept_queue_full = 1;
+    overflowing.drops[DropReason::AcceptQueueFull] = 1;
     let found = diagnose(&snapshot(vec![clamped_and_cookies, overflowing], vec![]));
     assert_eq!(
         kinds(&found),

@@ -27,14 +27,9 @@ pub const OWNER_LABELS: [&str; 8] = [
 pub const GROUP_LABELS: [&str; 3] = ["netns", "address", "port"];
 /// Labels of a process's series.
 pub const PROCESS_LABELS: [&str; 2] = ["pid", "comm"];
-/// The label drop counters add, and its values.
+/// The label drop counters add; its values are the names of
+/// [`DropReason`](backlogd_common::DropReason), in its order.
 pub const REASON: &str = "reason";
-pub const DROP_REASONS: [&str; 4] = [
-    "accept_queue_full",
-    "syn_queue_full",
-    "final_ack_overflow",
-    "other",
-];
 
 /// Which labels a family's series carry (histograms add `le`). The collectors build
 /// their label sets from the same constants; the docs check reads these.

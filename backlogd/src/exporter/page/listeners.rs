@@ -88,7 +88,7 @@ pub fn render(
     Metric::ListenDrops.open(e);
     let reasons = reason_suffixes();
     for (r, (s, _)) in rows.iter().zip(&found) {
-        for (suffix, count) in reasons.iter().zip(s.drops()) {
+        for (suffix, count) in reasons.iter().zip(s.drops) {
             e.sample_suffix(Metric::ListenDrops.name(), &r.set, suffix, count);
         }
     }
@@ -125,7 +125,7 @@ fn impact(e: &mut Exposition<'_>, rows: &[Row<'_>], found: &[(&ListenerStats, Qu
         .zip(found)
         // A SO_REUSEPORT member can complete an attempt another member dropped.
         .filter(|(_, (s, _))| {
-            s.drops().iter().any(|&d| d > 0) || s.delayed.iter().any(|&d| d > 0) || s.abandoned > 0
+            s.drops.iter().any(|&d| d > 0) || s.delayed.iter().any(|&d| d > 0) || s.abandoned > 0
         })
         .map(|(r, (s, _))| (r, *s))
         .collect();

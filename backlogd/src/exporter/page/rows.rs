@@ -1,5 +1,7 @@
 //! The listeners of one render, each with its labels rendered once.
 
+use backlogd_common::DropReason;
+
 use crate::{exporter::text::LabelSet, listeners::Listener};
 
 /// One listener of the page and its label set
@@ -53,10 +55,10 @@ pub fn label_suffixes<const N: usize>(label: &str, values: [&str; N]) -> [String
     values.map(|value| format!(",{label}=\"{value}\"}} "))
 }
 
-/// [`label_suffixes`] of each drop reason.
-pub fn reason_suffixes() -> [String; 4] {
-    use crate::exporter::catalogue::{DROP_REASONS, REASON};
-    label_suffixes(REASON, DROP_REASONS)
+/// [`label_suffixes`] of each drop reason, indexed by it.
+pub fn reason_suffixes() -> [String; DropReason::COUNT] {
+    use crate::exporter::catalogue::REASON;
+    label_suffixes(REASON, DropReason::ALL.map(DropReason::name))
 }
 
 #[cfg(test)]
