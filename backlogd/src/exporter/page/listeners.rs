@@ -8,7 +8,7 @@ use crate::{
     api::{AcceptWait, ClientImpact},
     config::AcceptWaitBuckets,
     exporter::{
-        catalogue::{CAUSE, DELAY_CAUSES, Metric, OWNER_LABELS},
+        catalogue::{CAUSE, DELAY_CAUSES, Metric},
         figures::Figures,
         text::{Exposition, HistogramNames},
     },
@@ -184,9 +184,9 @@ fn owners(e: &mut Exposition<'_>, rows: &[Row<'_>]) {
             n.and_then(|n| n.pod_namespace.as_deref()).unwrap_or(""),
         ];
         // An empty label is an absent one to Prometheus: leave it out.
-        let labels: Vec<(&str, &str)> = OWNER_LABELS
+        let labels: Vec<(&str, &str)> = Metric::ListenerOwnerInfo
+            .labelled(values)
             .into_iter()
-            .zip(values)
             .filter(|(_, v)| !v.is_empty())
             .collect();
         e.sample(Metric::ListenerOwnerInfo.name(), &labels, 1);

@@ -15,6 +15,8 @@ mod netns;
 mod own;
 mod retired;
 mod rows;
+#[cfg(test)]
+mod tests;
 
 use self::{own::Own, retired::Retired, rows::Row};
 use std::sync::{Arc, Mutex};
@@ -65,7 +67,7 @@ fn render_into(live: &Live, retired: &Mutex<Retired>, e: &mut Exposition<'_>) {
         .clone();
     listeners::render(e, &rows, &figures, &accept_wait);
     aggregates::render(e, &sums);
-    netns::render(e, &namespaces);
+    netns::render(e, &namespaces, crate::names::netns::named());
 
     // One look at the maps for both figures read outside `gather`.
     let (queues_full, missed_runs) = {
