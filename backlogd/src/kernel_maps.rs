@@ -19,7 +19,7 @@ use backlogd_common::{
 };
 
 use crate::{
-    loader::syscall::{self, BatchCursor},
+    bpf_syscall::{self as syscall, BatchCursor},
     queues::{QueueWindows, merge},
 };
 

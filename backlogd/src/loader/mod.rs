@@ -1,7 +1,7 @@
 //! Loading the eBPF object and attaching its programs: the orchestration. Which hooks
 //! each mode uses is policy (`hooks.rs`, with mode choice and fallbacks in `modes.rs`);
-//! how a program is attached or pinned is plumbing (`attach.rs`, `pins.rs`, `cgroup.rs`,
-//! and every raw bpf(2) call in `syscall.rs`).
+//! how a program is attached or pinned is plumbing (`attach.rs`, `pins.rs`, `cgroup.rs`;
+//! every raw bpf(2) call is in `crate::bpf_syscall`, a leaf that `kernel_maps.rs` uses too).
 
 mod attach;
 pub mod btf;
@@ -11,7 +11,6 @@ mod hooks;
 pub mod modes;
 pub mod pins;
 pub mod privileges;
-pub mod syscall;
 
 use std::path::{Path, PathBuf};
 

@@ -41,19 +41,17 @@ pub fn render(e: &mut Exposition<'_>, own: &Own) {
         e.sample(Metric::ProbeMissedRuns.name(), &[], missed);
     }
 
-    Metric::HookMode.open(e);
-    e.sample(Metric::HookMode.name(), &[("mode", own.mode.name())], 1);
-    Metric::KernelHookSupported.open(e);
+    let metric = Metric::HookMode;
+    metric.open(e);
+    e.sample(metric.name(), &metric.labelled([own.mode.name()]), 1);
+    let metric = Metric::KernelHookSupported;
+    metric.open(e);
     for (mode, supported) in [
         ("fentry", own.kernel.fentry),
         ("kprobe", own.kernel.kprobe),
         ("tracepoint", true),
     ] {
-        e.sample(
-            Metric::KernelHookSupported.name(),
-            &[("mode", mode)],
-            u8::from(supported),
-        );
+        e.sample(metric.name(), &metric.labelled([mode]), u8::from(supported));
     }
 
     Metric::Pinned.open(e);
@@ -62,7 +60,7 @@ pub fn render(e: &mut Exposition<'_>, own: &Own) {
     Metric::BuildInfo.open(e);
     e.sample(
         Metric::BuildInfo.name(),
-        &[("version", env!("CARGO_PKG_VERSION"))],
+        &Metric::BuildInfo.labelled([env!("CARGO_PKG_VERSION")]),
         1,
     );
 }
