@@ -82,6 +82,15 @@ pub mod program {
     pub const REQSK_QUEUE_ADD_KPROBE: &str = "reqsk_queue_add_kprobe";
     pub const REQSK_QUEUE_ADD_KRETPROBE: &str = "reqsk_queue_add_kretprobe";
 
+    /// The programs the kernel may mean by `kernel`, its name for a program: it keeps 15
+    /// characters (`BPF_OBJ_NAME_LEN`), and several names share those (the queue-add
+    /// hooks of fentry and kprobe modes), so all that match; all of those feed the same
+    /// figures.
+    pub fn named_by_kernel(kernel: &str) -> impl Iterator<Item = &'static str> + '_ {
+        ALL.into_iter()
+            .filter(move |full| *full == kernel || (kernel.len() == 15 && full.starts_with(kernel)))
+    }
+
     /// Every program of the object.
     pub const ALL: [&str; 26] = [
         LISTENER_STATE,
@@ -213,6 +222,26 @@ pub mod figure {
         ),
     ];
 
+    /// Every figure, in the order the exporter serves them.
+    pub fn all() -> impl Iterator<Item = &'static str> {
+        FED_BY.iter().map(|(f, _)| *f)
+    }
+
+    /// Runs skipped per figure (every figure, in [`all`]'s order), from the runs skipped
+    /// per program, by the kernel's name for each program.
+    pub fn missed_runs<'a>(
+        per_program: &'a [(&'a str, u64)],
+    ) -> impl Iterator<Item = (&'static str, u64)> + 'a {
+        all().map(move |f| {
+            let n = per_program
+                .iter()
+                .filter(|(kernel, _)| super::program::named_by_kernel(kernel).any(|p| feeds(p, f)))
+                .map(|(_, n)| n)
+                .sum();
+            (f, n)
+        })
+    }
+
     /// Whether runs of `program` feed `figure` (false for an unknown figure).
     pub fn feeds(program: &str, figure: &str) -> bool {
         FED_BY
@@ -225,6 +254,8 @@ pub mod figure {
 
 #[cfg(test)]
 mod tests {
+    extern crate std;
+
     use super::{figure, program};
 
     /// A program that feeds no figure would have its skipped runs allowed nowhere, and a
@@ -250,6 +281,25 @@ mod tests {
             }
         }
         assert!(figure::feeds(program::SYN_CONSUMED, figure::DROPS));
+        let named = |k: &str| program::named_by_kernel(k).collect::<std::vec::Vec<_>>();
+        assert_eq!(named("syn_consumed"), ["syn_consumed"]);
+        assert_eq!(
+            named("reqsk_queue_add"),
+            [
+                "reqsk_queue_add_exit",
+                "reqsk_queue_add_kprobe",
+                "reqsk_queue_add_kretprobe"
+            ]
+        );
+        assert_eq!(named("conn_request_kp"), ["conn_request_kprobe"]);
+        assert!(named("not_ours").is_empty());
+        let per_figure: std::vec::Vec<(&str, u64)> =
+            figure::missed_runs(&[("syscall_exit", 5), ("reqsk_queue_add", 2)]).collect();
+        let of = |f: &str| per_figure.iter().find(|(g, _)| *g == f).unwrap().1;
+        assert_eq!(of(figure::ACCEPTED), 5);
+        assert_eq!(of(figure::QUEUED), 2);
+        assert_eq!(of(figure::DROPS), 0);
+        assert_eq!(per_figure.len(), figure::FED_BY.len());
         assert!(!figure::feeds(program::SYSCALL_EXIT, figure::DROPS));
         assert!(!figure::feeds(program::SYN_CONSUMED, "no such figure"));
     }

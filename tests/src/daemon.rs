@@ -391,14 +391,7 @@ impl ProgramMisses {
 pub fn program_names(id: u64) -> Vec<&'static str> {
     let info = crate::bpf::bpftool(&["prog", "show", "id", &id.to_string()]);
     let kernel = info["name"].as_str().unwrap_or_default().to_owned();
-    names_for(&kernel)
-}
-
-fn names_for(kernel: &str) -> Vec<&'static str> {
-    backlogd_common::names::program::ALL
-        .into_iter()
-        .filter(|full| *full == kernel || (kernel.len() == 15 && full.starts_with(kernel)))
-        .collect()
+    backlogd_common::names::program::named_by_kernel(&kernel).collect()
 }
 
 /// Whether the sweep that made `backlogd_client_impact_sweeps_total` `now` began after a
@@ -407,24 +400,4 @@ fn names_for(kernel: &str) -> Vec<&'static str> {
 /// it began once that one had ended, after the scrape.
 pub fn began_after(now: f64, since: f64) -> bool {
     now > since + 1.0
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn truncated_kernel_names_map_to_every_name_they_may_be() {
-        assert_eq!(names_for("syn_consumed"), ["syn_consumed"]);
-        assert_eq!(
-            names_for("reqsk_queue_add"),
-            [
-                "reqsk_queue_add_exit",
-                "reqsk_queue_add_kprobe",
-                "reqsk_queue_add_kretprobe"
-            ]
-        );
-        assert_eq!(names_for("conn_request_kp"), ["conn_request_kprobe"]);
-        assert!(names_for("not_ours").is_empty());
-    }
 }

@@ -76,6 +76,7 @@ pub enum Labels {
     NetnsName,
     Mode,
     Version,
+    Figure,
 }
 
 impl Labels {
@@ -96,6 +97,7 @@ impl Labels {
             Labels::NetnsName => &["netns", "name"],
             Labels::Mode => &["mode"],
             Labels::Version => &["version"],
+            Labels::Figure => &["figure"],
         }
     }
 }
@@ -295,6 +297,12 @@ catalogue! {
          BPF program or a BPF map syscall was running on the CPU; the kernel counts \
          kprobes' skips since Linux 6.7, raw and BTF tracepoints' since 6.2). Non-zero: counts of that interval may be \
          short.";
+    FigureMissedRuns: "backlogd_figure_missed_runs_total", Counter, Figure,
+        "The runs of backlogd_probe_missed_runs_total by the figure they feed (syns_received, \
+         drops, syncookies_sent, synack_retransmits, connections_queued, \
+         connections_accepted, accept_wait, listen_backlog, client_impact, \
+         listener_map_full; a run may feed several): how many events each figure may lack. \
+         Non-zero: that figure may be short by up to this much over the same interval.";
     HookMode: "backlogd_hook_mode", Gauge, Mode,
         "1 for the hook mode the SYN path runs in (fentry, kprobe or tracepoint).";
     KernelHookSupported: "backlogd_kernel_hook_supported", Gauge, Mode,

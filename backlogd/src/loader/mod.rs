@@ -71,7 +71,9 @@ pub struct Probes {
 
 /// Every loaded program that uses `stats`: backlogd's own, whether this process loaded
 /// them or adopted them from pins.
-fn counting_programs(stats: &PerCpuHashMap<MapData, u64, ListenerStats>) -> Vec<ProgramFd> {
+fn counting_programs(
+    stats: &PerCpuHashMap<MapData, u64, ListenerStats>,
+) -> Vec<(ProgramFd, String)> {
     use aya::maps::IterableMap as _;
     let Ok(id) = stats.map().info().map(|i| i.id()) else {
         return Vec::new();
@@ -84,7 +86,7 @@ fn counting_programs(stats: &PerCpuHashMap<MapData, u64, ListenerStats>) -> Vec<
                 .flatten()
                 .is_some_and(|ids| ids.contains(&id))
         })
-        .filter_map(|p| p.fd().ok())
+        .filter_map(|p| Some((p.fd().ok()?, p.name_as_str()?.to_owned())))
         .collect()
 }
 

@@ -72,7 +72,11 @@ fn render_into(live: &Live, retired: &Mutex<Retired>, e: &mut Exposition<'_>) {
     // One look at the maps for both figures read outside `gather`.
     let (queues_full, missed_runs) = {
         let maps = live.maps.lock().unwrap_or_else(|e| e.into_inner());
-        (maps.queues_full(), maps.missed_runs())
+        let missed = maps.missed_runs().map(|per_program| {
+            let by_figure = backlogd_common::names::figure::missed_runs(&per_program).collect();
+            (per_program.iter().map(|(_, n)| n).sum(), by_figure)
+        });
+        (maps.queues_full(), missed)
     };
     own::render(
         e,

@@ -15,8 +15,9 @@ pub struct Own {
     pub impact_tracked: u64,
     pub impact_sweeps: u64,
     pub impact_untracked: u64,
-    /// `None` where the kernel does not report skipped runs.
-    pub missed_runs: Option<u64>,
+    /// Runs of the programs the kernel skipped, in all and per figure they feed
+    /// (`names::figure`); `None` where the kernel does not report skipped runs.
+    pub missed_runs: Option<(u64, Vec<(&'static str, u64)>)>,
     pub mode: HookMode,
     pub kernel: KernelSupport,
     pub pinned: bool,
@@ -36,9 +37,14 @@ pub fn render(e: &mut Exposition<'_>, own: &Own) {
         metric.open(e);
         e.sample(metric.name(), &[], value);
     }
-    if let Some(missed) = own.missed_runs {
+    if let Some((missed, by_figure)) = &own.missed_runs {
         Metric::ProbeMissedRuns.open(e);
-        e.sample(Metric::ProbeMissedRuns.name(), &[], missed);
+        e.sample(Metric::ProbeMissedRuns.name(), &[], *missed);
+        let metric = Metric::FigureMissedRuns;
+        metric.open(e);
+        for (figure, n) in by_figure {
+            e.sample(metric.name(), &metric.labelled([*figure]), *n);
+        }
     }
 
     let metric = Metric::HookMode;

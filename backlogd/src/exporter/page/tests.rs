@@ -101,7 +101,7 @@ fn page() -> String {
             impact_tracked: 0,
             impact_sweeps: 0,
             impact_untracked: 0,
-            missed_runs: Some(0),
+            missed_runs: Some((0, vec![("drops", 0)])),
             mode: HookMode::Tracepoint,
             kernel: KernelSupport::default(),
             pinned: false,
