@@ -97,3 +97,31 @@ pub fn wait_for_rise(
         std::thread::sleep(Duration::from_millis(1));
     }
 }
+
+/// backlogd's side of an interval that began at `before`, read by `ours`, with the
+/// namespace's counters over the same interval. The counters are read just before and
+/// just after `ours`, again until neither reading differs: then no segment the kernel
+/// counted landed between backlogd's reading and the kernel's, so both end at the same
+/// point. (Segments still in flight when the traffic stopped are waited out this way, not
+/// with a sleep.) The limit (60 s) only catches a namespace whose counters never rest.
+#[track_caller]
+pub fn closed_interval<T>(
+    ns: &Netns,
+    before: &HashMap<String, u64>,
+    mut ours: impl FnMut() -> T,
+) -> (ListenCounters, T) {
+    use std::time::{Duration, Instant};
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let first = ListenCounters::delta(before, &tcp_ext(ns));
+        let read = ours();
+        let last = ListenCounters::delta(before, &tcp_ext(ns));
+        if first == last {
+            return (last, read);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the namespace's counters never rested: {first:?} then {last:?}"
+        );
+    }
+}

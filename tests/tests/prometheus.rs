@@ -12,7 +12,7 @@ use backlogd_tests::{
     Daemon, Exact, Netns,
     figures::Figures,
     http,
-    kernel::{ListenCounters, tcp_ext, wait_for_rise},
+    kernel::{closed_interval, tcp_ext, wait_for_rise},
     sockets::{Listener, connect_burst},
 };
 
@@ -161,8 +161,7 @@ fn a_real_prometheus_scrapes_backlogd_with_the_right_values_and_types() {
     // ends the interval. backlogd's figures for it against the kernel's, then what
     // Prometheus stored against backlogd's.
     drop(clients);
-    let kernel = ListenCounters::delta(&before, &tcp_ext(&ns));
-    let ours = daemon.scrape();
+    let (kernel, ours) = closed_interval(&ns, &before, || daemon.scrape());
     let mut exact = Exact::listener(&daemon, &ns, &listener);
     Figures::of(&ours, &listener).check(&mut exact, &kernel, daemon.kprobe_skips_since(skips));
     exact.verify();
