@@ -14,7 +14,7 @@ use std::{
 use backlogd_tests::{
     Daemon, Exact, Netns, Scrape,
     doctor::{Doctor, evidence},
-    kernel::{ListenCounters, tcp_ext, wait_for_rise},
+    kernel::{ListenCounters, Rise, tcp_ext, wait_for_rise},
     sockets::{Listener, connect_burst, fill_accept_queue, local_port, reset_close, tcp_state},
 };
 use socket2::{Domain, Socket, Type};
@@ -144,10 +144,13 @@ fn final_acks_dropped_first_delay_their_connections_until_the_synack_retransmit(
     exact
         .evidence("victims (port, SYN retransmits)", &clients)
         .evidence(
-            "accepted (port -> the application's view)",
-            sorted(&accepted),
+            "accepted (port, queued after, queued by: s since connect(); SYN-ACK retransmits)",
+            timeline(started, &accepted),
         )
-        .evidence("first final-ACK drops (the kernel's count)", first_drops)
+        .evidence(
+            "first final-ACK drops, the kernel's count (quiet, reached: s; rise)",
+            rise_since(started, first_drops),
+        )
         .evidence("kernel", kernel);
     // The construction held: no SYN was dropped, only final ACKs.
     exact.eq(
@@ -250,13 +253,16 @@ fn syn_drops_delay_their_connections_until_a_retransmitted_syn_gets_through() {
     exact
         .evidence("clients (port, SYN retransmits)", &seen)
         .evidence(
-            "accepted (port -> the application's view)",
-            sorted(&accepted),
+            "accepted (port, queued after, queued by: s since connect(); SYN-ACK retransmits)",
+            timeline(started, &accepted),
         )
-        .evidence("first SYNs dropped (the kernel's count)", first_drops)
         .evidence(
-            "first retransmissions dropped (the kernel's count)",
-            retries,
+            "first SYNs dropped, the kernel's count (quiet, reached: s; rise)",
+            rise_since(started, first_drops),
+        )
+        .evidence(
+            "first retransmissions dropped, the kernel's count (quiet, reached: s; rise)",
+            rise_since(started, retries),
         )
         .evidence("kernel", kernel);
     exact.eq(
@@ -471,11 +477,31 @@ fn accept_all(listener: &Listener, count: usize) -> HashMap<u16, Accepted> {
     accepted
 }
 
-/// The accepted connections by port, for a report.
-fn sorted(accepted: &HashMap<u16, Accepted>) -> Vec<(u16, Accepted)> {
-    let mut a: Vec<_> = accepted.iter().map(|(p, a)| (*p, *a)).collect();
-    a.sort_by_key(|(p, _)| *p);
+/// The accepted connections by port, in seconds since `t0` (the clients' connect()), for
+/// a report: (port, queued after, queued by, SYN-ACK retransmits).
+fn timeline(t0: Instant, accepted: &HashMap<u16, Accepted>) -> Vec<(u16, Option<f64>, f64, u32)> {
+    let mut a: Vec<_> = accepted
+        .iter()
+        .map(|(p, a)| {
+            (
+                *p,
+                a.queued_after.map(|t| seconds_between(t0, t)),
+                seconds_between(t0, a.queued_by),
+                a.synack_retrans,
+            )
+        })
+        .collect();
+    a.sort_by_key(|(p, ..)| *p);
     a
+}
+
+/// A [`Rise`] in seconds since `t0`, for a report: (quiet, reached, rise).
+fn rise_since(t0: Instant, r: Rise) -> (Option<f64>, f64, u64) {
+    (
+        r.quiet.map(|t| seconds_between(t0, t)),
+        seconds_between(t0, r.reached),
+        r.rise,
+    )
 }
 
 /// Each client's port and SYN retransmissions, then every client closed with a RST.
