@@ -105,6 +105,25 @@ pub fn kernel_queue(ns: &Netns, listener: &Listener) -> KernelQueue {
     }
 }
 
+/// Waits until `listener`'s accept queue holds at least `n` connections (the kernel's
+/// Recv-Q); returns the queue then. The limit (60 s) only catches a hang: a handshake on
+/// loopback completes within milliseconds of its SYN.
+#[track_caller]
+pub fn wait_for_queue(ns: &Netns, listener: &Listener, n: u64) -> KernelQueue {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let queue = kernel_queue(ns, listener);
+        if queue.recv_q >= n {
+            return queue;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the accept queue never held {n} connections: {queue:?}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
+
 /// Non-blocking `connect()`s from inside `ns`: a burst of real handshakes. The sockets
 /// are returned so the caller decides how long the clients keep retrying.
 pub fn connect_burst(ns: &Netns, to: SocketAddr, count: usize) -> Vec<Socket> {
@@ -162,18 +181,7 @@ pub fn fill_accept_queue(
     let mut clients = Vec::with_capacity(count);
     for n in 1..=count as u64 {
         clients.extend(connect_burst(ns, to, 1));
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-        loop {
-            let queue = kernel_queue(ns, listener);
-            if queue.recv_q >= start + n {
-                break;
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "client {n} of {count} never reached the accept queue: {queue:?}"
-            );
-            std::thread::sleep(std::time::Duration::from_millis(2));
-        }
+        wait_for_queue(ns, listener, start + n);
     }
     clients
 }

@@ -67,8 +67,9 @@ fn sigkill_leaves_no_program_attached_or_loaded() {
     );
 
     daemon.kill_hard();
-    // Links and programs are released as the dead process's fds are closed.
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    // Links and programs are released as the dead process's fds are closed (the kernel
+    // frees them after an RCU grace period): waited for, the limit only catching a hang.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
     loop {
         let left: Vec<u64> = loaded_programs()
             .into_iter()
@@ -80,7 +81,7 @@ fn sigkill_leaves_no_program_attached_or_loaded() {
         }
         assert!(
             std::time::Instant::now() < deadline,
-            "programs still loaded 5 s after SIGKILL: {left:?}"
+            "programs still loaded 60 s after SIGKILL: {left:?}"
         );
         std::thread::sleep(Duration::from_millis(100));
     }

@@ -19,8 +19,11 @@ use anyhow::{Context as _, Result, bail};
 /// (depmod/modprobe resolve the guest's module dependencies) and xz-utils (Debian's modules
 /// are .ko.xz); `bpftrace` (the benchmark's comparison with a hand-written script, and the
 /// stress suite's other tracer); procps (`pgrep` finds nginx's workers); `iperf3` (the
-/// stress suite's background traffic); redis-server, memcached, apache2 and haproxy (servers
-/// started before the daemon, whose backlog requests backlogd must know: tests/tests/day_one.rs);
+/// stress suite's background traffic); redis-server, memcached, apache2, haproxy, nodejs and
+/// openssh-server (servers started before the daemon, whose backlog requests backlogd must
+/// know: tests/tests/day_one.rs, which runs sshd itself in a namespace of its own; no
+/// policy-rc.d is set here, so whether the package's own service starts on install is the
+/// machine's: this machine kind's image carries a policy-rc.d that denies it);
 /// mmdebstrap and e2fsprogs (`mke2fs -d`) build the systemd guest's root file system;
 /// lintian checks the Debian package `cargo xtask deb` builds, and dpkg-dev's
 /// dpkg-shlibdeps gives cargo-deb its shared-library Depends; linux-libc-dev's UAPI
@@ -55,6 +58,8 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "memcached",
     "apache2",
     "haproxy",
+    "nodejs",
+    "openssh-server",
     "mmdebstrap",
     "e2fsprogs",
     "lintian",
