@@ -10,6 +10,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use backlogd_common::names::figure;
 use backlogd_tests::{
     Daemon, Exact, Netns,
     daemon::binary,
@@ -92,7 +93,7 @@ fn top_shows_the_dropping_listener_first_and_q_restores_the_terminal() {
     daemon.wait_for_listener(listener.inode);
     // The listener is alone in its namespace: the namespace's TcpExt counts its drops.
     let before = tcp_ext(&ns);
-    let skips = daemon.missed_runs();
+    let start = daemon.program_misses();
     // Keep SYNs arriving at a full queue while top refreshes.
     let stop = Arc::new(AtomicBool::new(false));
     let flood = {
@@ -137,7 +138,6 @@ fn top_shows_the_dropping_listener_first_and_q_restores_the_terminal() {
     stop.store(true, Ordering::Relaxed);
     let ns = flood.join().unwrap();
     let kernel = ListenCounters::delta(&before, &tcp_ext(&ns));
-    let missed = daemon.kprobe_skips_since(skips);
     let netns = ns.inode().to_string();
     for key in ["/"]
         .into_iter()
@@ -156,25 +156,26 @@ fn top_shows_the_dropping_listener_first_and_q_restores_the_terminal() {
         .unwrap_or_else(|| panic!("no drops line in the detail pane:\n{screen}"));
     let mut exact = Exact::listener(&daemon, &ns, &listener);
     exact
+        .interval(&daemon, &start)
         .evidence("top's screen", &screen)
         .evidence("kernel TcpExt deltas", kernel)
-        .eq_unless_missed(
+        .eq_fed(
             "top: accept queue full + final-ACK overflow vs ListenOverflows",
+            &[figure::DROPS],
             accept_queue_full + final_ack_overflow,
             kernel.listen_overflows,
-            missed,
         )
-        .eq_unless_missed(
+        .eq_fed(
             "top: SYN queue full vs TCPReqQFullDrop",
+            &[figure::DROPS],
             syn_queue_full,
             kernel.reqq_full_drop,
-            missed,
         )
-        .eq_unless_missed(
+        .eq_fed(
             "top: all drops vs ListenDrops",
+            &[figure::DROPS],
             accept_queue_full + syn_queue_full + final_ack_overflow + other,
             kernel.listen_drops,
-            missed,
         );
     exact.verify();
 
