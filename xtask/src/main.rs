@@ -149,9 +149,10 @@ fn main() -> Result<()> {
         }
         Cmd::Test { filter } => {
             let deadline = test_budget()?.map(|budget| std::time::Instant::now() + budget);
-            setup::run()?;
-            lint()?;
-            test(filter.as_deref(), deadline)
+            let mut stages = Stages::default();
+            stages.time("setup", setup::run)?;
+            stages.time("lint", lint)?;
+            test(filter.as_deref(), deadline, stages)
         }
         Cmd::Vm {
             plan: true,
@@ -352,23 +353,60 @@ fn test_budget() -> Result<Option<std::time::Duration>> {
     Ok((minutes > 0).then(|| std::time::Duration::from_secs(minutes * 60)))
 }
 
-fn test(filter: Option<&str>, deadline: Option<std::time::Instant>) -> Result<()> {
+/// Wall-clock time of each stage of `cargo xtask test`, printed in its closing line: CI
+/// reports only the whole run's time, and the run must stay well under CI's limit.
+#[derive(Default)]
+struct Stages(Vec<(&'static str, std::time::Duration)>);
+
+impl Stages {
+    fn time<T>(&mut self, stage: &'static str, f: impl FnOnce() -> T) -> T {
+        let start = std::time::Instant::now();
+        let out = f();
+        self.0.push((stage, start.elapsed()));
+        out
+    }
+}
+
+impl std::fmt::Display for Stages {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let total: std::time::Duration = self.0.iter().map(|(_, d)| *d).sum();
+        write!(f, "time: {:.0} s", total.as_secs_f64())?;
+        for (i, (stage, d)) in self.0.iter().enumerate() {
+            let sep = if i == 0 { " (" } else { ", " };
+            write!(f, "{sep}{stage} {:.0} s", d.as_secs_f64())?;
+        }
+        if !self.0.is_empty() {
+            write!(f, ")")?;
+        }
+        Ok(())
+    }
+}
+
+fn test(
+    filter: Option<&str>,
+    deadline: Option<std::time::Instant>,
+    mut stages: Stages,
+) -> Result<()> {
     // Unit tests of every host crate, then the integration suite against the release
     // binary the README's run command builds.
-    cargo(&["build", "--release", "--package", "backlogd"])?;
+    stages.time("build", || {
+        cargo(&["build", "--release", "--package", "backlogd"])
+    })?;
     let mut totals = TestCounts::default();
-    let unit = cargo_test(
-        Command::new("cargo").args([
-            "test",
-            "--release",
-            "--workspace",
-            "--exclude",
-            "backlogd-tests",
-            "--exclude",
-            "backlogd-ebpf",
-        ]),
-        &mut totals,
-    );
+    let unit = stages.time("unit tests", || {
+        cargo_test(
+            Command::new("cargo").args([
+                "test",
+                "--release",
+                "--workspace",
+                "--exclude",
+                "backlogd-tests",
+                "--exclude",
+                "backlogd-ebpf",
+            ]),
+            &mut totals,
+        )
+    });
     let bin = workspace_root().join("target/release/backlogd");
     // The suites' skip and not-exact marks (tests/src/marks.rs), judged below.
     let mark_log = workspace_root().join("target/test-marks.log");
@@ -397,7 +435,7 @@ fn test(filter: Option<&str>, deadline: Option<std::time::Instant>) -> Result<()
         cmd.args(["--", filter]);
     }
     let integration = if unit.is_ok() {
-        cargo_test(&mut cmd, &mut totals)
+        stages.time("host suite", || cargo_test(&mut cmd, &mut totals))
     } else {
         Ok(())
     };
@@ -420,27 +458,31 @@ fn test(filter: Option<&str>, deadline: Option<std::time::Instant>) -> Result<()
     // kernel matrix: the hook modes this kernel lacks, on Debian's kernels from 5.10 to the
     // newest (qemu, about 45 minutes). A filtered run is for iterating on host tests.
     let systemd = if filter.is_none() {
-        sysguest::run(&sysguest::Options::default()).map(|()| "passed")
+        stages.time("systemd guest", || {
+            sysguest::run(&sysguest::Options::default()).map(|()| "passed")
+        })
     } else {
         Ok("not run (filtered run)")
     };
     let matrix = if filter.is_none() {
-        vm::run(&vm::Options {
-            kernels: Vec::new(),
-            modes: Vec::new(),
-            suites: Vec::new(),
-            repeat: 1,
-            ci: true,
-            deadline,
+        stages.time("kernel matrix", || {
+            vm::run(&vm::Options {
+                kernels: Vec::new(),
+                modes: Vec::new(),
+                suites: Vec::new(),
+                repeat: 1,
+                ci: true,
+                deadline,
+            })
+            .map(|()| "passed (table above)")
         })
-        .map(|()| "passed (table above)")
     } else {
         Ok("not run (filtered run)")
     };
     // One closing line for the whole run, so a log reader sees the total at the end.
     println!(
         "tests (host): {} checked, {} skipped at run time ({} unexpected), {} not exact, \
-         {} failed, {} ignored; systemd guest: {}; kernel matrix: {}",
+         {} failed, {} ignored; systemd guest: {}; kernel matrix: {}; {}",
         totals
             .passed
             .saturating_sub(host.skipped.len() as u64 + host.unexpected.len() as u64),
@@ -456,7 +498,8 @@ fn test(filter: Option<&str>, deadline: Option<std::time::Instant>) -> Result<()
         match &matrix {
             Ok(what) => what,
             Err(_) => "FAILED (table above)",
-        }
+        },
+        stages
     );
     unit.and(integration)
         .and(host_marks)
@@ -519,4 +562,23 @@ fn cargo_test(cmd: &mut Command, totals: &mut TestCounts) -> Result<()> {
         bail!("{cmd:?} failed: {status}");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::Stages;
+
+    #[test]
+    fn stages_print_the_total_and_each_stage_in_order() {
+        let mut stages = Stages::default();
+        assert_eq!(stages.to_string(), "time: 0 s");
+        stages.0.push(("setup", Duration::from_secs(61)));
+        stages.0.push(("kernel matrix", Duration::from_millis(2_999_600)));
+        assert_eq!(
+            stages.to_string(),
+            "time: 3061 s (setup 61 s, kernel matrix 3000 s)"
+        );
+    }
 }
