@@ -575,7 +575,9 @@ mod tests {
         let mut stages = Stages::default();
         assert_eq!(stages.to_string(), "time: 0 s");
         stages.0.push(("setup", Duration::from_secs(61)));
-        stages.0.push(("kernel matrix", Duration::from_millis(2_999_600)));
+        stages
+            .0
+            .push(("kernel matrix", Duration::from_millis(2_999_600)));
         assert_eq!(
             stages.to_string(),
             "time: 3061 s (setup 61 s, kernel matrix 3000 s)"
