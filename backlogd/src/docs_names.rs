@@ -1,8 +1,10 @@
-//! The names README.md and docs/*.md quote are names backlogd has: every `backlogd_*`
-//! metric family in backticks or a code block is one the catalogue serves, every `--flag`
-//! given to a backlogd command (or quoted bare, as a flag of backlogd) is one its command
-//! line has, and every config key quoted as one is a key of the config file; and the
-//! config table lists every key. A renamed flag or metric otherwise lives on in the docs
+//! The names README.md, BENCHMARKS.md and docs/*.md quote are names backlogd has: every
+//! `backlogd_*` metric family in backticks or a code block is one the catalogue serves,
+//! every `--flag` given to a backlogd command (or quoted bare, as a flag of backlogd) is
+//! one its command line has, and every config key quoted as one is a key of the config
+//! file; and the config table lists every key. Quote another program's flag with its
+//! command (`redis-server --tcp-backlog N`) and a sysctl by its full name
+//! (`net.ipv4.tcp_syn_retries = 6`): a bare `--flag` or `name = value` reads as backlogd's. A renamed flag or metric otherwise lives on in the docs
 //! for as long as nobody tries it. Each bad name is reported with its file and line.
 
 use std::{
@@ -49,10 +51,10 @@ struct Span {
     paragraph: usize,
 }
 
-/// The docs the test reads: README.md and every docs/*.md.
+/// The docs the test reads: README.md, BENCHMARKS.md and every docs/*.md.
 fn doc_files() -> Vec<PathBuf> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let mut files = vec![root.join("README.md")];
+    let mut files = vec![root.join("README.md"), root.join("BENCHMARKS.md")];
     let mut docs: Vec<PathBuf> = std::fs::read_dir(root.join("docs"))
         .expect("docs/")
         .map(|e| e.expect("docs/ entry").path())
@@ -373,9 +375,9 @@ fn is_key_word(k: &str) -> bool {
     !k.is_empty() && k.bytes().all(|b| b.is_ascii_lowercase() || b == b'_')
 }
 
-/// Tables whose first column is headed `key` list config keys: each must be one.
-fn check_key_tables(file: &str, text: &str, keys: &BTreeSet<String>) -> Vec<String> {
-    let mut bad = Vec::new();
+/// Tables whose first column is headed `key` list config keys: each row's key and line.
+fn key_table_rows(text: &str) -> Vec<(usize, String)> {
+    let mut out = Vec::new();
     let mut in_key_table = false;
     for (i, line) in text.lines().enumerate() {
         let Some(row) = line.strip_prefix('|') else {
@@ -385,39 +387,22 @@ fn check_key_tables(file: &str, text: &str, keys: &BTreeSet<String>) -> Vec<Stri
         let first = row.split('|').next().unwrap_or_default().trim();
         if first == "key" {
             in_key_table = true;
-            continue;
-        }
-        if !in_key_table || first.starts_with("---") {
-            continue;
-        }
-        let key = first.trim_matches('`');
-        if !keys.contains(key) {
-            bad.push(format!(
-                "{file}:{}: `{key}` in the config table is not a key of the config file",
-                i + 1
-            ));
-        }
-    }
-    bad
-}
-
-/// First cells of every `key` table in `text`.
-fn tabled_keys(text: &str) -> BTreeSet<String> {
-    let mut out = BTreeSet::new();
-    let mut in_key_table = false;
-    for line in text.lines() {
-        let Some(row) = line.strip_prefix('|') else {
-            in_key_table = false;
-            continue;
-        };
-        let first = row.split('|').next().unwrap_or_default().trim();
-        if first == "key" {
-            in_key_table = true;
         } else if in_key_table && !first.starts_with("---") {
-            out.insert(first.trim_matches('`').to_owned());
+            out.push((i + 1, first.trim_matches('`').to_owned()));
         }
     }
     out
+}
+
+/// Each key a config table lists must be one.
+fn check_key_tables(file: &str, text: &str, keys: &BTreeSet<String>) -> Vec<String> {
+    key_table_rows(text)
+        .into_iter()
+        .filter(|(_, key)| !keys.contains(key))
+        .map(|(line, key)| {
+            format!("{file}:{line}: `{key}` in the config table is not a key of the config file")
+        })
+        .collect()
 }
 
 #[test]
@@ -433,7 +418,7 @@ fn docs_quote_only_names_backlogd_has() {
             .display()
             .to_string();
         bad.extend(check(&name, &text));
-        tabled.extend(tabled_keys(&text));
+        tabled.extend(key_table_rows(&text).into_iter().map(|(_, key)| key));
     }
     for key in config_keys() {
         if !tabled.contains(&key) {
