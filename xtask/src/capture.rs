@@ -32,6 +32,13 @@ const DOCTOR: &str = "<!-- doctor: written by `cargo xtask capture` -->";
 const END: &str = "<!-- end of capture -->";
 
 pub fn run() -> Result<()> {
+    // Both come with `cargo xtask setup` (tmux for the suite's top test; python3 is
+    // Debian's), not with the build setup this command runs.
+    for (tool, args) in [("tmux", "-V"), ("/usr/bin/python3", "--version")] {
+        crate::setup::output(Command::new(tool).arg(args)).with_context(|| {
+            format!("{tool} is needed to capture: run `cargo xtask setup` (or apt-get install tmux python3)")
+        })?;
+    }
     let daemon = Daemon::start();
     let ns = Netns::new();
     ns.sysctl("net.core.somaxconn", SOMAXCONN);
