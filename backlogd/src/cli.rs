@@ -107,7 +107,7 @@ pub struct DoctorArgs {
 
 #[derive(Debug, Args)]
 pub struct RunArgs {
-    /// TOML config file holding any of the settings below (the README lists every key);
+    /// TOML config file holding any of the settings below (docs/operations.md lists every key);
     /// flags given here override it. Without this flag /etc/backlogd/backlogd.toml is read
     /// if it exists.
     #[arg(long, value_name = "FILE")]

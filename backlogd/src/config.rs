@@ -208,7 +208,7 @@ pub enum ConfigError {
     },
     #[error(
         "config file {path}: {message}\nFix: correct the key or value above; every key is \
-         listed in the README (\"Configuration\"), and `backlogd check-config --config {path}` \
+         listed in docs/operations.md (\"Configuration\"), and `backlogd check-config --config {path}` \
          checks a file without starting anything"
     )]
     Parse { path: PathBuf, message: String },

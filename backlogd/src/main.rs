@@ -7,6 +7,8 @@ mod client;
 mod config;
 mod daemon;
 mod diagnosis;
+#[cfg(test)]
+mod docs_names;
 mod doctor;
 mod exporter;
 mod kernel_maps;

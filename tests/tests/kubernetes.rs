@@ -193,7 +193,7 @@ fn the_built_in_kinds_pass_kubernetes_validate_in_strict_mode() {
     }
 }
 
-/// The oldest version the README names is the oldest whose schema takes the DaemonSet.
+/// The oldest version docs/kubernetes.md names is the oldest whose schema takes the DaemonSet.
 #[test]
 fn kubernetes_before_the_oldest_named_refuses_the_daemonset_for_its_apparmor_field() {
     let test = "kubernetes_before_the_oldest_named_refuses_the_daemonset_for_its_apparmor_field";

@@ -4,6 +4,7 @@
 //! what a fresh machine lacks and is a fast no-op on a prepared one.
 
 mod bench;
+mod capture;
 mod debian;
 mod image;
 mod install;
@@ -66,6 +67,10 @@ enum Cmd {
         #[arg(long, requires = "plan")]
         write_docs: bool,
     },
+    /// Run the daemon against a stalled listener in a network namespace of its own and
+    /// write `backlogd top`'s screen (in tmux) and `backlogd doctor`'s output into the
+    /// README (as root).
+    Capture,
     /// Run rustfmt and clippy (-D warnings) on the host crates and the eBPF crate.
     Lint,
     /// Measure overhead, capacity and scale (as root); prints a markdown report and writes
@@ -182,6 +187,11 @@ fn main() -> Result<()> {
                 ci: false,
                 deadline: None,
             })
+        }
+        Cmd::Capture => {
+            setup::build()?;
+            cargo(&["build", "--release", "--package", "backlogd"])?;
+            capture::run()
         }
         Cmd::Lint => lint(),
         Cmd::Bench {

@@ -1,6 +1,6 @@
 //! Policy: which program goes on which hook in each mode, as data. The loader attaches
 //! [`for_mode`]'s list in order (`attach.rs` knows how); why each hook was chosen is in
-//! the eBPF crate's module docs and the README's hook-mode matrix.
+//! the eBPF crate's module docs and docs/hook-modes.md.
 //!
 //! Listeners closing and SYN-ACK retransmits use tracepoints every kernel has, in every
 //! mode: `inet_sock_set_state` and `tcp_retransmit_synack` as raw tracepoints. listen(2),
