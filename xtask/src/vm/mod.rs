@@ -27,6 +27,13 @@ mod image;
 mod kernels;
 mod report;
 
+// The guest bench (`bench/guest.rs`) boots the matrix's kernels with the matrix's initramfs.
+pub(crate) use self::{
+    console::guest_crash,
+    image::{Payload, build_initramfs},
+    kernels::{KERNELS, fetch_kernel},
+};
+
 use self::{console::*, image::*, kernels::*, report::*};
 
 pub const MODES: &[&str] = &["fentry", "kprobe", "tracepoint"];
@@ -55,7 +62,7 @@ const REFUSAL_SUITE: &[(&str, Option<&str>)] = &[("cli", Some("hook_mode"))];
 /// A guest that has not powered off by then is killed and its rows fail.
 const GUEST_TIMEOUT: Duration = Duration::from_secs(30 * 60);
 
-const MARK: &str = "@@backlogd-vm";
+pub(crate) const MARK: &str = "@@backlogd-vm";
 
 pub struct Options {
     /// Kernel labels to boot (all when empty).
