@@ -71,7 +71,8 @@ enum Cmd {
         section: Vec<String>,
         /// Measure in a guest of this kernel of the matrix (debian-6.1, ...) instead of on
         /// the host: per hook mode, loops of handshakes, dropped SYNs, UDP datagrams and
-        /// getppid() timed in guest instructions without and with backlogd.
+        /// getppid() timed in guest instructions without and with backlogd. `host`: the
+        /// same loops on this host, in real time.
         #[arg(long, value_name = "KERNEL")]
         guest: Option<String>,
         /// With --guest: the hook modes to measure (repeatable; default all the kernel runs).
@@ -86,6 +87,9 @@ enum Cmd {
         /// Internal: with --in-guest, runs alternating without/with.
         #[arg(long, hide = true, default_value_t = 11)]
         runs: usize,
+        /// Internal: with --in-guest, run on this host (`--guest host`).
+        #[arg(long, hide = true)]
+        on_host: bool,
         /// Internal: hold COUNT connections to PORTS listeners from FIRST_PORT on
         /// 127.0.0.1 until stdin closes (a helper process of the scale test).
         #[arg(long, hide = true, value_name = "COUNT,FIRST_PORT,PORTS")]
@@ -185,8 +189,9 @@ fn main() -> Result<()> {
             in_guest: Some(mode),
             runs,
             quick,
+            on_host,
             ..
-        } => bench::in_guest(&mode, runs, quick),
+        } => bench::in_guest(&mode, runs, quick, on_host),
         Cmd::Bench {
             quick,
             guest: Some(kernel),

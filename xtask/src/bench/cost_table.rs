@@ -501,12 +501,26 @@ pub(super) const HEADERS: [&str; 10] = [
     "verdict",
 ];
 
-/// A guest figure as a row: instructions per event.
-pub(super) fn guest_row(c: &Cost) -> Row {
-    let target = guest_target(&c.mode, c.event);
+/// A guest figure as a row: instructions per event; `on_host`: the same loops run on a
+/// host (`--guest host`), ns of real time, held to no target (the host's targets are the
+/// real-time pairs of `cargo xtask bench`).
+pub(super) fn guest_row(c: &Cost, on_host: bool) -> Row {
+    let target = if on_host {
+        Target::None("the host's targets are `cargo xtask bench`'s pairs")
+    } else {
+        guest_target(&c.mode, c.event)
+    };
     let (lo, hi) = (super::stats::min(&c.ratios), super::stats::max(&c.ratios));
     Row {
-        mode: format!("{} (guest, instructions)", c.mode),
+        mode: format!(
+            "{} ({})",
+            c.mode,
+            if on_host {
+                "host, ns"
+            } else {
+                "guest, instructions"
+            }
+        ),
         event: c.event.label().into(),
         without: format!("{:.0}", c.without),
         with: format!("{:.0}", c.with),
@@ -927,7 +941,7 @@ mod tests {
         assert!((c.ratios[1] - 112.0 / 103.0).abs() < 1e-12);
         assert!((c.spread() - 0.02).abs() < 1e-12);
         assert_eq!(c.bpf, Some(50.0));
-        let row = guest_row(c);
+        let row = guest_row(c, false);
         assert_eq!(row.target, "≤ 1.03");
         assert_eq!(row.verdict, "**not met**");
         assert_eq!(row.added, "+9");

@@ -72,17 +72,20 @@ pub fn run(opts: &Options) -> Result<()> {
             MODES.join(", ")
         );
     }
+    crate::cargo(&["build", "--release", "--package", "backlogd"])?;
+    crate::cargo(&["build", "--release", "--package", "xtask"])?;
+    if opts.kernel == "host" {
+        return on_host(opts, &modes);
+    }
     let Some(spec) = vm::KERNELS.iter().find(|k| k.label == opts.kernel) else {
         let known: Vec<&str> = vm::KERNELS.iter().map(|k| k.label).collect();
         bail!(
-            "--guest {}: no such kernel. Fix: one of {}",
+            "--guest {}: no such kernel. Fix: one of {}, or host",
             opts.kernel,
             known.join(", ")
         );
     };
     let kernel = vm::fetch_kernel(spec)?;
-    crate::cargo(&["build", "--release", "--package", "backlogd"])?;
-    crate::cargo(&["build", "--release", "--package", "xtask"])?;
     let root = crate::workspace_root();
     // The payload's "suites" land in /backlogd/tests/ with their shared libraries:
     // guest_loops.rs expects xtask and perf there.
@@ -131,19 +134,77 @@ pub fn run(opts: &Options) -> Result<()> {
         notes.push(format!("the guest did not finish: {e:#}"));
     }
     let lines = cost_table::parse_console(&console);
-    let md = report(
-        opts,
-        spec.label,
-        &kernel.package,
-        &lines,
-        &notes,
-        started.elapsed(),
+    let clock = format!(
+        "backlogd {{commit}} on Debian's {} under `qemu-system-x86_64 -icount \
+         shift=0,sleep=off -accel tcg,thread=single -cpu max -smp 1` (the guest's clock counts \
+         its instructions, user and kernel)",
+        kernel.package
     );
-    let path = root.join(format!("target/bench/guest-{}.md", spec.label));
+    write_report(opts, &clock, &lines, &notes, started.elapsed())?;
+    booted
+}
+
+/// `--guest host`: the guest side run here, mode after mode, in real time (in a network
+/// namespace of its own; `guest_loops::in_guest`).
+fn on_host(opts: &Options, modes: &[&str]) -> Result<()> {
+    let started = Instant::now();
+    let runs = 2 * opts.pairs.max(1) + 1;
+    let mut console = String::new();
+    for mode in modes {
+        eprintln!("bench: {mode} mode on this host");
+        let mut cmd = Command::new(crate::workspace_root().join("target/release/xtask"));
+        cmd.args([
+            "bench",
+            "--in-guest",
+            mode,
+            "--runs",
+            &runs.to_string(),
+            "--on-host",
+        ]);
+        if opts.quick {
+            cmd.arg("--quick");
+        }
+        let out = cmd
+            .stderr(Stdio::inherit())
+            .output()
+            .context("starting target/release/xtask")?;
+        console.push_str(&String::from_utf8_lossy(&out.stdout));
+        if !out.status.success() {
+            console.push_str(
+                &Line::Note {
+                    mode: (*mode).to_owned(),
+                    text: format!("the loops stopped: {}", out.status),
+                }
+                .render(),
+            );
+            console.push('\n');
+        }
+    }
+    let lines = cost_table::parse_console(&console);
+    let clock = format!(
+        "backlogd {{commit}} on this host (kernel {}), in a network namespace of its own; \
+         the clock is real time (ns), with whatever else ran on the machine",
+        std::fs::read_to_string("/proc/sys/kernel/osrelease")
+            .unwrap_or_default()
+            .trim()
+    );
+    write_report(opts, &clock, &lines, &[], started.elapsed())
+}
+
+/// Renders the report, prints it and writes it to target/bench/guest-KERNEL.md.
+fn write_report(
+    opts: &Options,
+    clock: &str,
+    lines: &[Line],
+    notes: &[String],
+    took: Duration,
+) -> Result<()> {
+    let md = report(opts, clock, lines, notes, took);
+    let path = crate::workspace_root().join(format!("target/bench/guest-{}.md", opts.kernel));
     std::fs::write(&path, &md).with_context(|| format!("writing {}", path.display()))?;
     println!("{md}");
     eprintln!("bench: written to {}", path.display());
-    booted
+    Ok(())
 }
 
 /// The init script's lines for one mode: the guest side between the matrix's markers.
@@ -258,14 +319,8 @@ fn boot(vmlinuz: &std::path::Path, initrd: &std::path::Path, log: &std::path::Pa
     }
 }
 
-fn report(
-    opts: &Options,
-    label: &str,
-    package: &str,
-    lines: &[Line],
-    notes: &[String],
-    took: Duration,
-) -> String {
+/// `clock`: what ran where, with `{commit}` for the commit.
+fn report(opts: &Options, clock: &str, lines: &[Line], notes: &[String], took: Duration) -> String {
     let commit = output(
         Command::new("git")
             .args(["describe", "--always", "--dirty"])
@@ -282,26 +337,29 @@ fn report(
         })
         .unwrap_or_default();
     let date = output(Command::new("date").args(["-u", "+%Y-%m-%d %H:%M UTC"])).unwrap_or_default();
+    let host = opts.kernel == "host";
     let mut md = format!(
-        "## `cargo xtask bench --guest {label}{}` results\n\n\
-         backlogd {} on Debian's {package} under `qemu-system-x86_64 -icount \
-         shift=0,sleep=off -accel tcg,thread=single -cpu max -smp 1` (the guest's clock counts \
-         its instructions, user and kernel); host CPU {cpu}; {date}; {} pairs per mode. Runs \
+        "## `cargo xtask bench --guest {}{}` results\n\n\
+         {}; host CPU {cpu}; {date}; {} pairs per mode. Runs \
          alternate without and with backlogd (a daemon started for each run with; its \
          programs attached and running, its process stopped with SIGSTOP during each timed \
          loop but the syscall-free one, so its once-a-second work does not land in a loop at \
          random; that loop measures it). Each run with is divided by the mean of the runs \
          without on either side; A/A: each run without divided by the one before it. Every \
          loop starts after {} s of idle guest time. The whole boot took {:.0} s.\n\n",
+        opts.kernel,
         if opts.quick { " --quick" } else { "" },
-        commit.trim(),
+        clock.replace("{commit}", commit.trim()),
         opts.pairs,
         guest_loops::SETTLE.as_secs_f64(),
         took.as_secs_f64()
     );
     let costs = cost_table::costs(lines);
     md.push_str(&cost_table::render(
-        &costs.iter().map(cost_table::guest_row).collect::<Vec<_>>(),
+        &costs
+            .iter()
+            .map(|c| cost_table::guest_row(c, host))
+            .collect::<Vec<_>>(),
     ));
     md.push_str(
         "\nPer event: instructions (guest ns), median over the runs; added: with minus \

@@ -28,7 +28,17 @@ use super::{
 };
 
 /// Where `guest.rs` puts perf (Debian's linux-perf) in the guest: its payload's "perf".
-pub(super) const GUEST_PERF: &str = "/backlogd/tests/perf";
+const GUEST_PERF: &str = "/backlogd/tests/perf";
+
+/// perf on a host (`--guest host`).
+const HOST_PERF: &str = "/usr/bin/perf";
+
+/// The perf this run uses: the guest's copy, or the host's own.
+static PERF_BIN: std::sync::OnceLock<&'static str> = std::sync::OnceLock::new();
+
+fn perf_bin() -> &'static str {
+    PERF_BIN.get().copied().unwrap_or(GUEST_PERF)
+}
 
 /// Guest-clock ns between samples of the profile (under icount: instructions). The
 /// kernel's floor for its hrtimer-driven software events (`cpu-clock`) is 10 us.
@@ -339,9 +349,43 @@ impl Drop for Paused {
     }
 }
 
+/// A sysctl set for as long as this lives, put back on drop.
+struct Sysctl {
+    path: &'static str,
+    previous: String,
+}
+
+impl Sysctl {
+    fn set(path: &'static str, value: &str) -> Result<Self> {
+        let previous = std::fs::read_to_string(path).with_context(|| format!("reading {path}"))?;
+        std::fs::write(path, value).with_context(|| format!("writing {path}"))?;
+        Ok(Self { path, previous })
+    }
+}
+
+impl Drop for Sysctl {
+    fn drop(&mut self) {
+        let _ = std::fs::write(self.path, self.previous.trim());
+    }
+}
+
 /// Everything the guest measures in `mode`: `runs` runs alternating without / with (run
 /// 0 without, so there is one more without than with), then bpf_stats, then a profile.
-pub fn in_guest(mode: &str, runs: usize, quick: bool) -> Result<()> {
+/// `on_host`: run here instead of in a guest (`--guest host`): in a network namespace of
+/// its own (loopback only, so nothing touches the host's), with the host's perf; the
+/// clock is then real time.
+pub fn in_guest(mode: &str, runs: usize, quick: bool, on_host: bool) -> Result<()> {
+    if on_host {
+        let _ = PERF_BIN.set(HOST_PERF);
+        // The whole process (and the daemons it starts) in a fresh namespace: every
+        // thread made from here on inherits it.
+        // SAFETY: plain syscall; the process has one thread so far.
+        check(
+            unsafe { libc::unshare(libc::CLONE_NEWNET) },
+            "unshare(CLONE_NEWNET)",
+        )?;
+        crate::run(Command::new("ip").args(["link", "set", "lo", "up"]))?;
+    }
     let fixtures = Fixtures::new()?;
     let n = |e: Event| e.count(quick);
     // Warm-up: the first loops after boot fault pages in and grow slabs.
@@ -459,7 +503,7 @@ impl Perf {
         // Read-write opens of a fifo do not wait for the other end.
         let open = |p: &str| std::fs::OpenOptions::new().read(true).write(true).open(p);
         let (ctl, ack) = (open(ctl_path)?, open(ack_path)?);
-        let child = Command::new(GUEST_PERF)
+        let child = Command::new(perf_bin())
             .args(["record", "-a", "-e", "cpu-clock", "-c"])
             .arg(PROFILE_PERIOD.to_string())
             // Events off until enabled; a buffer big enough that perf need not wake to
@@ -512,7 +556,7 @@ impl Perf {
                 String::from_utf8_lossy(&out.stderr).replace('\n', " / ")
             );
         }
-        let report = output(Command::new(GUEST_PERF).args([
+        let report = output(Command::new(perf_bin()).args([
             "report",
             "-i",
             &perf.data,
@@ -534,15 +578,17 @@ impl Perf {
 /// the instructions backlogd adds go. `net.core.bpf_jit_kallsyms=1` gives the JITed
 /// programs their names.
 fn profile(mode: &str, fixtures: &Fixtures, quick: bool) -> Result<()> {
-    if !Path::new(GUEST_PERF).exists() {
+    if !Path::new(perf_bin()).exists() {
         note(
             mode,
-            "no profile: perf is not in the guest (Debian package linux-perf on the host)".into(),
+            format!(
+                "no profile: no {} (Debian package linux-perf on the host)",
+                perf_bin()
+            ),
         );
         return Ok(());
     }
-    std::fs::write("/proc/sys/net/core/bpf_jit_kallsyms", "1")
-        .context("setting net.core.bpf_jit_kallsyms")?;
+    let _kallsyms = Sysctl::set("/proc/sys/net/core/bpf_jit_kallsyms", "1")?;
     for with in [false, true] {
         let d = if with {
             match daemon(mode)? {
