@@ -257,21 +257,37 @@ fn accept_queue_full(n: u64) -> Result<(u64, Checks)> {
     Ok((ns, vec![("ListenOverflows".into(), n, got)]))
 }
 
+/// First local port of the SYN-queue fillers, below the ephemeral range (32768 up).
+const FILLER_PORT: u16 = 20_000;
+
 /// Bare SYNs to a listener with backlog 8 whose SYN queue is full of requests whose
 /// SYN-ACKs nft drops (in the `synq` netns): every SYN is dropped (TCPReqQFullDrop). The
 /// listener is new each run, so its requests never reach their SYN-ACK timeouts.
 fn syn_queue_full(n: u64) -> Result<(u64, Checks)> {
     let listener = load::listen_here(0, 8)?;
     let sa = sockaddr(load::local_addr(&listener)?)?;
-    // Fill until the kernel drops a SYN for a full SYN queue.
+    // Fill until the kernel drops a SYN for a full SYN queue. The fillers come from
+    // ports below the ephemeral range: a loop SYN from a filler's port would find its
+    // pending request and be answered as a retransmission instead of dropped.
     let start = load::tcp_ext_here("TCPReqQFullDrop")?;
-    let mut fillers = 0;
+    let mut port = FILLER_PORT;
     while load::tcp_ext_here("TCPReqQFullDrop")? == start {
-        fillers += 1;
-        if fillers > 64 {
+        if port == FILLER_PORT + 64 {
             bail!("64 SYNs whose SYN-ACKs were dropped did not fill a SYN queue of backlog 8");
         }
-        bare_syns(&sa, 1)?;
+        let filler = socket2::Socket::new(
+            socket2::Domain::IPV4,
+            socket2::Type::STREAM,
+            Some(socket2::Protocol::TCP),
+        )?;
+        filler.set_reuse_address(true)?;
+        filler.bind(&SocketAddr::from(([127, 0, 0, 1], port)).into())?;
+        filler.set_nonblocking(true)?;
+        match filler.connect(&load::local_addr(&listener)?.into()) {
+            Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {}
+            other => bail!("a filler SYN's connect did not say EINPROGRESS: {other:?}"),
+        }
+        port += 1;
     }
     let before = load::tcp_ext_here("TCPReqQFullDrop")?;
     let ns = timed(|| bare_syns(&sa, n))?;
