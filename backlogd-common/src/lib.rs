@@ -22,24 +22,75 @@ pub const LISTENER_EVENTS_BYTES: u32 = 256 * 1024;
 /// logged by the daemon.
 pub const LISTENER_STATS_ENTRIES: u32 = 16384;
 
+/// Why a listener dropped a connection: listen drops split the way the kernel's own
+/// counters split them, so that the sums over a namespace's listeners equal its TcpExt
+/// deltas. The one list of drop reasons: it indexes [`ListenerStats::drops`] (and every
+/// per-reason array of the daemon), and its [`name`](Self::name) is the `reason` label
+/// of the drop metrics and the key in the JSON API's `drops`.
+///
+/// It never crosses the kernel boundary itself: the programs index the counters with its
+/// constant values, as they would with a field.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DropReason {
+    /// SYN dropped because the accept queue was full (TcpExt ListenOverflows at SYN).
+    AcceptQueueFull,
+    /// SYN dropped because the SYN queue was full and syncookies were off
+    /// (TcpExt TCPReqQFullDrop).
+    SynQueueFull,
+    /// Final ACK of the handshake found the accept queue full (TcpExt ListenOverflows in
+    /// syn_recv_sock): the connection is not created.
+    FinalAckOverflow,
+    /// Any other listen drop (TcpExt ListenDrops not covered above).
+    Other,
+}
+
+impl DropReason {
+    pub const COUNT: usize = 4;
+    /// Every reason, in index order.
+    pub const ALL: [DropReason; DropReason::COUNT] = [
+        DropReason::AcceptQueueFull,
+        DropReason::SynQueueFull,
+        DropReason::FinalAckOverflow,
+        DropReason::Other,
+    ];
+
+    pub const fn name(self) -> &'static str {
+        match self {
+            DropReason::AcceptQueueFull => "accept_queue_full",
+            DropReason::SynQueueFull => "syn_queue_full",
+            DropReason::FinalAckOverflow => "final_ack_overflow",
+            DropReason::Other => "other",
+        }
+    }
+}
+
+/// Per-reason figures, indexed by reason: `stats.drops[DropReason::Other]`.
+impl<T> core::ops::Index<DropReason> for [T; DropReason::COUNT] {
+    type Output = T;
+
+    #[inline(always)]
+    fn index(&self, reason: DropReason) -> &T {
+        &self[reason as usize]
+    }
+}
+
+impl<T> core::ops::IndexMut<DropReason> for [T; DropReason::COUNT] {
+    #[inline(always)]
+    fn index_mut(&mut self, reason: DropReason) -> &mut T {
+        &mut self[reason as usize]
+    }
+}
+
 /// Per-listener SYN-path counters, keyed by socket inode; one copy per CPU (the daemon
-/// sums them). Drops are split the way the kernel's own counters split them, so that the
-/// sums over a namespace's listeners equal its TcpExt deltas.
+/// sums them).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ListenerStats {
     /// SYNs that reached the listener (pure SYN, no ACK).
     pub syns: u64,
-    /// SYN dropped because the accept queue was full (TcpExt ListenOverflows at SYN).
-    pub drop_accept_queue_full: u64,
-    /// SYN dropped because the SYN queue was full and syncookies were off
-    /// (TcpExt TCPReqQFullDrop).
-    pub drop_syn_queue_full: u64,
-    /// Final ACK of the handshake found the accept queue full (TcpExt ListenOverflows in
-    /// syn_recv_sock): the connection is not created.
-    pub drop_final_ack_overflow: u64,
-    /// Any other listen drop (TcpExt ListenDrops not covered above).
-    pub drop_other: u64,
+    /// Listen drops by [`DropReason`]. The four counters the struct had as fields until
+    /// the reasons became one enum, at the same offsets (see the layout check below).
+    pub drops: [u64; DropReason::COUNT],
     /// SYN answered with a syncookie (TcpExt TCPReqQFullDoCookies).
     pub syncookies: u64,
     /// SYN-ACKs retransmitted for this listener's pending connections.
@@ -67,25 +118,29 @@ pub struct ListenerStats {
     pub abandoned: u64,
 }
 
-impl ListenerStats {
-    /// The drop counters, accept queue full, SYN queue full, final-ACK overflow, other:
-    /// the order of the exporter's `reason` values.
-    pub fn drops(&self) -> [u64; 4] {
-        [
-            self.drop_accept_queue_full,
-            self.drop_syn_queue_full,
-            self.drop_final_ack_overflow,
-            self.drop_other,
-        ]
+// The layout the programs, the daemon and maps pinned by an older daemon share: `drops`
+// replaced four u64 fields in the same place (offsets 8 to 40), so nothing moved.
+const _: () = {
+    let mut i = 0;
+    while i < DropReason::COUNT {
+        assert!(
+            DropReason::ALL[i] as usize == i,
+            "DropReason::ALL is in index order"
+        );
+        i += 1;
     }
+    assert!(core::mem::offset_of!(ListenerStats, drops) == 8);
+    assert!(core::mem::offset_of!(ListenerStats, syncookies) == 40);
+    assert!(core::mem::size_of::<ListenerStats>() == 400);
+};
 
+impl ListenerStats {
     /// Adds another CPU's counters.
     pub fn add(&mut self, o: &Self) {
         self.syns += o.syns;
-        self.drop_accept_queue_full += o.drop_accept_queue_full;
-        self.drop_syn_queue_full += o.drop_syn_queue_full;
-        self.drop_final_ack_overflow += o.drop_final_ack_overflow;
-        self.drop_other += o.drop_other;
+        for (a, b) in self.drops.iter_mut().zip(o.drops.iter()) {
+            *a += b;
+        }
         self.syncookies += o.syncookies;
         self.synack_retransmits += o.synack_retransmits;
         self.queued += o.queued;

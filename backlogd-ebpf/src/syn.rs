@@ -31,7 +31,7 @@ use aya_ebpf::{
     maps::PerCpuArray,
     programs::{BtfTracePointContext, RawTracePointContext, SkBuffContext},
 };
-use backlogd_common::{SynStash, TCP_LISTEN, mib, segment_kind};
+use backlogd_common::{DropReason, SynStash, TCP_LISTEN, mib, segment_kind};
 
 use crate::{
     impact,
@@ -393,17 +393,17 @@ fn settle(stash: &SynStash, alive: bool) -> Result<()> {
         let explained = overflows + qfull;
         match kind {
             segment_kind::SYN => {
-                s.drop_accept_queue_full += overflows;
-                s.drop_syn_queue_full += qfull;
+                s.drops[DropReason::AcceptQueueFull] += overflows;
+                s.drops[DropReason::SynQueueFull] += qfull;
                 s.syncookies += cookies;
-                s.drop_other += drops.saturating_sub(explained);
+                s.drops[DropReason::Other] += drops.saturating_sub(explained);
             }
             segment_kind::ACK => {
-                s.drop_final_ack_overflow += overflows;
-                s.drop_other += drops.saturating_sub(explained);
+                s.drops[DropReason::FinalAckOverflow] += overflows;
+                s.drops[DropReason::Other] += drops.saturating_sub(explained);
             }
             // A segment we could not classify: its drops are counted, the reason is not.
-            _ => s.drop_other += drops,
+            _ => s.drops[DropReason::Other] += drops,
         }
     });
     Ok(())

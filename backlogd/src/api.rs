@@ -2,12 +2,13 @@
 //! `doctor`, `client.rs`) read. Plain data, no map handles: a client links none of the
 //! daemon's kernel side.
 
-use backlogd_common::{ACCEPT_WAIT_BUCKETS, DELAY_BOUNDS_MS, DELAY_BUCKETS, ListenerStats};
+use backlogd_common::{
+    ACCEPT_WAIT_BUCKETS, DELAY_BOUNDS_MS, DELAY_BUCKETS, DropReason, ListenerStats,
+};
 use serde::{Deserialize, Serialize};
 
 use crate::{
     listeners::Listener,
-    loader::modes::KernelSupport,
     programs::{Asks, Known},
     queues::QueueFigures,
     sampling::tcpext::ListenSysctls,
@@ -27,6 +28,24 @@ pub struct Snapshot {
     pub impact_window: Option<ImpactWindow>,
     /// Listen sysctls of each namespace that has listeners.
     pub namespaces: Vec<NamespaceSnapshot>,
+}
+
+/// What the daemon's kernel supports, as it found by trying at startup: the figures of the
+/// loader's `modes::KernelSupport`, in a type of the API's own so that a client links no
+/// kernel side (and the loader's type can change without changing what is served).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KernelSupport {
+    /// fentry mode can run (BPF trampolines, and `bpf_get_func_ret`: Linux 5.17).
+    pub fentry: bool,
+    /// kprobes can be attached (CONFIG_KPROBES).
+    pub kprobe: bool,
+    /// BPF trampolines work (Linux 5.5).
+    #[serde(default)]
+    pub trampolines: bool,
+    /// kprobe links can be pinned (Linux 5.15): kprobe mode keeps counting across a
+    /// restart.
+    #[serde(default)]
+    pub perf_link_pinning: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -67,7 +86,7 @@ pub struct ListenerSnapshot {
     pub recent_impact: Option<ClientImpact>,
 }
 
-/// The span the recent client-impact figures cover (see `exporter/recent.rs`): the last
+/// The span the recent client-impact figures cover (see `state/recent.rs`): the last
 /// five minutes, or less since the daemon started. At least 300 s once the daemon has run
 /// that long, normally under 310 s. Abandoned attempts are those the daemon counted in it
 /// (when a sweep found their horizon passed).
@@ -225,12 +244,78 @@ impl Request {
     }
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Drops {
-    pub accept_queue_full: u64,
-    pub syn_queue_full: u64,
-    pub final_ack_overflow: u64,
-    pub other: u64,
+/// A listener's drops by [`DropReason`] (`drops[DropReason::Other]`), served as an object
+/// with one key per reason, its name, in the reasons' order:
+/// `{"accept_queue_full": 3, "syn_queue_full": 0, "final_ack_overflow": 1, "other": 0}`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Drops(pub [u64; DropReason::COUNT]);
+
+impl Drops {
+    pub fn total(&self) -> u64 {
+        self.0.iter().sum()
+    }
+}
+
+impl std::ops::Index<DropReason> for Drops {
+    type Output = u64;
+
+    fn index(&self, reason: DropReason) -> &u64 {
+        &self.0[reason]
+    }
+}
+
+impl std::ops::IndexMut<DropReason> for Drops {
+    fn index_mut(&mut self, reason: DropReason) -> &mut u64 {
+        &mut self.0[reason]
+    }
+}
+
+impl Serialize for Drops {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap as _;
+        let mut map = s.serialize_map(Some(DropReason::COUNT))?;
+        for reason in DropReason::ALL {
+            map.serialize_entry(reason.name(), &self[reason])?;
+        }
+        map.end()
+    }
+}
+
+/// Every reason's key is required (as every daemon serves them all); other keys are
+/// skipped, as serde does for a struct's unknown fields.
+impl<'de> Deserialize<'de> for Drops {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct ByName;
+        impl<'de> serde::de::Visitor<'de> for ByName {
+            type Value = Drops;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("drops by reason")
+            }
+
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Drops, A::Error> {
+                let mut found = [None; DropReason::COUNT];
+                while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+                    match DropReason::ALL.into_iter().find(|r| r.name() == key) {
+                        Some(reason) => found[reason] = Some(map.next_value()?),
+                        None => {
+                            map.next_value::<serde::de::IgnoredAny>()?;
+                        }
+                    }
+                }
+                let mut drops = Drops::default();
+                for reason in DropReason::ALL {
+                    drops[reason] = found[reason]
+                        .ok_or_else(|| serde::de::Error::missing_field(reason.name()))?;
+                }
+                Ok(drops)
+            }
+        }
+        d.deserialize_map(ByName)
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -300,12 +385,7 @@ impl ListenerSnapshot {
             request: Request::of(&listener, somaxconn),
             listener,
             syns_received: s.syns,
-            drops: Drops {
-                accept_queue_full: s.drop_accept_queue_full,
-                syn_queue_full: s.drop_syn_queue_full,
-                final_ack_overflow: s.drop_final_ack_overflow,
-                other: s.drop_other,
-            },
+            drops: Drops(s.drops),
             syncookies_sent: s.syncookies,
             synack_retransmits: s.synack_retransmits,
             queued: s.queued,
@@ -319,6 +399,41 @@ impl ListenerSnapshot {
             impact: ClientImpact::of(s.delayed, s.delay, s.delay_sum_ns, s.abandoned),
             recent_impact: None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn drops_are_served_by_reason_name_in_reason_order() {
+        let mut drops = Drops::default();
+        drops[DropReason::AcceptQueueFull] = 3;
+        drops[DropReason::FinalAckOverflow] = 1;
+        // The JSON the four named fields made before DropReason.
+        let served =
+            r#"{"accept_queue_full":3,"syn_queue_full":0,"final_ack_overflow":1,"other":0}"#;
+        assert_eq!(serde_json::to_string(&drops).unwrap(), served);
+        assert_eq!(serde_json::from_str::<Drops>(served).unwrap(), drops);
+        // Any order; a key of a newer daemon is skipped; a missing reason is an error.
+        let shuffled = r#"{"other":0,"newer":[1],"final_ack_overflow":1,"syn_queue_full":0,"accept_queue_full":3}"#;
+        assert_eq!(serde_json::from_str::<Drops>(shuffled).unwrap(), drops);
+        let e = serde_json::from_str::<Drops>(r#"{"accept_queue_full":3}"#).unwrap_err();
+        assert!(
+            e.to_string().contains("missing field `syn_queue_full`"),
+            "{e}"
+        );
+        // Inside a listener's snapshot (flattened fields around it), both ways.
+        let mut l = fixtures::listener(1, 80, "nginx", Some(511), 128);
+        l.drops = drops;
+        let json = serde_json::to_value(&l).unwrap();
+        assert_eq!(
+            json["drops"],
+            serde_json::from_str::<serde_json::Value>(served).unwrap()
+        );
+        let back: ListenerSnapshot = serde_json::from_value(json).unwrap();
+        assert_eq!(back.drops, drops);
     }
 }
 

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 
 use crate::client::ApiArgs;
-use crate::{config::Layer, doctor::finding::Severity};
+use crate::{config::Layer, diagnosis::finding::Severity};
 
 /// Per-listener TCP listen-queue observability: requested vs granted backlogs, SYN and
 /// accept-queue drops and why, served as Prometheus metrics.

@@ -19,7 +19,7 @@ use backlogd_common::{
 };
 
 use crate::{
-    loader::syscall::{self, BatchCursor},
+    bpf_syscall::{self as syscall, BatchCursor},
     queues::{QueueWindows, merge},
 };
 
@@ -39,8 +39,9 @@ pub struct KernelMaps {
     /// The last LISTEN event of every live listener, by socket inode: what a listener
     /// older than this daemon asked for, if a daemon before it (with pins) saw it.
     pub listens_seen: BpfHashMap<MapData, u64, ListenerEvent>,
-    /// backlogd's attached programs, for the runs the kernel skipped.
-    pub programs: Vec<ProgramFd>,
+    /// backlogd's attached programs and the kernel's names for them, for the runs the
+    /// kernel skipped.
+    pub programs: Vec<(ProgramFd, String)>,
     /// Connection attempts with a dropped segment, not yet completed (`impact.rs` in the
     /// eBPF crate).
     pub attempts: BpfHashMap<MapData, AttemptKey, Attempt>,
@@ -167,21 +168,25 @@ impl KernelMaps {
         removed
     }
 
-    /// Runs of backlogd's programs the kernel skipped (`recursion_misses` in their
-    /// fdinfo); `None` when this kernel does not report it.
-    pub fn missed_runs(&self) -> Option<u64> {
-        let mut total = None;
-        for prog in &self.programs {
-            let info =
-                std::fs::read_to_string(format!("/proc/self/fdinfo/{}", prog.as_fd().as_raw_fd()))
-                    .ok()?;
-            let misses = info
-                .lines()
-                .find_map(|l| l.strip_prefix("recursion_misses:"))
-                .and_then(|n| n.trim().parse::<u64>().ok())?;
-            *total.get_or_insert(0) += misses;
-        }
-        total
+    /// Runs of each of backlogd's programs the kernel skipped (`recursion_misses` in their
+    /// fdinfo), by the kernel's name for the program; `None` when this kernel does not
+    /// report it.
+    pub fn missed_runs(&self) -> Option<Vec<(&str, u64)>> {
+        self.programs
+            .iter()
+            .map(|(prog, name)| {
+                let info = std::fs::read_to_string(format!(
+                    "/proc/self/fdinfo/{}",
+                    prog.as_fd().as_raw_fd()
+                ))
+                .ok()?;
+                let misses = info
+                    .lines()
+                    .find_map(|l| l.strip_prefix("recursion_misses:"))
+                    .and_then(|n| n.trim().parse::<u64>().ok())?;
+                Some((name.as_str(), misses))
+            })
+            .collect()
     }
 }
 

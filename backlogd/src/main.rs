@@ -1,10 +1,12 @@
 //! backlogd: eBPF-based listen-queue observability daemon and CLI.
 
 mod api;
+mod bpf_syscall;
 mod cli;
 mod client;
 mod config;
 mod daemon;
+mod diagnosis;
 mod doctor;
 mod exporter;
 mod kernel_maps;

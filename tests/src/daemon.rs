@@ -209,21 +209,16 @@ impl Daemon {
     /// Runs of the daemon's BPF programs the kernel skipped (sum of `recursion_misses` over
     /// its program fds). kprobe and classic-tracepoint programs share a per-CPU guard with
     /// each other and with BPF map syscalls; a skipped run is an event backlogd never saw.
-    /// (Kernels before 6.7 do not count these skips and always report 0.)
+    /// (Kernels count these skips for trampolines from 5.12, for kprobes from 6.7.)
     pub fn missed_runs(&self) -> u64 {
-        let pid = self.pid();
-        missed_runs_of(pid).unwrap_or_else(|e| panic!("/proc/{pid}/fdinfo: {e}"))
+        self.program_misses().total()
     }
 
-    /// Runs the kernel skipped since `since` (a `missed_runs()` value) when the daemon is in
-    /// kprobe mode, the only mode whose SYN-path and queue programs share the kernel's global
-    /// recursion guard; 0 in fentry and tracepoint modes, where every figure must be exact.
-    pub fn kprobe_skips_since(&self, since: u64) -> u64 {
-        if self.scrape().hook_mode() == "kprobe" {
-            self.missed_runs().saturating_sub(since)
-        } else {
-            0
-        }
+    /// Runs of each of the daemon's programs the kernel skipped so far: the start of an
+    /// interval for [`crate::Exact::interval`].
+    pub fn program_misses(&self) -> ProgramMisses {
+        let pid = self.pid();
+        ProgramMisses(program_misses_of(pid).unwrap_or_else(|e| panic!("/proc/{pid}/fdinfo: {e}")))
     }
 
     pub fn log(&self) -> String {
@@ -346,14 +341,19 @@ impl Drop for Daemon {
 }
 
 /// Runs of process `pid`'s BPF programs the kernel skipped (`recursion_misses` in their
-/// fdinfo, Linux 6.7+; 0 before), each program counted once.
+/// fdinfo; 0 where the kernel does not count them), each program counted once.
 pub fn missed_runs_of(pid: u32) -> std::io::Result<u64> {
+    Ok(program_misses_of(pid)?.values().sum())
+}
+
+/// `recursion_misses` of each of process `pid`'s programs, by program id. The daemon may
+/// hold several fds of one program (its own and its links'): each program counts once.
+fn program_misses_of(pid: u32) -> std::io::Result<std::collections::BTreeMap<u64, u64>> {
     let field = |info: &str, name: &str| -> Option<u64> {
         info.lines()
             .find_map(|l| l.strip_prefix(name))
             .and_then(|n| n.trim().parse().ok())
     };
-    // The daemon may hold several fds of one program: count each program once.
     Ok(std::fs::read_dir(format!("/proc/{pid}/fdinfo"))?
         .flatten()
         .filter_map(|fd| std::fs::read_to_string(fd.path()).ok())
@@ -363,9 +363,35 @@ pub fn missed_runs_of(pid: u32) -> std::io::Result<u64> {
                 field(&info, "recursion_misses:")?,
             ))
         })
-        .collect::<std::collections::HashMap<u64, u64>>()
-        .values()
-        .sum())
+        .collect())
+}
+
+/// Skipped runs per program id at one moment (see [`Daemon::program_misses`]).
+#[derive(Debug, Clone, Default)]
+pub struct ProgramMisses(pub std::collections::BTreeMap<u64, u64>);
+
+impl ProgramMisses {
+    pub fn total(&self) -> u64 {
+        self.0.values().sum()
+    }
+
+    /// The runs skipped since `start`, by program id, where any were.
+    pub fn since(&self, start: &ProgramMisses) -> Vec<(u64, u64)> {
+        self.0
+            .iter()
+            .map(|(id, n)| (*id, n.saturating_sub(start.0.get(id).copied().unwrap_or(0))))
+            .filter(|(_, n)| *n > 0)
+            .collect()
+    }
+}
+
+/// The names backlogd gives the program with kernel id `id` (`names::program`), from the
+/// kernel's own name for it, which keeps 15 characters: several of backlogd's names share
+/// those (reqsk_queue_add_exit, _kprobe and _kretprobe), so all that match are returned.
+pub fn program_names(id: u64) -> Vec<&'static str> {
+    let info = crate::bpf::bpftool(&["prog", "show", "id", &id.to_string()]);
+    let kernel = info["name"].as_str().unwrap_or_default().to_owned();
+    backlogd_common::names::program::named_by_kernel(&kernel).collect()
 }
 
 /// Whether the sweep that made `backlogd_client_impact_sweeps_total` `now` began after a

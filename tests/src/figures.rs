@@ -3,6 +3,8 @@
 
 use std::{net::SocketAddr, time::Duration};
 
+use backlogd_common::names::figure;
+
 use crate::{
     Daemon, Exact, Netns, Scrape,
     kernel::{ListenCounters, tcp_ext},
@@ -53,47 +55,47 @@ impl Figures {
     }
 
     /// The identities that must hold between backlogd and the namespace's counters for a
-    /// listener alone in its namespace, whatever the scenario. `missed`: runs of
-    /// backlogd's programs the kernel skipped meanwhile (`Daemon::kprobe_skips_since`).
-    pub fn check(&self, exact: &mut Exact, kernel: &ListenCounters, missed: u64) {
+    /// listener alone in its namespace, whatever the scenario (`exact` must have its
+    /// interval: see [`Exact::interval`]).
+    pub fn check(&self, exact: &mut Exact, kernel: &ListenCounters) {
         exact
             .evidence("backlogd", self)
             .evidence("kernel TcpExt deltas", kernel)
-            .eq_unless_missed(
+            .eq_fed(
                 "accept_queue_full + final_ack_overflow vs ListenOverflows",
+                &[figure::DROPS],
                 self.accept_queue_full + self.final_ack_overflow,
                 kernel.listen_overflows,
-                missed,
             )
-            .eq_unless_missed(
+            .eq_fed(
                 "syn_queue_full vs TCPReqQFullDrop",
+                &[figure::DROPS],
                 self.syn_queue_full,
                 kernel.reqq_full_drop,
-                missed,
             )
-            .eq_unless_missed(
+            .eq_fed(
                 "all drops vs ListenDrops",
+                &[figure::DROPS],
                 self.all_drops(),
                 kernel.listen_drops,
-                missed,
             )
-            .eq_unless_missed(
+            .eq_fed(
                 "syncookies vs TCPReqQFullDoCookies",
+                &[figure::SYNCOOKIES],
                 self.syncookies,
                 kernel.reqq_full_do_cookies,
-                missed,
             );
     }
 
     /// The socket's own sk_drops, in scenarios where no segment reaches a pending request
     /// without completing it: it counts a final-ACK overflow twice (tcp_listendrop() in
     /// syn_recv_sock, then tcp_v4_rcv's discard path; docs/metrics.md).
-    pub fn check_sk_drops(&self, exact: &mut Exact, queue: &KernelQueue, missed: u64) {
-        exact.evidence("socket (ss)", queue).eq_unless_missed(
+    pub fn check_sk_drops(&self, exact: &mut Exact, queue: &KernelQueue) {
+        exact.evidence("socket (ss)", queue).eq_fed(
             "all drops + final_ack_overflow vs sk_drops",
+            &[figure::DROPS],
             self.all_drops() + self.final_ack_overflow,
             queue.drops,
-            missed,
         );
     }
 }
@@ -126,7 +128,7 @@ pub fn accept_queue_full_burst(
     to: SocketAddr,
 ) -> Burst {
     let before = tcp_ext(ns);
-    let skips = daemon.missed_runs();
+    let start = daemon.program_misses();
     let mut clients = fill_accept_queue(ns, listener, to, 5);
     clients.extend(connect_burst(ns, to, 25));
     std::thread::sleep(Duration::from_millis(1500));
@@ -138,7 +140,6 @@ pub fn accept_queue_full_burst(
     let queue = kernel_queue(ns, listener);
     let scrape = daemon.scrape();
     let ours = Figures::of(&scrape, listener);
-    let missed = daemon.kprobe_skips_since(skips);
 
     // The scenario did what it is for.
     assert_eq!(queue.recv_q, 5, "accept queue holds backlog + 1: {queue:?}");
@@ -146,24 +147,25 @@ pub fn accept_queue_full_burst(
     assert!(kernel.listen_overflows >= 25, "{kernel:?}");
 
     let mut exact = Exact::listener(daemon, ns, listener);
+    exact.interval(daemon, &start);
     exact
         .evidence("kernel TcpExt before", ListenCounters::of(&before))
         .evidence("kernel TcpExt after", ListenCounters::of(&after))
         .evidence("clients", view);
-    ours.check(&mut exact, &kernel, missed);
-    ours.check_sk_drops(&mut exact, &queue, missed);
+    ours.check(&mut exact, &kernel);
+    ours.check_sk_drops(&mut exact, &queue);
     exact
-        .eq_unless_missed(
+        .eq_fed(
             "accept_queue_full vs ListenOverflows",
+            &[figure::DROPS],
             ours.accept_queue_full,
             kernel.listen_overflows,
-            missed,
         )
-        .eq_unless_missed(
+        .eq_fed(
             "SYNs received vs SYNs the clients sent",
+            &[figure::SYNS_RECEIVED],
             ours.syns,
             view.syns_sent,
-            missed,
         );
     Burst {
         ours,

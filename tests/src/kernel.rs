@@ -45,3 +45,83 @@ impl ListenCounters {
         }
     }
 }
+
+/// When a namespace's TcpExt counter rose, as the kernel's own count places it in time:
+/// the events it counts happened after `quiet` and the first `rise` of them before
+/// `reached`. No wall-clock figure of the test's is in it, only instants at which the
+/// counter was read.
+#[derive(Debug, Clone, Copy)]
+pub struct Rise {
+    /// Taken just before the last reading that still showed no rise: the first event
+    /// came after it. None when the first reading already showed one.
+    pub quiet: Option<std::time::Instant>,
+    /// Taken just after the first reading at which `done` held.
+    pub reached: std::time::Instant,
+    /// The counter's rise over `before` at `reached`.
+    pub rise: u64,
+}
+
+/// Reads TcpExt `counter` of `ns` about every millisecond until `done(rise over before)`
+/// holds. The limit (60 s) only catches a hang: the tests wait here for events the
+/// kernel's timers bring within seconds.
+#[track_caller]
+pub fn wait_for_rise(
+    ns: &Netns,
+    counter: &str,
+    before: &HashMap<String, u64>,
+    mut done: impl FnMut(u64) -> bool,
+) -> Rise {
+    use std::time::{Duration, Instant};
+    const HANG: Duration = Duration::from_secs(60);
+    let base = before.get(counter).copied().unwrap_or(0);
+    let deadline = Instant::now() + HANG;
+    let mut quiet = None;
+    loop {
+        let asked = Instant::now();
+        let rise = tcp_ext(ns)[counter] - base;
+        let reached = Instant::now();
+        if done(rise) {
+            return Rise {
+                quiet,
+                reached,
+                rise,
+            };
+        }
+        if rise == 0 {
+            quiet = Some(asked);
+        }
+        assert!(
+            reached < deadline,
+            "TcpExt {counter} rose by {rise} in {HANG:?}, and the test's condition on it never held"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// backlogd's side of an interval that began at `before`, read by `ours`, with the
+/// namespace's counters over the same interval. The counters are read just before and
+/// just after `ours`, again until neither reading differs: then no segment the kernel
+/// counted landed between backlogd's reading and the kernel's, so both end at the same
+/// point. (Segments still in flight when the traffic stopped are waited out this way, not
+/// with a sleep.) The limit (60 s) only catches a namespace whose counters never rest.
+#[track_caller]
+pub fn closed_interval<T>(
+    ns: &Netns,
+    before: &HashMap<String, u64>,
+    mut ours: impl FnMut() -> T,
+) -> (ListenCounters, T) {
+    use std::time::{Duration, Instant};
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let first = ListenCounters::delta(before, &tcp_ext(ns));
+        let read = ours();
+        let last = ListenCounters::delta(before, &tcp_ext(ns));
+        if first == last {
+            return (last, read);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the namespace's counters never rested: {first:?} then {last:?}"
+        );
+    }
+}

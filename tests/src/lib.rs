@@ -13,6 +13,7 @@ pub mod exact;
 pub mod figures;
 pub mod http;
 pub mod kernel;
+pub mod marks;
 pub mod netns;
 pub mod pins;
 pub mod prom;

@@ -105,21 +105,61 @@ pub fn kernel_queue(ns: &Netns, listener: &Listener) -> KernelQueue {
     }
 }
 
+/// Waits until `listener`'s accept queue holds at least `n` connections (the kernel's
+/// Recv-Q); returns the queue then. The limit (60 s) only catches a hang: a handshake on
+/// loopback completes within milliseconds of its SYN.
+#[track_caller]
+pub fn wait_for_queue(ns: &Netns, listener: &Listener, n: u64) -> KernelQueue {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let queue = kernel_queue(ns, listener);
+        if queue.recv_q >= n {
+            return queue;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the accept queue never held {n} connections: {queue:?}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
+
 /// Non-blocking `connect()`s from inside `ns`: a burst of real handshakes. The sockets
 /// are returned so the caller decides how long the clients keep retrying.
 pub fn connect_burst(ns: &Netns, to: SocketAddr, count: usize) -> Vec<Socket> {
+    connect_each(ns, to, count)
+        .into_iter()
+        .map(|c| c.socket)
+        .collect()
+}
+
+/// A client of [`connect_each`] and when its `connect()` call began and returned.
+pub struct Connecting {
+    pub socket: Socket,
+    pub called: std::time::Instant,
+    pub returned: std::time::Instant,
+}
+
+/// [`connect_burst`], noting when each client's `connect()` was called and returned: its
+/// first SYN is sent within that call (and, on loopback, usually processed there too).
+pub fn connect_each(ns: &Netns, to: SocketAddr, count: usize) -> Vec<Connecting> {
     ns.run(move || {
         (0..count)
             .map(|_| {
                 let s = Socket::new(Domain::for_address(to), Type::STREAM, None)
                     .expect("client socket()");
                 s.set_nonblocking(true).expect("non-blocking");
+                let called = std::time::Instant::now();
                 match s.connect(&to.into()) {
                     Ok(()) => {}
                     Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {}
                     Err(e) => panic!("connect {to}: {e}"),
                 }
-                s
+                Connecting {
+                    socket: s,
+                    called,
+                    returned: std::time::Instant::now(),
+                }
             })
             .collect()
     })
@@ -141,18 +181,7 @@ pub fn fill_accept_queue(
     let mut clients = Vec::with_capacity(count);
     for n in 1..=count as u64 {
         clients.extend(connect_burst(ns, to, 1));
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-        loop {
-            let queue = kernel_queue(ns, listener);
-            if queue.recv_q >= start + n {
-                break;
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "client {n} of {count} never reached the accept queue: {queue:?}"
-            );
-            std::thread::sleep(std::time::Duration::from_millis(2));
-        }
+        wait_for_queue(ns, listener, start + n);
     }
     clients
 }
@@ -198,6 +227,30 @@ pub fn syns_sent(socket: &Socket) -> u64 {
 
 /// `tcpi_state` and `tcpi_total_retrans` of a socket.
 pub fn tcp_state(socket: &Socket) -> (u8, u32) {
+    let info = tcp_info(socket);
+    (info.tcpi_state, info.tcpi_total_retrans)
+}
+
+/// The longest jiffy of any Linux kernel (HZ >= 100): TCP_INFO's "ms since" fields count
+/// whole jiffies.
+pub const JIFFY: std::time::Duration = std::time::Duration::from_millis(10);
+
+/// When the kernel created the accepted connection `socket`, as a window of this
+/// process's clock: the child is created, and queued for accept, when the handshake's
+/// final ACK is processed, and TCP_INFO's time since the last data received counts from
+/// that creation while the connection has received no data (the scenarios' clients send
+/// none). Call it right after accept().
+pub fn created_window(socket: &Socket) -> (std::time::Instant, std::time::Instant) {
+    let before = std::time::Instant::now();
+    let info = tcp_info(socket);
+    let after = std::time::Instant::now();
+    let since = std::time::Duration::from_millis(info.tcpi_last_data_recv.into());
+    (before - since - JIFFY, after - since + JIFFY)
+}
+
+/// The kernel's TCP_INFO for `socket`.
+pub fn tcp_info(socket: &Socket) -> libc::tcp_info {
+    // SAFETY: tcp_info is plain integers; all zeroes is a valid value.
     let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
     let mut len = size_of::<libc::tcp_info>() as libc::socklen_t;
     // SAFETY: getsockopt writes at most `len` bytes into `info`.
@@ -211,7 +264,7 @@ pub fn tcp_state(socket: &Socket) -> (u8, u32) {
         )
     };
     assert_eq!(rc, 0, "TCP_INFO: {}", std::io::Error::last_os_error());
-    (info.tcpi_state, info.tcpi_total_retrans)
+    info
 }
 
 /// When each client's non-blocking `connect()` completed, from the client's side: a

@@ -24,8 +24,8 @@ pub fn required() -> bool {
 }
 
 /// Whether `program probe_args...` runs and succeeds. When it does not: panics if tools are
-/// [`required`], else prints a SKIPPED banner straight to stderr (not captured by libtest)
-/// and returns false, so the caller returns at once.
+/// [`required`], else marks the test skipped ([`crate::marks::skip`]) and returns false, so
+/// the caller returns at once.
 #[must_use]
 #[track_caller]
 pub fn available(test: &str, program: &str, probe_args: &[&str], package: &str) -> bool {
@@ -50,9 +50,8 @@ pub fn available(test: &str, program: &str, probe_args: &[&str], package: &str) 
              set as by `cargo xtask test`); run `cargo xtask setup`"
         );
     }
-    crate::report(&format!(
-        "\n!!!!!!!! SKIPPED {test}: {need}. This test proved nothing; under `cargo xtask test` \
-         it fails instead.\n\n"
+    crate::marks::skip(&format!(
+        "{need} (under `cargo xtask test` a missing tool fails instead)"
     ));
     false
 }

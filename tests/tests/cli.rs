@@ -183,7 +183,9 @@ fn hook_mode_the_kernel_lacks_is_refused_with_the_fix() {
         refused += 1;
     }
     if refused == 0 {
-        eprintln!("SKIPPED hook_mode_the_kernel_lacks_is_refused: this kernel allows every mode");
+        // The matrix does not run this test on kernels that allow every mode (the plan
+        // says so); anywhere else a kernel that refuses nothing is a skip, judged.
+        backlogd_tests::marks::skip("this kernel allows every hook mode: nothing to refuse");
     }
 }
 

@@ -1,8 +1,10 @@
 //! Day one on a running host: servers from Debian packages, each started BEFORE `backlogd
-//! run` in its own namespace at net.core.somaxconn 128, so backlogd never sees them call
-//! listen(). doctor must still name each listener, its program, the backlog that program
-//! asks for, the program's own setting and the sysctl; a Go server (Go asks for somaxconn
-//! itself) gets no clamp finding; `top --once` and the JSON API say what is known.
+//! run` in its own namespace at a net.core.somaxconn below what it asks for (128; 64 for
+//! sshd, which asks for 128), so backlogd never sees them call listen(). doctor must still
+//! name each listener, its program, the backlog that program asks for, the program's own
+//! setting and the sysctl; a Go server (Go asks for somaxconn itself) gets no clamp
+//! finding; `top --once` and the JSON API say what is known. For the programs whose figure
+//! is compiled in (Node.js, sshd), the kernel itself shows what they ask for.
 
 use std::{
     os::unix::process::CommandExt as _,
@@ -24,6 +26,8 @@ use backlogd_tests::{
 struct Server {
     child: Child,
     ns: Netns,
+    /// The namespace's net.core.somaxconn when the server called listen().
+    somaxconn: u32,
     port: u16,
     program: String,
     args: Vec<String>,
@@ -34,12 +38,18 @@ impl Server {
     /// Starts `program args` in a new namespace at somaxconn 128 and waits until it
     /// listens on 127.0.0.1:`port`.
     fn start(port: u16, program: &str, args: &[String], dir: TempDir) -> Self {
+        Self::start_at(128, port, program, args, dir)
+    }
+
+    /// [`Server::start`] in a namespace at net.core.somaxconn `somaxconn`.
+    fn start_at(somaxconn: u32, port: u16, program: &str, args: &[String], dir: TempDir) -> Self {
         let ns = Netns::new();
-        ns.sysctl("net.core.somaxconn", "128");
+        ns.sysctl("net.core.somaxconn", &somaxconn.to_string());
         let child = Self::spawn(&ns, program, args, &dir);
         let server = Self {
             child,
             ns,
+            somaxconn,
             port,
             program: program.to_owned(),
             args: args.to_vec(),
@@ -103,10 +113,16 @@ impl Server {
     }
 
     fn listening(&self) -> bool {
+        self.granted().is_some()
+    }
+
+    /// The backlog the kernel granted its listener (`ss` Send-Q of a LISTEN socket:
+    /// `sk_max_ack_backlog`), once it listens.
+    fn granted(&self) -> Option<u32> {
         let out = self
             .ns
             .command("ss", &["-Hltn", &format!("sport = :{}", self.port)]);
-        !out.trim().is_empty()
+        out.split_whitespace().nth(2)?.parse().ok()
     }
 }
 
@@ -211,6 +227,50 @@ fn memcached(port: u16) -> Server {
     Server::start(port, "memcached", &args, dir)
 }
 
+/// Node.js listening with `server.listen(port, host)`: no backlog argument, so Node's
+/// own default.
+fn node(somaxconn: u32, port: u16) -> Server {
+    let dir = TempDir::new(&format!("dayone-node-{port}"));
+    let script = dir.write(
+        "listen.js",
+        &format!("require('net').createServer((c) => c.destroy()).listen({port}, '127.0.0.1');\n"),
+    );
+    Server::start_at(
+        somaxconn,
+        port,
+        "node",
+        &[script.display().to_string()],
+        dir,
+    )
+}
+
+/// OpenSSH's sshd in the foreground, on `port` of the test's own namespace's loopback
+/// (never the host's port 22: the namespace is the test's), with a host key of its own and
+/// no PAM; killed with its process group when the test ends.
+fn sshd(somaxconn: u32, port: u16) -> Server {
+    let dir = TempDir::new(&format!("dayone-sshd-{port}"));
+    let d = dir.path().display().to_string();
+    let key = format!("{d}/host_key");
+    let out = Command::new("ssh-keygen")
+        .args(["-q", "-t", "ed25519", "-N", "", "-f", &key])
+        .output()
+        .expect("ssh-keygen (openssh-client, a dependency of openssh-server)");
+    assert!(out.status.success(), "ssh-keygen: {out:?}");
+    // sshd's privilege-separation directory, compiled in; the package's unit creates it
+    // (RuntimeDirectory=sshd), and no unit ran here.
+    std::fs::create_dir_all("/run/sshd").expect("creating /run/sshd");
+    let conf = dir.write(
+        "sshd_config",
+        &format!(
+            "ListenAddress 127.0.0.1:{port}\nHostKey {key}\nPidFile {d}/sshd.pid\n\
+             UsePAM no\n"
+        ),
+    );
+    // An absolute path: sshd re-executes itself and refuses a relative one.
+    let args = ["-D", "-e", "-f", &conf.display().to_string()].map(str::to_owned);
+    Server::start_at(somaxconn, port, "/usr/sbin/sshd", &args, dir)
+}
+
 /// The Go toolchain: `go` on PATH, else the usual /usr/local/go.
 fn go() -> String {
     if Command::new("go").arg("version").output().is_ok() {
@@ -294,10 +354,24 @@ fn servers_started_before_the_daemon_get_their_programs_request_knob_and_sysctl(
             ("/usr/sbin/apache2", &["-v"], "apache2"),
             ("haproxy", &["-v"], "haproxy"),
             ("memcached", &["-h"], "memcached"),
+            ("node", &["--version"], "nodejs"),
+            ("/usr/sbin/sshd", &["-V"], "openssh-server"),
             (&go(), &["version"], "golang-go"),
         ],
     ) {
         return;
+    }
+    // What the two programs whose figure is compiled in ask for, from the kernel: in a
+    // namespace whose somaxconn (4096) is above it, the backlog granted is the one asked.
+    for (server, program, asks) in [
+        (node(4096, 18185), "nodejs", 511),
+        (sshd(4096, 10122), "sshd", 128),
+    ] {
+        assert_eq!(
+            server.granted(),
+            Some(asks),
+            "{program} at somaxconn 4096: the kernel granted what it asked for (ss Send-Q)"
+        );
     }
     // (server, program id, what it asks for, a fragment of its own setting's name)
     let mut servers: Vec<(Server, &str, u32, &str)> = vec![
@@ -316,6 +390,19 @@ fn servers_started_before_the_daemon_get_their_programs_request_knob_and_sysctl(
             "`backlog N` in the frontend",
         ),
         (memcached(11211), "memcached", 1024, "`-b N`"),
+        (
+            node(128, 18085),
+            "nodejs",
+            511,
+            "the `backlog` argument of `server.listen()`",
+        ),
+        // sshd asks for 128: a namespace at 64 clamps it.
+        (
+            sshd(64, 10022),
+            "sshd",
+            128,
+            "none (OpenSSH compiles its backlog in)",
+        ),
     ];
     let go = go_server(18084);
     let daemon = Daemon::start();
@@ -331,14 +418,17 @@ fn servers_started_before_the_daemon_get_their_programs_request_knob_and_sysctl(
         let summary = f["summary"].as_str().unwrap();
         assert!(
             summary.ends_with(&format!(
-                "asks for backlog {asks} on 127.0.0.1:{}, the kernel granted 128",
-                server.port
+                "asks for backlog {asks} on 127.0.0.1:{}, the kernel granted {}",
+                server.port, server.somaxconn
             )),
             "{program}: {summary}"
         );
         let ev = evidence(f);
         assert!(ev.contains(&format!("{program} asks for {asks}: ")), "{ev}");
-        assert!(ev.contains("net.core.somaxconn = 128"), "{ev}");
+        assert!(
+            ev.contains(&format!("net.core.somaxconn = {}", server.somaxconn)),
+            "{ev}"
+        );
         let remedy = f["remedy"].as_str().unwrap();
         assert!(
             remedy.contains(&format!("net.core.somaxconn={asks}")),

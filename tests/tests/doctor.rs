@@ -2,13 +2,18 @@
 //! situations run in sequence inside one test: the daemon sees every listener on the
 //! host, and the exit-status checks must not see another test's listeners.
 
-use std::{process::Command, time::Duration};
+use std::{
+    io::{BufRead as _, BufReader},
+    process::Command,
+    time::{Duration, Instant},
+};
 
 use backlogd_tests::{
     Daemon, Netns,
     daemon::binary,
     doctor::{Doctor, evidence, kinds, set},
-    sockets::{Listener, connect_burst},
+    kernel::{tcp_ext, wait_for_rise},
+    sockets::{Listener, connect_burst, wait_for_queue},
 };
 
 /// The tests here check exit statuses that any listener on the host could change: one
@@ -26,7 +31,8 @@ fn doctor_names_each_situation_with_its_evidence_and_nothing_false_when_healthy(
         let l = Listener::open(&ns, "127.0.0.1:0", 128);
         daemon.wait_for_listener(l.inode);
         let clients = connect_burst(&ns, l.addr, 20);
-        std::thread::sleep(Duration::from_millis(100));
+        // Every handshake completed (the kernel's queue holds them all), then drained.
+        wait_for_queue(&ns, &l, 20);
         l.socket.set_nonblocking(true).unwrap();
         while l.socket.accept().is_ok() {}
         drop(clients);
@@ -75,8 +81,11 @@ fn doctor_names_each_situation_with_its_evidence_and_nothing_false_when_healthy(
         ns.sysctl("net.ipv4.tcp_syncookies", "0");
         let l = Listener::open(&ns, "127.0.0.1:0", 4);
         daemon.wait_for_listener(l.inode);
+        let before = tcp_ext(&ns);
         let clients = connect_burst(&ns, l.addr, 30);
-        std::thread::sleep(Duration::from_millis(300));
+        // The queue full (backlog + 1) and every other client dropped at least once.
+        wait_for_queue(&ns, &l, 5);
+        wait_for_rise(&ns, "ListenDrops", &before, |rise| rise >= 25);
         drop(clients);
         let d = Doctor::run(&daemon, &[]);
         let found = d.about(&ns);
@@ -93,8 +102,16 @@ fn doctor_names_each_situation_with_its_evidence_and_nothing_false_when_healthy(
         let l = Listener::open(&ns, "127.0.0.1:0", 8);
         daemon.wait_for_listener(l.inode);
         ns.drop_incoming("syn|ack");
+        let before = tcp_ext(&ns);
         let clients = connect_burst(&ns, l.addr, 40);
-        std::thread::sleep(Duration::from_millis(300));
+        // 9 requests pending (backlog + 1), the SYN of each of the other 31 clients
+        // dropped or answered with a cookie, in the kernel's count.
+        let counter = if cookies == "0" {
+            "TCPReqQFullDrop"
+        } else {
+            "TCPReqQFullDoCookies"
+        };
+        wait_for_rise(&ns, counter, &before, |rise| rise >= 31);
         drop(clients);
         let d = Doctor::run(&daemon, &[]);
         let found = d.about(&ns);
@@ -196,28 +213,59 @@ fn doctor_standalone_watches_for_the_duration_without_a_daemon() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let ns = Netns::new();
     ns.sysctl("net.core.somaxconn", "128");
-    let doctor = Command::new(binary())
+    let duration = Duration::from_secs(5);
+    let mut doctor = Command::new(binary())
         .args([
             "doctor",
             "--standalone",
             "--duration",
-            "5",
+            &duration.as_secs().to_string(),
             "--json",
             "--fail-on",
             "critical",
         ])
         .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("backlogd doctor --standalone");
-    // Inside the window (the probes attach in well under a second).
-    std::thread::sleep(Duration::from_millis(2500));
+    // Its window opens once its probes are attached and it serves (it logs "serving
+    // metrics on" just before its --duration starts): the listener comes after that.
+    let stderr = BufReader::new(doctor.stderr.take().expect("piped stderr"));
+    let (lines_tx, lines) = std::sync::mpsc::channel();
+    let log = std::thread::spawn(move || {
+        let mut all = String::new();
+        for line in stderr.lines().map_while(Result::ok) {
+            all.push_str(&line);
+            all.push('\n');
+            let _ = lines_tx.send(line);
+        }
+        all
+    });
+    // The limit only catches a hang (the probes attach in about a second here).
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match lines.recv_timeout(left) {
+            Ok(line) if line.contains("serving metrics on") => break,
+            Ok(_) => {}
+            Err(e) => panic!("the standalone doctor never started serving: {e}"),
+        }
+    }
+    let attached = Instant::now();
     let _l = Listener::open(&ns, "127.0.0.1:0", 511);
+    let opened = attached.elapsed();
     let out = doctor.wait_with_output().unwrap();
+    let log = log.join().unwrap();
+    // Its window is --duration from serving on: a listener opened later than that could not
+    // be seen, which would be the host's slowness, not the doctor's.
+    assert!(
+        opened < duration,
+        "the listener came {opened:?} after the doctor attached, past its {duration:?} window"
+    );
     assert_eq!(
         out.status.code(),
         Some(0),
-        "only a warning: below --fail-on critical"
+        "only a warning: below --fail-on critical; log:\n{log}"
     );
     let d = Doctor {
         findings: serde_json::from_slice(&out.stdout).expect("JSON"),

@@ -78,9 +78,8 @@ fn skip_or_fail<T>(test: &str, need: &str) -> Option<T> {
     if tools::required() {
         panic!("{need}. This run requires every tool; run `cargo xtask setup`");
     }
-    report(&format!(
-        "\n!!!!!!!! SKIPPED {test}: {need}. This test proved nothing; run `cargo xtask \
-         setup`, and under `cargo xtask test` it fails instead.\n\n"
+    backlogd_tests::marks::skip(&format!(
+        "{need}; run `cargo xtask setup` (under `cargo xtask test` it fails instead)"
     ));
     None
 }

@@ -214,9 +214,8 @@ fn a_compat_syscall_with_the_number_of_listen_is_not_a_listen() {
         );
     }
     if ret != 0 {
-        backlogd_tests::report(&format!(
-            "\n!!!!!!!! SKIPPED a_compat_syscall_with_the_number_of_listen_is_not_a_listen: \
-             int 0x80 getegid returned {ret} (not 0: no IA32 emulation, or not root)\n\n"
+        backlogd_tests::marks::skip(&format!(
+            "int 0x80 getegid returned {ret} (not 0: no IA32 emulation, or not root)"
         ));
         return;
     }

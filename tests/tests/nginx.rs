@@ -12,7 +12,7 @@ use std::{
 
 use backlogd_tests::{
     Daemon, Exact, Netns, Scrape,
-    kernel::{ListenCounters, tcp_ext},
+    kernel::{ListenCounters, closed_interval, tcp_ext},
     prom::DROP_REASONS,
     report,
 };
@@ -235,9 +235,7 @@ fn run(daemon: &Daemon, somaxconn: u32) -> Run {
     let before = tcp_ext(&ns);
     // 400 connections fit in a 512-slot accept queue, not in a 129-slot one.
     let client = nginx.wrk_during_stall(&ns, 400);
-    std::thread::sleep(Duration::from_millis(200));
-    let kernel = ListenCounters::delta(&before, &tcp_ext(&ns));
-    let scrape = daemon.scrape();
+    let (kernel, scrape) = closed_interval(&ns, &before, || daemon.scrape());
     Run {
         somaxconn,
         granted,
@@ -317,9 +315,7 @@ fn nginx_reuseport_four_workers_show_per_socket_and_group_figures() {
     nginx_sockets(&daemon, &ns, 4);
     let before = tcp_ext(&ns);
     let client = wrk(&ns, 1000);
-    std::thread::sleep(Duration::from_millis(200));
-    let kernel = ListenCounters::delta(&before, &tcp_ext(&ns));
-    let scrape = daemon.scrape();
+    let (kernel, scrape) = closed_interval(&ns, &before, || daemon.scrape());
     let netns = ns.inode().to_string();
     let group = [("netns", netns.as_str()), ("port", "8080")];
 

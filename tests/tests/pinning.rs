@@ -23,10 +23,10 @@ fn pinnable(test: &str) -> bool {
     let mode = Daemon::start().scrape().hook_mode();
     let can = caps::can_pin(&mode);
     if !can {
-        backlogd_tests::report(&format!(
-            "\n!!!!!!!! SKIPPED {test}: this kernel cannot pin {mode} mode's links \
-             (perf-event links need Linux 5.15+); the daemon runs unpinned there, which \
-             the_daemon_starts_unpinned_where_the_kernel_cannot_pin checks\n\n"
+        backlogd_tests::marks::skip(&format!(
+            "{test}: this kernel cannot pin {mode} mode's links (perf-event links need Linux \
+             5.15+); the daemon runs unpinned there, which \
+             the_daemon_starts_unpinned_where_the_kernel_cannot_pin checks"
         ));
     }
     can

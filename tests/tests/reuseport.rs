@@ -9,6 +9,7 @@ use std::{
     time::Duration,
 };
 
+use backlogd_common::names::figure;
 use backlogd_tests::{
     Daemon, Exact, Netns,
     kernel::{ListenCounters, tcp_ext},
@@ -54,7 +55,7 @@ fn stalled_member_of_a_four_socket_group_stands_out_and_matches_the_kernel() {
         .collect();
 
     let before = tcp_ext(&ns);
-    let skips = daemon.missed_runs();
+    let start = daemon.program_misses();
     // 300 connections, paced so that accepting members keep up: only the stalled one
     // can overflow.
     let mut clients = Vec::new();
@@ -97,7 +98,6 @@ fn stalled_member_of_a_four_socket_group_stands_out_and_matches_the_kernel() {
             std::thread::sleep(Duration::from_millis(300));
         }
     };
-    let missed = daemon.kprobe_skips_since(skips);
 
     let drops = |inode: &str, reason: &str| {
         scrape
@@ -128,6 +128,7 @@ fn stalled_member_of_a_four_socket_group_stands_out_and_matches_the_kernel() {
             ns.inode()
         ),
     );
+    exact.interval(&daemon, &start);
     exact
         .evidence("kernel TcpExt deltas", kernel)
         .evidence("sockets (ss)", &queues)
@@ -139,11 +140,11 @@ fn stalled_member_of_a_four_socket_group_stands_out_and_matches_the_kernel() {
         let final_ack = drops(inode, "final_ack_overflow");
         exact.evidence(&format!("backlogd member {i} drops"), &by_reason);
         // Per socket: sk_drops counts final-ACK overflows twice (see syn_drops.rs).
-        exact.eq_unless_missed(
+        exact.eq_fed(
             &format!("member {i}: drops + final_ack_overflow vs sk_drops"),
+            &[figure::DROPS],
             total + final_ack,
             queues[i].drops,
-            missed,
         );
         if i > 0 {
             exact.eq(&format!("member {i} (draining) drops"), total, 0);
@@ -167,20 +168,20 @@ fn stalled_member_of_a_four_socket_group_stands_out_and_matches_the_kernel() {
                 .unwrap() as u64
         })
         .sum();
-    exact.eq_unless_missed(
+    exact.eq_fed(
         "group drops vs ListenDrops",
+        &[figure::DROPS],
         group_drops,
         kernel.listen_drops,
-        missed,
     );
     let group_accepted = scrape
         .value("backlogd_listen_group_accepted_total", &group)
         .expect("group accepted") as u64;
-    exact.eq_unless_missed(
+    exact.eq_fed(
         "group accepted vs accept() calls that returned a connection",
+        &[figure::ACCEPTED],
         group_accepted,
         accepted_by_app as u64,
-        missed,
     );
     exact.verify();
 

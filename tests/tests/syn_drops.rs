@@ -5,6 +5,7 @@
 
 use std::{net::SocketAddr, time::Duration};
 
+use backlogd_common::names::figure;
 use backlogd_tests::{
     Daemon, Exact, Netns,
     figures::{Figures, accept_queue_full_burst},
@@ -86,7 +87,7 @@ fn syn_queue_burst(syncookies: &str) -> (Figures, ListenCounters) {
     );
     ns.drop_incoming("syn|ack");
     let before = tcp_ext(&ns);
-    let skips = daemon.missed_runs();
+    let start = daemon.program_misses();
     let clients = connect_burst(&ns, listener.addr, 40);
     std::thread::sleep(Duration::from_millis(1500));
     let view = client_view(&clients);
@@ -94,19 +95,19 @@ fn syn_queue_burst(syncookies: &str) -> (Figures, ListenCounters) {
     std::thread::sleep(Duration::from_millis(100));
     let kernel = ListenCounters::delta(&before, &tcp_ext(&ns));
     let ours = Figures::of(&daemon.scrape(), &listener);
-    let missed = daemon.kprobe_skips_since(skips);
     // Not sk_drops here: a retransmitted SYN that finds its pending request gets the
     // SYN-ACK again and is then discarded through tcp_v4_rcv's discard path, which adds
     // to sk_drops although neither TcpExt nor backlogd counts a drop (with 9 requests
     // pending, sk_drops is ListenDrops + 9). The namespace's counters are the ground truth.
     let mut exact = Exact::listener(&daemon, &ns, &listener);
+    exact.interval(&daemon, &start);
     exact.evidence("clients", view);
-    ours.check(&mut exact, &kernel, missed);
-    exact.eq_unless_missed(
+    ours.check(&mut exact, &kernel);
+    exact.eq_fed(
         "SYNs received vs SYNs the clients sent",
+        &[figure::SYNS_RECEIVED],
         ours.syns,
         view.syns_sent,
-        missed,
     );
     exact.verify();
     (ours, kernel)
@@ -140,7 +141,7 @@ fn final_ack_overflow(abort_on_overflow: &str, bind: &str, connect_ip: Option<&s
     );
     let to = target(&listener, connect_ip);
     let before = tcp_ext(&ns);
-    let skips = daemon.missed_runs();
+    let start = daemon.program_misses();
     let queued = connect_burst(&ns, to, 5);
     std::thread::sleep(Duration::from_millis(200));
     ns.drop_incoming("ack");
@@ -164,23 +165,23 @@ fn final_ack_overflow(abort_on_overflow: &str, bind: &str, connect_ip: Option<&s
     assert_eq!(queue.recv_q, 9, "accept queue full");
     // No client retransmitted a SYN (all got SYN-ACKs): every TCPSynRetrans is ours.
     assert!(kernel.syn_retrans >= 8, "{kernel:?}");
-    let missed = daemon.kprobe_skips_since(skips);
     let mut exact = Exact::listener(&daemon, &ns, &listener);
+    exact.interval(&daemon, &start);
     exact.evidence("clients", view);
-    ours.check(&mut exact, &kernel, missed);
-    ours.check_sk_drops(&mut exact, &queue, missed);
+    ours.check(&mut exact, &kernel);
+    ours.check_sk_drops(&mut exact, &queue);
     exact
-        .eq_unless_missed(
+        .eq_fed(
             "final_ack_overflow vs ListenOverflows",
+            &[figure::DROPS],
             ours.final_ack_overflow,
             kernel.listen_overflows,
-            missed,
         )
-        .eq_unless_missed(
+        .eq_fed(
             "SYN-ACK retransmits vs TCPSynRetrans",
+            &[figure::SYNACK_RETRANSMITS],
             ours.synack_retransmits,
             kernel.syn_retrans,
-            missed,
         );
     exact.verify();
 }
@@ -217,7 +218,7 @@ fn fins_of_clients_whose_final_ack_overflowed_overflow_again_and_are_counted() {
         8,
     );
     let before = tcp_ext(&ns);
-    let skips = daemon.missed_runs();
+    let start = daemon.program_misses();
     // As in final_ack_overflow: 5 queued, then 8 held at the final ACK and released
     // together by the SYN-ACK retransmission: 4 fit, 4 overflow.
     let queued = connect_burst(&ns, listener.addr, 5);
@@ -242,13 +243,13 @@ fn fins_of_clients_whose_final_ack_overflowed_overflow_again_and_are_counted() {
     let second = (tcp_ext(&ns), kernel_queue(&ns, &listener));
     let ours = Figures::of(&daemon.scrape(), &listener);
     drop(queued);
-    let missed = daemon.kprobe_skips_since(skips);
     let late = ListenCounters::delta(&first.0, &second.0);
     let late_sk_drops = second.1.drops - first.1.drops;
 
     // The mechanism: every overflowed client's FIN overflowed again, 2 sk_drops each.
     assert!(late.listen_overflows >= 4, "late overflows: {late:?}");
     let mut exact = Exact::listener(&daemon, &ns, &listener);
+    exact.interval(&daemon, &start);
     exact
         .evidence("backlogd when the clients closed", &ours_first)
         .evidence("socket (ss) when the clients closed", &first.1)
@@ -258,15 +259,15 @@ fn fins_of_clients_whose_final_ack_overflowed_overflow_again_and_are_counted() {
             late_sk_drops,
             2 * late.listen_overflows,
         )
-        .eq_unless_missed(
+        .eq_fed(
             "final_ack_overflow after the clients closed vs ListenOverflows",
+            &[figure::DROPS],
             ours.final_ack_overflow - ours_first.final_ack_overflow,
             late.listen_overflows,
-            missed,
         );
     let kernel = ListenCounters::delta(&before, &second.0);
-    ours.check(&mut exact, &kernel, missed);
-    ours.check_sk_drops(&mut exact, &second.1, missed);
+    ours.check(&mut exact, &kernel);
+    ours.check_sk_drops(&mut exact, &second.1);
     exact.verify();
 }
 
@@ -280,7 +281,7 @@ fn icmp_aborted_requests(bind: &str) {
     let (daemon, ns, listener) = setup(&[], bind, 16);
     ns.reject_outgoing_synacks();
     let before = tcp_ext(&ns);
-    let skips = daemon.missed_runs();
+    let start = daemon.program_misses();
     let clients = connect_burst(&ns, listener.addr, 5);
     // Each client's SYN, and its retransmission 1 s later, meets an ICMP error.
     std::thread::sleep(Duration::from_millis(1500));
@@ -309,8 +310,8 @@ fn icmp_aborted_requests(bind: &str) {
             &[("netns", netns.as_str())],
         )
         .unwrap_or_else(|| panic!("no netns ListenDrops in:\n{}", scrape.text));
-    let missed = daemon.kprobe_skips_since(skips);
     let mut exact = Exact::listener(&daemon, &ns, &listener);
+    exact.interval(&daemon, &start);
     exact.eq(
         "backlogd_netns_listen_drops_total vs ListenDrops",
         exported as u64,
@@ -324,13 +325,13 @@ fn icmp_aborted_requests(bind: &str) {
             0,
         );
     } else {
-        ours.check(&mut exact, &kernel, missed);
-        ours.check_sk_drops(&mut exact, &queue, missed);
-        exact.eq_unless_missed(
+        ours.check(&mut exact, &kernel);
+        ours.check_sk_drops(&mut exact, &queue);
+        exact.eq_fed(
             "other vs ListenDrops",
+            &[figure::DROPS],
             ours.other,
             kernel.listen_drops,
-            missed,
         );
     }
     exact.verify();
@@ -356,7 +357,7 @@ fn icmp_errors_for_pending_ipv6_requests_are_drops_of_reason_other() {
 fn a_burst_at_an_empty_accept_queue_is_exact_in_total() {
     let (daemon, ns, listener) = setup(&[("net.ipv4.tcp_syncookies", "0")], "[::]:0", 4);
     let before = tcp_ext(&ns);
-    let skips = daemon.missed_runs();
+    let start = daemon.program_misses();
     let clients = connect_burst(&ns, target(&listener, Some("127.0.0.1")), 200);
     std::thread::sleep(Duration::from_millis(500));
     // The waiting clients' SYN retransmits keep arriving (1 s, 3 s): a kernel reading and
@@ -382,31 +383,31 @@ fn a_burst_at_an_empty_accept_queue_is_exact_in_total() {
     };
     let view = client_view(&clients);
     drop(clients);
-    let missed = daemon.kprobe_skips_since(skips);
     // The scenario did what it is for: drops, some of them after a request was made.
     assert!(kernel.listen_overflows > 0, "{kernel:?}");
     let mut exact = Exact::listener(&daemon, &ns, &listener);
+    exact.interval(&daemon, &start);
     exact
         .evidence("kernel TcpExt delta", kernel)
         .evidence("clients", view)
         .evidence("backlogd", &ours)
-        .eq_unless_missed(
+        .eq_fed(
             "accept_queue_full + final_ack_overflow vs ListenOverflows",
+            &[figure::DROPS],
             ours.accept_queue_full + ours.final_ack_overflow,
             kernel.listen_overflows,
-            missed,
         )
-        .eq_unless_missed(
+        .eq_fed(
             "all drops vs ListenDrops",
+            &[figure::DROPS],
             ours.accept_queue_full + ours.final_ack_overflow + ours.syn_queue_full + ours.other,
             kernel.listen_drops,
-            missed,
         )
-        .eq_unless_missed(
+        .eq_fed(
             "syn_queue_full vs TCPReqQFullDrop",
+            &[figure::DROPS],
             ours.syn_queue_full,
             kernel.reqq_full_drop,
-            missed,
         );
     exact.verify();
 }

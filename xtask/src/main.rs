@@ -7,6 +7,7 @@ mod bench;
 mod debian;
 mod image;
 mod install;
+mod marks;
 mod modgraph;
 mod setup;
 mod sysguest;
@@ -26,9 +27,11 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Install the toolchain pieces and Debian packages the build and tests need.
+    /// Install the toolchain pieces and Debian packages the build and tests need (no
+    /// package's service is started).
     Setup,
-    /// Set up, build (eBPF object included) and run the daemon in the foreground.
+    /// Install only what building needs (nightly rust-src, bpf-linker), build (eBPF object
+    /// included) and run the daemon in the foreground.
     Run {
         /// Arguments for `backlogd run` (e.g. `-- --listen 127.0.0.1:9851`).
         #[arg(last = true)]
@@ -55,6 +58,13 @@ enum Cmd {
         /// Run each suite this many times per boot (to catch a flaky test).
         #[arg(long, default_value_t = 1)]
         repeat: u32,
+        /// Print what `cargo xtask test` runs on which kernel in which mode, what may skip
+        /// and the time budgets, and boot nothing.
+        #[arg(long)]
+        plan: bool,
+        /// With --plan: rewrite the plan in docs/testing.md.
+        #[arg(long, requires = "plan")]
+        write_docs: bool,
     },
     /// Run rustfmt and clippy (-D warnings) on the host crates and the eBPF crate.
     Lint,
@@ -147,7 +157,7 @@ fn main() -> Result<()> {
     match Cli::parse().command {
         Cmd::Setup => setup::run(),
         Cmd::Run { args } => {
-            setup::run()?;
+            setup::build()?;
             cargo(&["build", "--release", "--package", "backlogd"])?;
             let status = Command::new(workspace_root().join("target/release/backlogd"))
                 .arg("run")
@@ -166,10 +176,23 @@ fn main() -> Result<()> {
             test(filter.as_deref(), deadline)
         }
         Cmd::Vm {
+            plan: true,
+            write_docs,
+            ..
+        } => {
+            print!("{}", vm::plan::render(TEST_BUDGET_MIN));
+            if write_docs {
+                vm::plan::write_docs(TEST_BUDGET_MIN)?;
+                eprintln!("xtask: wrote the plan into docs/testing.md");
+            }
+            Ok(())
+        }
+        Cmd::Vm {
             kernels,
             modes,
             suites,
             repeat,
+            ..
         } => {
             setup::run()?;
             vm::run(&vm::Options {
@@ -218,7 +241,7 @@ fn main() -> Result<()> {
             no_build,
         } => {
             if !no_build {
-                setup::run()?;
+                setup::build()?;
                 cargo(&["build", "--release", "--package", "backlogd"])?;
             }
             let done = install::install(
@@ -264,7 +287,7 @@ fn main() -> Result<()> {
             let binary = match binary {
                 Some(binary) => binary,
                 None => {
-                    setup::run()?;
+                    setup::build()?;
                     cargo(&["build", "--release", "--package", "backlogd"])?;
                     workspace_root().join("target/release/backlogd")
                 }
@@ -357,7 +380,7 @@ fn lint() -> Result<()> {
 /// keeps its own clock instead: the kernel matrix (the last and longest part) ends by this
 /// budget, counted from the start, and what it could not run fails with its name in the
 /// table. `BACKLOGD_TEST_BUDGET_MIN` sets it for slower machines; 0 turns it off.
-const TEST_BUDGET_MIN: u64 = 80;
+pub(crate) const TEST_BUDGET_MIN: u64 = 80;
 
 fn test_budget() -> Result<Option<std::time::Duration>> {
     let minutes = match std::env::var("BACKLOGD_TEST_BUDGET_MIN") {
@@ -387,6 +410,14 @@ fn test(filter: Option<&str>, deadline: Option<std::time::Instant>) -> Result<()
         &mut totals,
     );
     let bin = workspace_root().join("target/release/backlogd");
+    // The suites' skip and not-exact marks (tests/src/marks.rs), judged below.
+    let mark_log = workspace_root().join("target/test-marks.log");
+    match std::fs::remove_file(&mark_log) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            return Err(e).with_context(|| format!("removing {}", mark_log.display()));
+        }
+        _ => {}
+    }
     let mut cmd = Command::new("cargo");
     // Setup installed every tool the suite drives: a test that finds one missing fails
     // here instead of skipping (tests/src/tools.rs).
@@ -400,6 +431,7 @@ fn test(filter: Option<&str>, deadline: Option<std::time::Instant>) -> Result<()
         "backlogd-tests",
     ])
     .env("BACKLOGD_BIN", &bin)
+    .env("BACKLOGD_MARK_LOG", &mark_log)
     .env("BACKLOGD_REQUIRE_TOOLS", "1");
     if let Some(filter) = filter {
         cmd.args(["--", filter]);
@@ -408,6 +440,21 @@ fn test(filter: Option<&str>, deadline: Option<std::time::Instant>) -> Result<()
         cargo_test(&mut cmd, &mut totals)
     } else {
         Ok(())
+    };
+    let marks: Vec<marks::Mark> = std::fs::read_to_string(&mark_log)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(marks::Mark::parse)
+        .collect();
+    let host = marks::judge(marks::HOST, "tracepoint", &marks, &[]);
+    print!("{}", host.describe("host x tracepoint"));
+    let host_marks = if host.ok() {
+        Ok(())
+    } else {
+        Err(anyhow::anyhow!(
+            "host suite: {} skips not on the expected list",
+            host.unexpected.len()
+        ))
     };
     // The packaged service under a real PID-1 systemd (qemu, about 2 minutes), then the
     // kernel matrix: the hook modes this kernel lacks, on Debian's kernels from 5.10 to the
@@ -432,8 +479,14 @@ fn test(filter: Option<&str>, deadline: Option<std::time::Instant>) -> Result<()
     };
     // One closing line for the whole run, so a log reader sees the total at the end.
     println!(
-        "tests: {} passed, {} failed, {} skipped (host); systemd guest: {}; kernel matrix: {}",
-        totals.passed,
+        "tests (host): {} checked, {} skipped at run time ({} unexpected), {} not exact, \
+         {} failed, {} ignored; systemd guest: {}; kernel matrix: {}",
+        totals
+            .passed
+            .saturating_sub(host.skipped.len() as u64 + host.unexpected.len() as u64),
+        host.skipped.len() + host.unexpected.len(),
+        host.unexpected.len(),
+        host.not_exact.len(),
         totals.failed,
         totals.ignored,
         match &systemd {
@@ -446,6 +499,7 @@ fn test(filter: Option<&str>, deadline: Option<std::time::Instant>) -> Result<()
         }
     );
     unit.and(integration)
+        .and(host_marks)
         .and(systemd.map(|_| ()))
         .and(matrix.map(|_| ()))
 }

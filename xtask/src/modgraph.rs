@@ -1,5 +1,5 @@
 //! `cargo xtask lint`'s module-graph check: no import cycle between the modules (files) of
-//! a crate.
+//! a crate, nor between its folders.
 //!
 //! A cycle means two files that cannot be read, changed or tested one without the other;
 //! the daemon's layering (state, loader, exporter, clients) only holds if every reference
@@ -7,6 +7,13 @@
 //! type, an expression or a macro's tokens that resolves (through `crate::`, `super::`,
 //! `self::` or a child module's name) to another file's module. Cycles are reported with
 //! one line per edge, `file:line`, so the fix starts at the place that closes the loop.
+//!
+//! A folder (`loader/`) is one room: its files may use each other, but as a whole it sits
+//! on one side of every other module. So the check also folds each folder into one node,
+//! level by level, and looks for loops between the folders and files of one folder (e.g.
+//! `loader/` -> `kernel_maps.rs` -> `loader/syscall.rs`, before bpf(2) became a leaf: no
+//! two files reached each other, yet neither side could move or be tested without the
+//! other). Each link of such a loop is reported with the file and line that makes it.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -21,8 +28,11 @@ use syn::{spanned::Spanned as _, visit::Visit};
 /// `loader/pins.rs` or `loader/pins/mod.rs`.
 type ModPath = Vec<String>;
 
-/// A strongly connected set of modules and one loop of edges through it.
-type Cycle = (BTreeSet<ModPath>, Vec<(ModPath, Edge)>);
+/// A strongly connected set of nodes and one loop of links through it.
+type Cycle = (BTreeSet<ModPath>, Vec<(ModPath, Link)>);
+
+/// A cycle of the graph folded at a depth, with that depth.
+type FolderCycle = (usize, BTreeSet<ModPath>, Vec<(ModPath, Link)>);
 
 /// One reference from a file to another module, where it was written.
 #[derive(Debug, Clone)]
@@ -30,6 +40,19 @@ struct Edge {
     to: ModPath,
     line: usize,
 }
+
+/// An edge between two nodes of a checked graph (files, or folders folded into one node),
+/// with the reference that makes it: `file`'s line `line` names module `target`.
+#[derive(Debug, Clone)]
+struct Link {
+    to: ModPath,
+    file: ModPath,
+    line: usize,
+    target: ModPath,
+}
+
+/// Each node's outgoing links.
+type Links = BTreeMap<ModPath, Vec<Link>>;
 
 /// The crates whose module graphs must stay acyclic: (source dir, root file).
 pub const CRATES: [(&str, &str); 2] = [
@@ -42,26 +65,11 @@ pub fn check(root: &Path) -> Result<()> {
     let mut report = String::new();
     for (dir, main) in CRATES {
         let graph = Graph::load(&root.join(dir), main)?;
-        for (members, cycle) in graph.cycles() {
-            let members: Vec<String> = members.iter().map(name).collect();
-            report.push_str(&format!(
-                "import cycle in {dir} (modules that reach each other: {}); one loop:\n",
-                members.join(", ")
-            ));
-            for (from, edge) in cycle {
-                report.push_str(&format!(
-                    "  {} -> {}   ({}:{})\n",
-                    name(&from),
-                    name(&edge.to),
-                    graph.files[&from].display(),
-                    edge.line
-                ));
-            }
-        }
+        report.push_str(&graph.report(dir));
     }
     if report.is_empty() {
         println!(
-            "module graph: no import cycles in {}",
+            "module graph: no import cycles between files or folders in {}",
             CRATES.map(|c| c.0).join(", ")
         );
         Ok(())
@@ -106,63 +114,187 @@ impl Graph {
         Ok(Self { files, edges })
     }
 
-    /// Every strongly connected set of two or more modules, as a loop of edges through it.
-    fn cycles(&self) -> Vec<Cycle> {
-        let targets = |m: &ModPath| -> BTreeSet<ModPath> {
-            self.edges[m].iter().map(|e| e.to.clone()).collect()
-        };
+    /// Every cycle, file-level then folder-level, one line per link (empty: none).
+    fn report(&self, dir: &str) -> String {
+        let mut report = String::new();
+        for (members, cycle) in cycles(&self.file_links()) {
+            let members: Vec<String> = members.iter().map(name).collect();
+            report.push_str(&format!(
+                "import cycle in {dir} (modules that reach each other: {}); one loop:\n",
+                members.join(", ")
+            ));
+            for (from, link) in cycle {
+                report.push_str(&format!(
+                    "  {} -> {}   ({}:{})\n",
+                    name(&from),
+                    name(&link.to),
+                    self.files[&link.file].display(),
+                    link.line
+                ));
+            }
+        }
+        for (depth, members, cycle) in self.folder_cycles() {
+            let node = |m: &ModPath| self.node_name(m, depth);
+            let members: Vec<String> = members.iter().map(node).collect();
+            report.push_str(&format!(
+                "folder-level import cycle in {dir} (folders and files that reach each other: \
+                 {}); one loop:\n",
+                members.join(", ")
+            ));
+            for (from, link) in cycle {
+                report.push_str(&format!(
+                    "  {} -> {}   ({}:{}: {} -> {})\n",
+                    node(&from),
+                    node(&link.to),
+                    self.files[&link.file].display(),
+                    link.line,
+                    name(&link.file),
+                    name(&link.target)
+                ));
+            }
+        }
+        report
+    }
+
+    /// The file graph itself.
+    fn file_links(&self) -> Links {
+        self.folded(usize::MAX)
+    }
+
+    /// The graph with every module at or below `depth` path segments folded into its
+    /// ancestor of that depth: each folder there is one node; files above it stay files.
+    fn folded(&self, depth: usize) -> Links {
+        let fold = |m: &ModPath| m[..m.len().min(depth)].to_vec();
+        let mut links: Links = self.files.keys().map(|m| (fold(m), Vec::new())).collect();
+        for (from, edges) in &self.edges {
+            let node = fold(from);
+            for e in edges {
+                let to = fold(&e.to);
+                if to != node {
+                    links.entry(node.clone()).or_default().push(Link {
+                        to,
+                        file: from.clone(),
+                        line: e.line,
+                        target: e.to.clone(),
+                    });
+                }
+            }
+        }
+        links
+    }
+
+    /// Whether `m` is a folder: some file's module lies below it.
+    fn has_children(&self, m: &ModPath) -> bool {
+        self.files
+            .keys()
+            .any(|f| f.len() > m.len() && f.starts_with(m))
+    }
+
+    /// Whether node `m` of the graph folded at `depth` is a whole folder.
+    fn is_folder(&self, m: &ModPath, depth: usize) -> bool {
+        m.len() == depth && self.has_children(m)
+    }
+
+    /// `loader/` for a folded folder, `loader` for a file (`loader/mod.rs` at a depth where
+    /// its children are nodes of their own).
+    fn node_name(&self, m: &ModPath, depth: usize) -> String {
+        if self.is_folder(m, depth) {
+            format!("{}/", m.join("/"))
+        } else {
+            name(m)
+        }
+    }
+
+    /// The folder node `m` of the graph folded at `depth` sits in: a folder's own file
+    /// (`mod.rs`) sits next to the folder's children.
+    fn home(&self, m: &ModPath, depth: usize) -> ModPath {
+        if m.len() < depth && self.has_children(m) {
+            m.clone()
+        } else {
+            m[..m.len().saturating_sub(1)].to_vec()
+        }
+    }
+
+    /// Loops between the folders and files of one folder, at each depth, with the depth.
+    /// Loops of files alone are the file-level check's; a loop whose nodes lie in
+    /// different folders folds into a loop between those folders one level up, and is
+    /// reported there.
+    fn folder_cycles(&self) -> Vec<FolderCycle> {
+        let deepest = self.files.keys().map(Vec::len).max().unwrap_or(0);
         let mut out = Vec::new();
-        let mut done: BTreeSet<ModPath> = BTreeSet::new();
-        for start in self.files.keys() {
-            if done.contains(start) {
-                continue;
+        for depth in 1..=deepest {
+            for (members, cycle) in cycles(&self.folded(depth)) {
+                let any_folder = members.iter().any(|m| self.is_folder(m, depth));
+                let homes: BTreeSet<ModPath> =
+                    members.iter().map(|m| self.home(m, depth)).collect();
+                if any_folder && homes.len() == 1 {
+                    out.push((depth, members, cycle));
+                }
             }
-            // The modules that reach `start` and that `start` reaches form its component.
-            let forward = reach(start, &|m| targets(m));
-            let component: BTreeSet<ModPath> = forward
-                .iter()
-                .filter(|m| reach(m, &|n| targets(n)).contains(start))
-                .cloned()
-                .collect();
-            done.extend(component.iter().cloned());
-            if component.len() < 2 {
-                continue;
-            }
-            let cycle = self.loop_through(start, &component);
-            out.push((component, cycle));
         }
         out
     }
+}
 
-    /// A shortest path from `start` back to itself inside `component`.
-    fn loop_through(&self, start: &ModPath, component: &BTreeSet<ModPath>) -> Vec<(ModPath, Edge)> {
-        let mut previous: BTreeMap<ModPath, (ModPath, Edge)> = BTreeMap::new();
-        let mut queue = std::collections::VecDeque::from([start.clone()]);
-        while let Some(m) = queue.pop_front() {
-            for e in &self.edges[&m] {
-                if !component.contains(&e.to) || previous.contains_key(&e.to) {
-                    continue;
-                }
-                previous.insert(e.to.clone(), (m.clone(), e.clone()));
-                if &e.to == start {
-                    queue.clear();
-                    break;
-                }
-                queue.push_back(e.to.clone());
-            }
+/// Every strongly connected set of two or more nodes, as a loop of links through it.
+fn cycles(links: &Links) -> Vec<Cycle> {
+    let targets =
+        |m: &ModPath| -> BTreeSet<ModPath> { links[m].iter().map(|l| l.to.clone()).collect() };
+    let mut out = Vec::new();
+    let mut done: BTreeSet<ModPath> = BTreeSet::new();
+    for start in links.keys() {
+        if done.contains(start) {
+            continue;
         }
-        let mut path = Vec::new();
-        let mut at = start.clone();
-        while let Some((from, edge)) = previous.get(&at).cloned() {
-            path.push((from.clone(), edge));
-            if &from == start {
+        // The nodes that reach `start` and that `start` reaches form its component.
+        let forward = reach(start, &|m| targets(m));
+        let component: BTreeSet<ModPath> = forward
+            .iter()
+            .filter(|m| reach(m, &|n| targets(n)).contains(start))
+            .cloned()
+            .collect();
+        done.extend(component.iter().cloned());
+        if component.len() < 2 {
+            continue;
+        }
+        let cycle = loop_through(links, start, &component);
+        out.push((component, cycle));
+    }
+    out
+}
+
+/// A shortest path from `start` back to itself inside `component`.
+fn loop_through(
+    links: &Links,
+    start: &ModPath,
+    component: &BTreeSet<ModPath>,
+) -> Vec<(ModPath, Link)> {
+    let mut previous: BTreeMap<ModPath, (ModPath, Link)> = BTreeMap::new();
+    let mut queue = std::collections::VecDeque::from([start.clone()]);
+    while let Some(m) = queue.pop_front() {
+        for l in &links[&m] {
+            if !component.contains(&l.to) || previous.contains_key(&l.to) {
+                continue;
+            }
+            previous.insert(l.to.clone(), (m.clone(), l.clone()));
+            if &l.to == start {
+                queue.clear();
                 break;
             }
-            at = from;
+            queue.push_back(l.to.clone());
         }
-        path.reverse();
-        path
     }
+    let mut path = Vec::new();
+    let mut at = start.clone();
+    while let Some((from, link)) = previous.get(&at).cloned() {
+        path.push((from.clone(), link));
+        if &from == start {
+            break;
+        }
+        at = from;
+    }
+    path.reverse();
+    path
 }
 
 fn reach(start: &ModPath, next: &dyn Fn(&ModPath) -> BTreeSet<ModPath>) -> BTreeSet<ModPath> {
@@ -372,7 +504,7 @@ mod tests {
     }
 
     fn cycle_names(g: &Graph) -> Vec<Vec<String>> {
-        g.cycles()
+        cycles(&g.file_links())
             .iter()
             .map(|(_, c)| c.iter().map(|(from, _)| name(from)).collect())
             .collect()
@@ -396,7 +528,8 @@ mod tests {
             ("l/p.rs", "use super::s; mod tests { use super::*; }"),
             ("l/s.rs", "pub fn bpf() {}"),
         ]);
-        assert!(g.cycles().is_empty());
+        assert!(cycles(&g.file_links()).is_empty());
+        assert!(g.folder_cycles().is_empty());
         let p = &g.edges[&vec!["l".to_owned(), "p".to_owned()]];
         assert_eq!(p.len(), 1, "{p:?}");
         assert_eq!(p[0].to, vec!["l".to_owned(), "s".to_owned()]);
@@ -410,5 +543,135 @@ mod tests {
             ("l/p.rs", "pub fn g() -> super::E { super::E }"),
         ]);
         assert_eq!(cycle_names(&g), vec![vec!["l", "l::p"]]);
+    }
+
+    /// The folder-level loops: (depth, the nodes of one loop as reported).
+    fn folder_loops(g: &Graph) -> Vec<(usize, Vec<String>)> {
+        g.folder_cycles()
+            .iter()
+            .map(|(depth, _, c)| {
+                (
+                    *depth,
+                    c.iter()
+                        .map(|(from, _)| g.node_name(from, *depth))
+                        .collect(),
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_folder_that_a_file_of_its_own_reaches_through_another_is_a_folder_loop() {
+        // loader/ -> kernel_maps -> loader/syscall: no two files reach each other.
+        let g = graph(&[
+            ("main.rs", "mod kernel_maps; mod loader; fn main() {}"),
+            (
+                "loader/mod.rs",
+                "mod syscall;\nuse crate::kernel_maps::KernelMaps;",
+            ),
+            ("loader/syscall.rs", "pub fn bpf() {}"),
+            (
+                "kernel_maps.rs",
+                "pub struct KernelMaps;\n\nfn f() { crate::loader::syscall::bpf(); }",
+            ),
+        ]);
+        assert!(cycles(&g.file_links()).is_empty());
+        assert_eq!(
+            folder_loops(&g),
+            [(1, vec!["kernel_maps".into(), "loader/".into()])]
+        );
+        let report = g.report("src");
+        assert!(
+            report.contains("folder-level import cycle in src (folders and files that reach each other: kernel_maps, loader/)"),
+            "{report}"
+        );
+        // Each link names the file and line that makes it, and the modules it joins.
+        let at = |file: &str| {
+            g.files
+                .values()
+                .find(|p| p.ends_with(file))
+                .unwrap()
+                .display()
+                .to_string()
+        };
+        assert!(
+            report.contains(&format!(
+                "  kernel_maps -> loader/   ({}:3: kernel_maps -> loader::syscall)",
+                at("kernel_maps.rs")
+            )),
+            "{report}"
+        );
+        assert!(
+            report.contains(&format!(
+                "  loader/ -> kernel_maps   ({}:2: loader -> kernel_maps)",
+                at("loader/mod.rs")
+            )),
+            "{report}"
+        );
+    }
+
+    #[test]
+    fn folder_loops_inside_a_folder_are_found_at_their_depth_and_reported_once() {
+        let g = graph(&[
+            ("main.rs", "mod e; mod s; fn main() {}"),
+            // Inside e/: page/ -> text -> page/rows.
+            ("e/mod.rs", "mod page; mod text;"),
+            ("e/page/mod.rs", "mod rows; use super::text::T;"),
+            ("e/page/rows.rs", "pub struct R;"),
+            (
+                "e/text.rs",
+                "pub struct T; fn f(_: super::page::rows::R) {}",
+            ),
+            // Across folders: s/a -> e/text, e/text -> s/b: one loop of e/ and s/, not
+            // also one of s/a, s/b and e/ one level down.
+            ("s/mod.rs", "mod a; mod b;"),
+            ("s/a.rs", "use crate::e::text::T;"),
+            ("s/b.rs", "fn g() { crate::e::text::f(); }"),
+        ]);
+        assert!(cycles(&g.file_links()).is_empty());
+        assert_eq!(
+            folder_loops(&g),
+            [(2, vec!["e/page/".into(), "e::text".into()])]
+        );
+        let g = graph(&[
+            ("main.rs", "mod e; mod s; fn main() {}"),
+            ("e/mod.rs", "mod text;"),
+            ("e/text.rs", "pub struct T; fn f() { crate::s::b::g(); }"),
+            ("s/mod.rs", "mod a; mod b;"),
+            ("s/a.rs", "use crate::e::text::T;"),
+            ("s/b.rs", "pub fn g() {}"),
+        ]);
+        // e/text -> s/b and s/a -> e/text: no file loop, one folder loop at the top.
+        assert_eq!(folder_loops(&g), [(1, vec!["e/".into(), "s/".into()])]);
+    }
+
+    #[test]
+    fn a_folders_own_file_and_a_child_folder_can_loop() {
+        let g = graph(&[
+            ("main.rs", "mod l; fn main() {}"),
+            ("l/mod.rs", "mod p; pub struct E; fn f() { p::x(); }"),
+            ("l/p/mod.rs", "mod q; pub fn x() {}"),
+            ("l/p/q.rs", "fn g(_: crate::l::E) {}"),
+        ]);
+        assert!(cycles(&g.file_links()).is_empty());
+        assert_eq!(folder_loops(&g), [(2, vec!["l".into(), "l/p/".into()])]);
+    }
+
+    #[test]
+    fn file_loops_and_one_way_folders_are_not_folder_loops() {
+        let g = graph(&[
+            ("main.rs", "mod a; mod b; mod l; fn main() {}"),
+            ("a.rs", "use crate::b::X;"),
+            (
+                "b.rs",
+                "pub struct X; fn f() { crate::a::g(); crate::l::p::h(); }",
+            ),
+            ("l/mod.rs", "mod p; mod s;"),
+            ("l/p.rs", "pub fn h() { super::s::i(); }"),
+            ("l/s.rs", "pub fn i() {}"),
+        ]);
+        // a <-> b is the file-level check's; b -> l/ goes one way.
+        assert_eq!(cycle_names(&g), vec![vec!["a", "b"]]);
+        assert!(g.folder_cycles().is_empty());
     }
 }

@@ -1,8 +1,11 @@
-//! Idempotent bootstrap: nightly rust-src, a bpf-linker built against nightly's own LLVM,
-//! the Debian packages the integration suite drives, and the Kubernetes manifests' checkers
-//! (kubernetes-validate and check-jsonschema in a Python venv, prometheus-operator's CRDs
-//! in the Go module cache). Each step checks first and does nothing when the machine
-//! already has it.
+//! Idempotent bootstrap, in two sizes. [`build`] (`cargo xtask run`, `install`, `image`):
+//! what building and running the daemon needs and nothing else: nightly rust-src and a
+//! bpf-linker built against nightly's own LLVM. [`run`] (`cargo xtask test`, `vm`, `bench`,
+//! `deb`, `systemd-guest`, `setup`): that, plus the Debian packages the suites drive, with
+//! no service of theirs started ([`debian_packages`]), cargo-deb, and the Kubernetes
+//! manifests' checkers (kubernetes-validate and check-jsonschema in a Python venv,
+//! prometheus-operator's CRDs in the Go module cache). Each step checks first and does
+//! nothing when the machine already has it.
 
 use std::{path::PathBuf, process::Command};
 
@@ -16,8 +19,11 @@ use anyhow::{Context as _, Result, bail};
 /// (depmod/modprobe resolve the guest's module dependencies) and xz-utils (Debian's modules
 /// are .ko.xz); `bpftrace` (the benchmark's comparison with a hand-written script, and the
 /// stress suite's other tracer); procps (`pgrep` finds nginx's workers); `iperf3` (the
-/// stress suite's background traffic); redis-server, memcached, apache2 and haproxy (servers
-/// started before the daemon, whose backlog requests backlogd must know: tests/tests/day_one.rs);
+/// stress suite's background traffic); redis-server, memcached, apache2, haproxy, nodejs and
+/// openssh-server (servers started before the daemon, whose backlog requests backlogd must
+/// know: tests/tests/day_one.rs, which runs sshd itself in a namespace of its own; no
+/// policy-rc.d is set here, so whether the package's own service starts on install is the
+/// machine's: this machine kind's image carries a policy-rc.d that denies it);
 /// mmdebstrap and e2fsprogs (`mke2fs -d`) build the systemd guest's root file system;
 /// lintian checks the Debian package `cargo xtask deb` builds, and dpkg-dev's
 /// dpkg-shlibdeps gives cargo-deb its shared-library Depends; linux-libc-dev's UAPI
@@ -52,6 +58,8 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "memcached",
     "apache2",
     "haproxy",
+    "nodejs",
+    "openssh-server",
     "mmdebstrap",
     "e2fsprogs",
     "lintian",
@@ -72,9 +80,19 @@ const CARGO_DEB_VERSION: &str = "3.8.0";
 
 const BPF_LINKER_VERSION: &str = "0.13.0";
 
-pub fn run() -> Result<()> {
+/// What building and running the daemon needs: the eBPF toolchain. No Debian package (the
+/// build uses the machine's C compiler for cargo's build scripts; the daemon itself runs
+/// without any other program).
+pub fn build() -> Result<()> {
     rust_src()?;
     bpf_linker()?;
+    eprintln!("xtask: build setup complete");
+    Ok(())
+}
+
+/// Everything the suites, the kernel matrix and the package need (see the module doc).
+pub fn run() -> Result<()> {
+    build()?;
     cargo_deb()?;
     debian_packages()?;
     manifest_checkers()?;
@@ -203,28 +221,129 @@ fn cargo_deb() -> Result<()> {
     ]))
 }
 
+/// Installs the missing [`DEBIAN_PACKAGES`] without letting any of them start a service:
+/// several (apache2, nginx, redis-server, memcached, haproxy, containerd, prometheus...)
+/// start one on install on a host with systemd, and apache2's would take port 80. The
+/// suites start their own server processes in their own network namespaces. A
+/// `policy-rc.d` that refuses every start is in place during the install (Debian's
+/// invoke-rc.d and deb-systemd-invoke consult it) and removed after; units the new
+/// packages enabled for boot are listed with the command that disables them.
 fn debian_packages() -> Result<()> {
     let missing: Vec<&str> = DEBIAN_PACKAGES
         .iter()
         .copied()
-        .filter(|p| {
-            !Command::new("dpkg-query")
-                .args(["-W", "-f=${Status}", p])
-                .output()
-                .map(|o| String::from_utf8_lossy(&o.stdout).contains("install ok installed"))
-                .unwrap_or(false)
-        })
+        .filter(|p| !installed(p))
         .collect();
     if missing.is_empty() {
         return Ok(());
     }
+    eprintln!(
+        "xtask: installing {} Debian packages the suites drive, with service starts \
+         refused (policy-rc.d): {}",
+        missing.len(),
+        missing.join(" ")
+    );
     super::run(Command::new("apt-get").arg("update"))?;
-    super::run(
+    let policy = PolicyRcD::refuse_starts()?;
+    let installed = super::run(
         Command::new("apt-get")
             .args(["install", "-y", "--no-install-recommends"])
             .args(&missing)
             .env("DEBIAN_FRONTEND", "noninteractive"),
-    )
+    );
+    drop(policy);
+    installed?;
+    let enabled = enabled_units(&missing);
+    if !enabled.is_empty() {
+        eprintln!(
+            "xtask: none of them was started; their packages enabled these units for the \
+             next boot: {}. To keep them off: systemctl disable {}",
+            enabled.join(" "),
+            enabled.join(" ")
+        );
+    }
+    Ok(())
+}
+
+fn installed(package: &str) -> bool {
+    Command::new("dpkg-query")
+        .args(["-W", "-f=${Status}", package])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).contains("install ok installed"))
+        .unwrap_or(false)
+}
+
+/// `/usr/sbin/policy-rc.d` answering 101 ("action forbidden") for every service action
+/// while it lives; an existing one is left alone (its owner decided already).
+struct PolicyRcD(Option<PathBuf>);
+
+impl PolicyRcD {
+    fn refuse_starts() -> Result<Self> {
+        let path = PathBuf::from("/usr/sbin/policy-rc.d");
+        if path.exists() {
+            eprintln!(
+                "xtask: {} exists and decides which services start; left as it is",
+                path.display()
+            );
+            return Ok(Self(None));
+        }
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::write(
+            &path,
+            "#!/bin/sh\n# written by backlogd's `cargo xtask setup` for one apt-get install\nexit 101\n",
+        )
+        .with_context(|| format!("writing {}", path.display()))?;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755))?;
+        Ok(Self(Some(path)))
+    }
+}
+
+impl Drop for PolicyRcD {
+    fn drop(&mut self) {
+        if let Some(path) = &self.0
+            && let Err(e) = std::fs::remove_file(path)
+        {
+            eprintln!(
+                "xtask: could not remove {}: {e}; remove it, or no package will start \
+                 its service",
+                path.display()
+            );
+        }
+    }
+}
+
+/// systemd units shipped by `packages` that are enabled (their symlinks under
+/// /etc/systemd/system), e.g. `apache2.service`.
+fn enabled_units(packages: &[&str]) -> Vec<String> {
+    let mut units = Vec::new();
+    for p in packages {
+        let Ok(files) = output(Command::new("dpkg-query").args(["-L", p])) else {
+            continue;
+        };
+        for f in files.lines() {
+            let Some(unit) = f
+                .strip_prefix("/lib/systemd/system/")
+                .or_else(|| f.strip_prefix("/usr/lib/systemd/system/"))
+            else {
+                continue;
+            };
+            if unit.contains('/') || !(unit.ends_with(".service") || unit.ends_with(".socket")) {
+                continue;
+            }
+            let wants = std::fs::read_dir("/etc/systemd/system")
+                .into_iter()
+                .flatten()
+                .flatten()
+                .filter(|d| d.file_name().to_string_lossy().ends_with(".wants"))
+                .any(|d| d.path().join(unit).exists());
+            if wants {
+                units.push(unit.to_owned());
+            }
+        }
+    }
+    units.sort();
+    units.dedup();
+    units
 }
 
 /// The venv tests/tests/kubernetes.rs runs the manifest checkers from (the same path is

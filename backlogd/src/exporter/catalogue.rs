@@ -1,7 +1,9 @@
 //! Every metric family `/metrics` can serve: name, type, help and label names, declared
-//! once as data. The page's collectors (`page/`) open each family through its entry here,
-//! and a test checks docs/metrics.md against this list: every family documented with its
-//! type and labels, nothing documented that is not served.
+//! once as data. The page's collectors (`page/`) open each family through its entry here
+//! and take their label names from it; a test renders every family and holds each
+//! sample's labels to the declaration (`page/tests.rs`), and a test checks docs/metrics.md
+//! against this list: every family documented with its type and labels, nothing
+//! documented that is not served.
 
 use super::text::{Exposition, Kind};
 
@@ -27,17 +29,36 @@ pub const OWNER_LABELS: [&str; 8] = [
 pub const GROUP_LABELS: [&str; 3] = ["netns", "address", "port"];
 /// Labels of a process's series.
 pub const PROCESS_LABELS: [&str; 2] = ["pid", "comm"];
-/// The label drop counters add, and its values.
+/// The label drop counters add; its values are the names of
+/// [`DropReason`](backlogd_common::DropReason), in its order.
 pub const REASON: &str = "reason";
-pub const DROP_REASONS: [&str; 4] = [
-    "accept_queue_full",
-    "syn_queue_full",
-    "final_ack_overflow",
-    "other",
-];
 
-/// Which labels a family's series carry (histograms add `le`). The collectors build
-/// their label sets from the same constants; the docs check reads these.
+/// `base` and then `last`: the label names of a family that adds one label to a set.
+const fn and<const N: usize, const M: usize>(
+    base: [&'static str; N],
+    last: &'static str,
+) -> [&'static str; M] {
+    assert!(M == N + 1, "one label more than the base");
+    let mut out = [""; M];
+    let mut i = 0;
+    while i < N {
+        out[i] = base[i];
+        i += 1;
+    }
+    out[N] = last;
+    out
+}
+
+const LISTENER_AND_REASON: [&str; 7] = and(LISTENER_LABELS, REASON);
+const LISTENER_AND_CAUSE: [&str; 7] = and(LISTENER_LABELS, CAUSE);
+const GROUP_AND_REASON: [&str; 4] = and(GROUP_LABELS, REASON);
+const GROUP_AND_CAUSE: [&str; 4] = and(GROUP_LABELS, CAUSE);
+const PROCESS_AND_REASON: [&str; 3] = and(PROCESS_LABELS, REASON);
+const PROCESS_AND_CAUSE: [&str; 3] = and(PROCESS_LABELS, CAUSE);
+
+/// Which labels a family's series carry, in order (histograms add `le`). The collectors
+/// take their label names from here ([`Metric::labelled`], or the constants above for the
+/// label sets rendered once per listener); the docs check reads these too.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Labels {
     None,
@@ -55,41 +76,29 @@ pub enum Labels {
     NetnsName,
     Mode,
     Version,
+    Figure,
 }
 
-#[cfg_attr(not(test), expect(dead_code, reason = "read by the docs check"))]
 impl Labels {
-    pub fn names(self) -> Vec<&'static str> {
-        let by_cause: Option<&[&str]> = match self {
-            Labels::ListenerAndCause => Some(&LISTENER_LABELS),
-            Labels::GroupAndCause => Some(&GROUP_LABELS),
-            Labels::ProcessAndCause => Some(&PROCESS_LABELS),
-            _ => None,
-        };
-        if let Some(base) = by_cause {
-            let mut names = base.to_vec();
-            names.push(CAUSE);
-            return names;
+    pub const fn names(self) -> &'static [&'static str] {
+        match self {
+            Labels::None => &[],
+            Labels::Listener => &LISTENER_LABELS,
+            Labels::ListenerAndReason => &LISTENER_AND_REASON,
+            Labels::ListenerAndCause => &LISTENER_AND_CAUSE,
+            Labels::Owner => &OWNER_LABELS,
+            Labels::Group => &GROUP_LABELS,
+            Labels::GroupAndReason => &GROUP_AND_REASON,
+            Labels::GroupAndCause => &GROUP_AND_CAUSE,
+            Labels::Process => &PROCESS_LABELS,
+            Labels::ProcessAndReason => &PROCESS_AND_REASON,
+            Labels::ProcessAndCause => &PROCESS_AND_CAUSE,
+            Labels::Netns => &["netns"],
+            Labels::NetnsName => &["netns", "name"],
+            Labels::Mode => &["mode"],
+            Labels::Version => &["version"],
+            Labels::Figure => &["figure"],
         }
-        let (base, reason): (&[&str], bool) = match self {
-            Labels::None => (&[], false),
-            Labels::Listener | Labels::ListenerAndCause => (&LISTENER_LABELS, false),
-            Labels::ListenerAndReason => (&LISTENER_LABELS, true),
-            Labels::Owner => (&OWNER_LABELS, false),
-            Labels::Group | Labels::GroupAndCause => (&GROUP_LABELS, false),
-            Labels::GroupAndReason => (&GROUP_LABELS, true),
-            Labels::Process | Labels::ProcessAndCause => (&PROCESS_LABELS, false),
-            Labels::ProcessAndReason => (&PROCESS_LABELS, true),
-            Labels::Netns => (&["netns"], false),
-            Labels::NetnsName => (&["netns", "name"], false),
-            Labels::Mode => (&["mode"], false),
-            Labels::Version => (&["version"], false),
-        };
-        let mut names = base.to_vec();
-        if reason {
-            names.push(REASON);
-        }
-        names
     }
 }
 
@@ -118,7 +127,6 @@ macro_rules! catalogue {
                 }
             }
 
-            #[cfg_attr(not(test), expect(dead_code, reason = "read by the docs check"))]
             pub const fn labels(self) -> Labels {
                 match self {
                     $(Metric::$variant => Labels::$labels,)*
@@ -289,6 +297,12 @@ catalogue! {
          BPF program or a BPF map syscall was running on the CPU; the kernel counts \
          kprobes' skips since Linux 6.7, raw and BTF tracepoints' since 6.2). Non-zero: counts of that interval may be \
          short.";
+    FigureMissedRuns: "backlogd_figure_missed_runs_total", Counter, Figure,
+        "The runs of backlogd_probe_missed_runs_total by the figure they feed (syns_received, \
+         drops, syncookies_sent, synack_retransmits, connections_queued, \
+         connections_accepted, accept_wait, listen_backlog, client_impact, \
+         listener_map_full; a run may feed several): how many events each figure may lack. \
+         Non-zero: that figure may be short by up to this much over the same interval.";
     HookMode: "backlogd_hook_mode", Gauge, Mode,
         "1 for the hook mode the SYN path runs in (fentry, kprobe or tracepoint).";
     KernelHookSupported: "backlogd_kernel_hook_supported", Gauge, Mode,
@@ -305,6 +319,19 @@ impl Metric {
     /// Writes the family's `# HELP` and `# TYPE` lines; its samples follow.
     pub fn open(self, e: &mut Exposition<'_>) {
         e.family(self.name(), self.kind(), self.help());
+    }
+
+    /// `values` under the family's declared label names, in their order: a collector that
+    /// labels its samples this way names no label itself.
+    pub fn labelled<const N: usize>(self, values: [&str; N]) -> [(&'static str, &str); N] {
+        let names = self.labels().names();
+        debug_assert_eq!(
+            names.len(),
+            N,
+            "{}: {N} values for the labels {names:?}",
+            self.name()
+        );
+        std::array::from_fn(|i| (names[i], values[i]))
     }
 }
 
@@ -414,7 +441,7 @@ mod tests {
                 };
                 let documented = Documented {
                     kind: kind.to_owned(),
-                    labels: m.labels().names().into_iter().map(str::to_owned).collect(),
+                    labels: m.labels().names().iter().map(|l| (*l).to_owned()).collect(),
                 };
                 (m.name().to_owned(), documented)
             })

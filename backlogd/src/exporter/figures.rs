@@ -1,43 +1,18 @@
-//! What the exporters show, read once per request: the live listener table, the kernel
-//! maps and the high-water-mark windows, joined per listener. `/metrics` (`page/`) and
-//! the JSON snapshot are both made from a [`Figures`]; the snapshot adds the last five
-//! minutes' client impact from the sampler's records (`recent.rs`).
+//! What the exporters show, read once per request from the daemon's live state
+//! (`crate::state`): the listener table, the kernel maps and the high-water-mark windows,
+//! joined per listener. `/metrics` (`page/`) and the JSON snapshot are both made from a
+//! [`Figures`]; the snapshot adds the last five minutes' client impact from the sampler's
+//! records (`state/recent.rs`). Nothing here writes the state.
 
-use std::{
-    collections::HashMap,
-    sync::{Arc, Mutex, RwLock},
-};
+use std::collections::HashMap;
 
 use backlogd_common::ListenerStats;
 
-use super::{recent::ImpactHistory, retired::Retired};
 use crate::{
-    api::{ListenerSnapshot, NamespaceSnapshot, Snapshot},
-    config::AcceptWaitBuckets,
-    kernel_maps::SharedMaps,
-    loader::modes::{HookMode, KernelSupport},
-    queues::{QueueFigures, QueueWindows},
-    state::Shared,
+    api::{self, ListenerSnapshot, NamespaceSnapshot, Snapshot},
+    queues::QueueFigures,
+    state::Live,
 };
-
-/// The exporters' sources: shared with the daemon's loops, cheap to clone.
-#[derive(Clone)]
-pub struct Metrics {
-    pub shared: Arc<Shared>,
-    pub maps: SharedMaps,
-    pub windows: Arc<Mutex<QueueWindows>>,
-    pub mode: HookMode,
-    pub kernel: KernelSupport,
-    /// The kernel state survives a daemon restart (pinned).
-    pub pinned: bool,
-    /// What closed members contributed to the group and process counters.
-    pub retired: Arc<Mutex<Retired>>,
-    /// The accept-wait bounds /metrics exports (`accept_wait_buckets`; SIGHUP replaces
-    /// them). The JSON API always has every bucket.
-    pub accept_wait_buckets: Arc<RwLock<AcceptWaitBuckets>>,
-    /// Client impact's records for the last five minutes (the sampler records).
-    pub recent: Arc<Mutex<ImpactHistory>>,
-}
 
 /// The client-impact sweep's figures (see `kernel_maps.rs`).
 #[derive(Debug, Clone, Copy, Default)]
@@ -65,127 +40,108 @@ pub struct Figures {
     pub queues: ByInode<QueueFigures>,
 }
 
-impl Metrics {
-    pub fn new(
-        shared: Arc<Shared>,
-        maps: SharedMaps,
-        windows: Arc<Mutex<QueueWindows>>,
-        mode: HookMode,
-        kernel: KernelSupport,
-        pinned: bool,
-    ) -> Self {
-        Self {
-            shared,
-            maps,
-            windows,
-            mode,
-            kernel,
-            pinned,
-            retired: Arc::default(),
-            accept_wait_buckets: Arc::default(),
-            recent: Arc::default(),
-        }
-    }
-
-    /// Reads the kernel maps and the high-water-mark windows once.
-    pub fn gather(&self) -> Figures {
-        let epoch = self
-            .windows
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .epoch();
-        let (events_lost, stats_full, impact, stats, queue_states): (_, _, _, _, ByInode<_>) = {
-            let maps = self.maps.lock().unwrap_or_else(|e| e.into_inner());
-            (
-                maps.events_lost(),
-                maps.stats_full(),
-                ImpactFigures {
-                    tracked: maps.tracked,
-                    sweeps: maps.sweeps,
-                    untracked: maps.attempts_untracked(),
-                },
-                maps.listener_stats(),
-                maps.queue_states(epoch),
-            )
-        };
-        let queues = {
-            let windows = self.windows.lock().unwrap_or_else(|e| e.into_inner());
-            self.shared
-                .listeners()
-                .iter()
-                .map(|l| {
-                    let current = queue_states.get(&l.inode).copied();
-                    (
-                        l.inode,
-                        windows.figures(l.inode, current, l.scanned_queue()),
-                    )
-                })
-                .collect()
-        };
-        Figures {
-            events_lost,
-            stats_full,
-            impact,
-            stats,
-            queues,
-        }
-    }
-
-    /// Everything `/metrics` shows per listener, for the JSON API (`backlogd top`).
-    pub fn snapshot(&self) -> Snapshot {
-        let Figures {
-            events_lost,
-            stats_full,
-            stats,
-            queues,
-            ..
-        } = self.gather();
-        // Before the table is locked: reading a namespace's sysctls may lock it too.
-        let sysctls = self.shared.netns_sysctls();
-        let somaxconn: HashMap<u32, u32> =
-            sysctls.iter().map(|(ns, s)| (*ns, s.somaxconn)).collect();
-        let recent = self
-            .recent
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .at(std::time::Instant::now());
-        let mut listeners: Vec<ListenerSnapshot> = self
-            .shared
+/// Reads the kernel maps and the high-water-mark windows once.
+pub fn gather(live: &Live) -> Figures {
+    let epoch = live
+        .windows
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .epoch();
+    let (events_lost, stats_full, impact, stats, queue_states): (_, _, _, _, ByInode<_>) = {
+        let maps = live.maps.lock().unwrap_or_else(|e| e.into_inner());
+        (
+            maps.events_lost(),
+            maps.stats_full(),
+            ImpactFigures {
+                tracked: maps.tracked,
+                sweeps: maps.sweeps,
+                untracked: maps.attempts_untracked(),
+            },
+            maps.listener_stats(),
+            maps.queue_states(epoch),
+        )
+    };
+    let queues = {
+        let windows = live.windows.lock().unwrap_or_else(|e| e.into_inner());
+        live.shared
             .listeners()
             .iter()
             .map(|l| {
-                let s = stats.get(&l.inode).copied().unwrap_or_default();
-                let mut snapshot = ListenerSnapshot::new(
-                    l.clone(),
-                    s,
-                    queues.get(&l.inode).copied().unwrap_or_default(),
-                    somaxconn.get(&l.netns).copied(),
-                );
-                snapshot.recent_impact = recent.as_ref().and_then(|r| r.of(l.inode, &s));
-                snapshot
+                let current = queue_states.get(&l.inode).copied();
+                (
+                    l.inode,
+                    windows.figures(l.inode, current, l.scanned_queue()),
+                )
             })
-            .collect();
-        listeners.sort_by_key(|l| (l.listener.netns, l.listener.port, l.listener.inode));
-        let host = crate::sampling::netns::host();
-        let mut names = crate::names::netns::named();
-        let namespaces = sysctls
-            .into_iter()
-            .map(|(netns, sysctls)| NamespaceSnapshot {
-                netns,
-                host: host == Some(netns),
-                name: names.remove(&netns),
-                sysctls,
-            })
-            .collect();
-        Snapshot {
-            namespaces,
-            version: env!("CARGO_PKG_VERSION").to_owned(),
-            hook_mode: self.mode.name().to_owned(),
-            kernel: self.kernel,
-            events_lost,
-            stats_full,
-            listeners,
-            impact_window: recent.map(|r| r.window),
-        }
+            .collect()
+    };
+    Figures {
+        events_lost,
+        stats_full,
+        impact,
+        stats,
+        queues,
+    }
+}
+
+/// Everything `/metrics` shows per listener, for the JSON API (`backlogd top`).
+pub fn snapshot(live: &Live) -> Snapshot {
+    let Figures {
+        events_lost,
+        stats_full,
+        stats,
+        queues,
+        ..
+    } = gather(live);
+    // Before the table is locked: reading a namespace's sysctls may lock it too.
+    let sysctls = live.shared.netns_sysctls();
+    let somaxconn: HashMap<u32, u32> = sysctls.iter().map(|(ns, s)| (*ns, s.somaxconn)).collect();
+    let recent = live
+        .recent
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .at(std::time::Instant::now());
+    let mut listeners: Vec<ListenerSnapshot> = live
+        .shared
+        .listeners()
+        .iter()
+        .map(|l| {
+            let s = stats.get(&l.inode).copied().unwrap_or_default();
+            let mut snapshot = ListenerSnapshot::new(
+                l.clone(),
+                s,
+                queues.get(&l.inode).copied().unwrap_or_default(),
+                somaxconn.get(&l.netns).copied(),
+            );
+            snapshot.recent_impact = recent.as_ref().and_then(|r| r.of(l.inode, &s));
+            snapshot
+        })
+        .collect();
+    listeners.sort_by_key(|l| (l.listener.netns, l.listener.port, l.listener.inode));
+    let host = crate::sampling::netns::host();
+    let mut names = crate::names::netns::named();
+    let namespaces = sysctls
+        .into_iter()
+        .map(|(netns, sysctls)| NamespaceSnapshot {
+            netns,
+            host: host == Some(netns),
+            name: names.remove(&netns),
+            sysctls,
+        })
+        .collect();
+    Snapshot {
+        namespaces,
+        version: env!("CARGO_PKG_VERSION").to_owned(),
+        hook_mode: live.mode.name().to_owned(),
+        kernel: api::KernelSupport {
+            fentry: live.kernel.fentry,
+            kprobe: live.kernel.kprobe,
+            trampolines: live.kernel.trampolines,
+            perf_link_pinning: live.kernel.perf_link_pinning,
+        },
+        events_lost,
+        stats_full,
+        listeners,
+        impact_window: recent.map(|r| r.window),
     }
 }

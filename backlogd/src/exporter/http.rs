@@ -16,12 +16,12 @@ use axum::{
     routing::get,
 };
 
-use super::{figures::Metrics, page, text};
+use super::{figures, page::Page, text};
 use crate::{
     api::Snapshot,
-    doctor::{finding::Finding, findings},
+    diagnosis::{diagnose, finding::Finding},
     listeners::Listener,
-    state::Shared,
+    state::Live,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -54,11 +54,12 @@ pub fn bind(addr: SocketAddr) -> Result<std::net::TcpListener, BindError> {
 }
 
 struct AppState {
-    metrics: Metrics,
-    shared: Arc<Shared>,
+    live: Live,
+    page: Page,
 }
 
-pub fn router(metrics: Metrics, shared: Arc<Shared>) -> Router {
+/// The routes over the daemon's live state, which they only read.
+pub fn router(live: Live) -> Router {
     Router::new()
         .route("/", get(index))
         .route("/metrics", get(serve_metrics))
@@ -66,7 +67,10 @@ pub fn router(metrics: Metrics, shared: Arc<Shared>) -> Router {
         .route("/api/v1/listeners", get(serve_listeners))
         .route("/api/v1/snapshot", get(serve_snapshot))
         .route("/api/v1/findings", get(serve_findings))
-        .with_state(Arc::new(AppState { metrics, shared }))
+        .with_state(Arc::new(AppState {
+            live,
+            page: Page::default(),
+        }))
 }
 
 async fn index() -> &'static str {
@@ -79,8 +83,8 @@ async fn index() -> &'static str {
 async fn serve_metrics(State(state): State<Arc<AppState>>) -> impl IntoResponse {
     let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(4);
     tokio::task::spawn_blocking(move || {
-        page::render_streamed(
-            &state.metrics,
+        state.page.render_streamed(
+            &state.live,
             Box::new(move |chunk| tx.blocking_send(chunk).is_ok()),
         );
     });
@@ -126,12 +130,12 @@ impl http_body::Body for ChunkBody {
 /// Every listener with its counters and queue figures, plus the daemon's hook mode:
 /// what `/metrics` shows, shaped for programs (`backlogd top`).
 async fn serve_snapshot(State(state): State<Arc<AppState>>) -> Json<Snapshot> {
-    Json(state.metrics.snapshot())
+    Json(figures::snapshot(&state.live))
 }
 
 /// What `backlogd doctor` would say, for automation and `top`.
 async fn serve_findings(State(state): State<Arc<AppState>>) -> Json<Vec<Finding>> {
-    Json(findings::diagnose(&state.metrics.snapshot()))
+    Json(diagnose(&figures::snapshot(&state.live)))
 }
 
 async fn healthz() -> &'static str {
@@ -139,7 +143,7 @@ async fn healthz() -> &'static str {
 }
 
 async fn serve_listeners(State(state): State<Arc<AppState>>) -> Json<Vec<Listener>> {
-    let mut all: Vec<Listener> = state.shared.listeners().iter().cloned().collect();
+    let mut all: Vec<Listener> = state.live.shared.listeners().iter().cloned().collect();
     all.sort_by_key(|l| (l.netns, l.port, l.inode));
     Json(all)
 }

@@ -4,7 +4,7 @@
 //! detaches the program. (BPF_PROG_ATTACH attachments outlive their process and pile up
 //! until the cgroup's 64-program limit is hit.) aya 0.14 creates the same kind of link
 //! but its attach returns EINVAL on the 6.18 CI kernel, so backlogd makes the syscall
-//! itself (`syscall.rs`).
+//! itself (`crate::bpf_syscall`).
 
 use std::{
     fs::File,
@@ -18,7 +18,7 @@ pub struct CgroupAttachment {
 
 impl CgroupAttachment {
     pub fn attach(cgroup: File, prog: OwnedFd) -> std::io::Result<Self> {
-        let link = super::syscall::link_cgroup_ingress(prog.as_fd(), cgroup.as_fd())?;
+        let link = crate::bpf_syscall::link_cgroup_ingress(prog.as_fd(), cgroup.as_fd())?;
         Ok(Self { link })
     }
 

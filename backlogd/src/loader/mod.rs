@@ -1,7 +1,7 @@
 //! Loading the eBPF object and attaching its programs: the orchestration. Which hooks
 //! each mode uses is policy (`hooks.rs`, with mode choice and fallbacks in `modes.rs`);
-//! how a program is attached or pinned is plumbing (`attach.rs`, `pins.rs`, `cgroup.rs`,
-//! and every raw bpf(2) call in `syscall.rs`).
+//! how a program is attached or pinned is plumbing (`attach.rs`, `pins.rs`, `cgroup.rs`;
+//! every raw bpf(2) call is in `crate::bpf_syscall`, a leaf that `kernel_maps.rs` uses too).
 
 mod attach;
 pub mod btf;
@@ -11,7 +11,6 @@ mod hooks;
 pub mod modes;
 pub mod pins;
 pub mod privileges;
-pub mod syscall;
 
 use std::path::{Path, PathBuf};
 
@@ -72,7 +71,9 @@ pub struct Probes {
 
 /// Every loaded program that uses `stats`: backlogd's own, whether this process loaded
 /// them or adopted them from pins.
-fn counting_programs(stats: &PerCpuHashMap<MapData, u64, ListenerStats>) -> Vec<ProgramFd> {
+fn counting_programs(
+    stats: &PerCpuHashMap<MapData, u64, ListenerStats>,
+) -> Vec<(ProgramFd, String)> {
     use aya::maps::IterableMap as _;
     let Ok(id) = stats.map().info().map(|i| i.id()) else {
         return Vec::new();
@@ -85,7 +86,7 @@ fn counting_programs(stats: &PerCpuHashMap<MapData, u64, ListenerStats>) -> Vec<
                 .flatten()
                 .is_some_and(|ids| ids.contains(&id))
         })
-        .filter_map(|p| p.fd().ok())
+        .filter_map(|p| Some((p.fd().ok()?, p.name_as_str()?.to_owned())))
         .collect()
 }
 

@@ -54,7 +54,8 @@ impl HookMode {
 /// What the running kernel allows, as found by trying (program types) and by reading its
 /// BTF (helpers and link types it knows: features are not backported, and the enums in
 /// the kernel's own BTF say exactly what this build has).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+/// The JSON API serves these figures in a type of its own (`api::KernelSupport`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct KernelSupport {
     /// fentry mode can run: BPF trampolines work and fexit programs can read the traced
     /// function's return value (`bpf_get_func_ret`, Linux 5.17).
@@ -62,11 +63,9 @@ pub struct KernelSupport {
     /// The kprobe PMU exists (CONFIG_KPROBES), so kprobes can be attached.
     pub kprobe: bool,
     /// A BPF_PROG_TYPE_TRACING program loads (BPF trampolines work, Linux 5.5).
-    #[serde(default)]
     pub trampolines: bool,
     /// Links of kprobes can be pinned (BPF_LINK_TYPE_PERF_EVENT, Linux 5.15): kprobe mode
     /// keeps counting across a restart.
-    #[serde(default)]
     pub perf_link_pinning: bool,
 }
 

@@ -256,7 +256,7 @@ impl Pinning {
         fd: std::os::fd::BorrowedFd<'_>,
     ) -> Result<(), PinError> {
         let path = self.next_link_path(program);
-        super::syscall::obj_pin(fd, &path).map_err(io_err(&path))
+        crate::bpf_syscall::obj_pin(fd, &path).map_err(io_err(&path))
     }
 
     pub fn map(&self, name: &str, map: &aya::maps::Map) -> Result<(), PinError> {

@@ -262,3 +262,103 @@ pub fn haproxy(process: &Process, port: u16) -> Option<(u32, String)> {
 pub fn memcached(process: &Process, _port: u16) -> Option<(u32, String)> {
     flag(&words(process), "-b", "--listen-backlog").map(|n| (n, "its command line (-b)".to_owned()))
 }
+
+/// Where the system manager finds unit files, highest precedence first
+/// (systemd.unit(5), "System Unit Search Path"; /lib for hosts without merged /usr).
+const SYSTEM_UNIT_DIRS: &[&str] = &[
+    "/etc/systemd/system.control",
+    "/run/systemd/system.control",
+    "/run/systemd/transient",
+    "/run/systemd/generator.early",
+    "/etc/systemd/system",
+    "/etc/systemd/system.attached",
+    "/run/systemd/system",
+    "/run/systemd/system.attached",
+    "/run/systemd/generator",
+    "/usr/local/lib/systemd/system",
+    "/usr/lib/systemd/system",
+    "/lib/systemd/system",
+    "/run/systemd/generator.late",
+];
+
+/// systemd: `Backlog=` of the `.socket` unit whose `ListenStream=` is on `port`, from the
+/// unit file the system manager uses (the first on its search path, through its root)
+/// and its drop-ins (`NAME.socket.d/*.conf`, in file-name order, a name in a
+/// higher-precedence directory hiding the same name lower down). A unit without
+/// `Backlog=` asks for the most the kernel allows: the default. The user manager
+/// (`systemd --user`) is not read.
+pub fn systemd(process: &Process, port: u16) -> Option<(u32, String)> {
+    if process.cmdline.iter().any(|a| a == "--user") {
+        return None;
+    }
+    units_named(process, "*.socket")
+        .into_iter()
+        .find_map(|(name, path, text)| {
+            let mut dropins = units_named(process, &format!("{name}.d/*.conf"));
+            dropins.sort();
+            let files =
+                std::iter::once((path, text)).chain(dropins.into_iter().map(|(_, p, t)| (p, t)));
+            socket_backlog(files, port)
+        })
+}
+
+/// The files matching `pattern` (relative to a unit directory) on the system manager's
+/// search path, the first of each file name only, as (file name, path, text): the one
+/// systemd uses.
+fn units_named(process: &Process, pattern: &str) -> Vec<(String, String, String)> {
+    let mut found: Vec<(String, String, String)> = Vec::new();
+    for dir in SYSTEM_UNIT_DIRS {
+        for (path, text) in process.glob(&format!("{dir}/{pattern}"), None) {
+            let name = path.rsplit('/').next().unwrap_or(&path).to_owned();
+            if !found.iter().any(|(n, _, _)| *n == name) {
+                found.push((name, path, text));
+            }
+        }
+    }
+    found
+}
+
+/// What a `.socket` unit's files (the unit, then its drop-ins) set: `Some` when a
+/// `ListenStream=` of the `[Socket]` section is on `port` and `Backlog=` is set, with
+/// where. An empty assignment resets either, as systemd does.
+fn socket_backlog(
+    files: impl Iterator<Item = (String, String)>,
+    port: u16,
+) -> Option<(u32, String)> {
+    let mut listens: Vec<String> = Vec::new();
+    let mut backlog: Option<(u32, String)> = None;
+    for (path, text) in files {
+        let mut section = "";
+        for (n, line) in text.lines().enumerate() {
+            let line = line.trim();
+            if line.starts_with(['#', ';']) || line.is_empty() {
+                continue;
+            }
+            if let Some(name) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+                section = if name == "Socket" { "Socket" } else { "" };
+                continue;
+            }
+            let Some((key, value)) = line.split_once('=') else {
+                continue;
+            };
+            let value = value.trim();
+            match (section, key.trim()) {
+                ("Socket", "ListenStream") if value.is_empty() => listens.clear(),
+                ("Socket", "ListenStream") => listens.push(value.to_owned()),
+                ("Socket", "Backlog") if value.is_empty() => backlog = None,
+                // systemd ignores an assignment it cannot parse.
+                ("Socket", "Backlog") => {
+                    if let Ok(b) = value.parse() {
+                        backlog = Some((b, format!("{path}:{}: {line}", n + 1)));
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    // A path, an abstract name or a vsock address is not a TCP port.
+    let on_port = listens
+        .iter()
+        .any(|l| !l.starts_with(['/', '@']) && !l.starts_with("vsock:") && addr_port_is(l, port));
+    backlog.filter(|_| on_port)
+}

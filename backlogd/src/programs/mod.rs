@@ -112,7 +112,7 @@ pub static PROGRAMS: &[Program] = &[
         // A .socket unit without Backlog= asks for the most the kernel allows.
         default: Asks::Somaxconn,
         knob: "`Backlog=` in the .socket unit",
-        configured: None,
+        configured: Some(config::systemd),
     },
     Program {
         id: "go",

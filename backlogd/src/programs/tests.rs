@@ -240,6 +240,79 @@ fn systemd_socket_units_ask_for_somaxconn() {
 }
 
 #[test]
+fn systemd_reads_backlog_of_the_socket_unit_on_the_port_with_its_drop_ins() {
+    let root = Root::new("systemd-backlog");
+    root.file(
+        "/usr/lib/systemd/system/web.socket",
+        "[Unit]\nDescription=web\n[Socket]\nListenStream=127.0.0.1:8080\nBacklog=64\n",
+    )
+    // The administrator's copy in /etc hides the vendor's whole.
+    .file(
+        "/etc/systemd/system/web.socket",
+        "[Socket]\nListenStream=[::]:8080\nBacklog=1024\n[Install]\nBacklog=7\n",
+    )
+    .file(
+        "/usr/lib/systemd/system/web.socket.d/10-more.conf",
+        "[Socket]\nBacklog=2048\n",
+    )
+    // Same name higher up: hides the one above; later names apply last.
+    .file(
+        "/etc/systemd/system/web.socket.d/10-more.conf",
+        "[Socket]\nBacklog=4096\n",
+    )
+    .file(
+        "/run/systemd/system/web.socket.d/20-reset.conf",
+        "[Socket]\nBacklog=\n",
+    )
+    .file(
+        "/lib/systemd/system/other.socket",
+        "[Socket]\nListenStream=/run/other.sock\nListenStream=9090\nBacklog=300\n",
+    )
+    .file(
+        "/lib/systemd/system/ssh.socket",
+        "[Socket]\nListenStream=22\nListenStream=\nListenStream=2222\nBacklog=50\n",
+    );
+    let pid1 = root.process("/usr/lib/systemd/systemd", &["/sbin/init"]);
+    // 20-reset.conf empties Backlog=: the default, the most the kernel allows.
+    assert_eq!(
+        asks(&identify(&pid1, 8080)),
+        Some(("systemd", Asks::Somaxconn))
+    );
+    root.file(
+        "/run/systemd/system/web.socket.d/20-reset.conf",
+        "[Socket]\nBacklog=\nBacklog=512\n",
+    );
+    let web = identify(&pid1, 8080).unwrap();
+    assert_eq!(web.asks, Asks::Backlog(512));
+    assert_eq!(
+        web.source,
+        "/run/systemd/system/web.socket.d/20-reset.conf:3: Backlog=512"
+    );
+    assert_eq!(
+        asks(&identify(&pid1, 9090)),
+        Some(("systemd", Asks::Backlog(300)))
+    );
+    // An emptied ListenStream= list no longer holds 22.
+    assert_eq!(
+        asks(&identify(&pid1, 22)),
+        Some(("systemd", Asks::Somaxconn))
+    );
+    assert_eq!(
+        asks(&identify(&pid1, 2222)),
+        Some(("systemd", Asks::Backlog(50)))
+    );
+    // The user manager's units are not the system's.
+    let user = root.process(
+        "/usr/lib/systemd/systemd",
+        &["/lib/systemd/systemd", "--user"],
+    );
+    assert_eq!(
+        asks(&identify(&user, 9090)),
+        Some(("systemd", Asks::Somaxconn))
+    );
+}
+
+#[test]
 fn go_programs_are_recognised_by_their_build_info_whatever_their_name() {
     use object::write;
     let root = Root::new("go");

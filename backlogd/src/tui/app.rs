@@ -6,6 +6,7 @@ use std::{
     time::Duration,
 };
 
+use backlogd_common::DropReason;
 use ratatui::crossterm::event::KeyCode;
 use serde::Serialize;
 
@@ -16,8 +17,8 @@ use crate::api::{ClientImpact, ListenerSnapshot, Snapshot};
 pub struct Row {
     #[serde(flatten)]
     pub l: ListenerSnapshot,
-    /// Drops per second: accept queue full, SYN queue full, final-ACK overflow, other.
-    pub drops_per_s: [f64; 4],
+    /// Drops per second, by [`DropReason`].
+    pub drops_per_s: [f64; DropReason::COUNT],
     pub syncookies_per_s: f64,
     pub synack_retransmits_per_s: f64,
     pub syns_per_s: f64,
@@ -139,7 +140,7 @@ pub struct App {
     /// Why the view is stale, if it is.
     pub status: Option<String>,
     /// `backlogd doctor`'s findings on the latest snapshot.
-    pub findings: Vec<crate::doctor::finding::Finding>,
+    pub findings: Vec<crate::diagnosis::finding::Finding>,
     previous: Option<Snapshot>,
 }
 
@@ -200,12 +201,7 @@ impl App {
                     })
                     .collect();
                 Row {
-                    drops_per_s: [
-                        rate(d.accept_queue_full, pd.map(|d| d.accept_queue_full)),
-                        rate(d.syn_queue_full, pd.map(|d| d.syn_queue_full)),
-                        rate(d.final_ack_overflow, pd.map(|d| d.final_ack_overflow)),
-                        rate(d.other, pd.map(|d| d.other)),
-                    ],
+                    drops_per_s: DropReason::ALL.map(|r| rate(d[r], pd.map(|d| d[r]))),
                     syncookies_per_s: rate(l.syncookies_sent, p.map(|p| p.syncookies_sent)),
                     synack_retransmits_per_s: rate(
                         l.synack_retransmits,
@@ -234,7 +230,7 @@ impl App {
         let live: BTreeSet<u64> = self.rows.iter().map(|r| r.l.listener.inode).collect();
         self.history.retain(|k, _| live.contains(k));
         self.sort_rows();
-        self.findings = crate::doctor::findings::diagnose(&snapshot);
+        self.findings = crate::diagnosis::diagnose(&snapshot);
         self.previous = Some(snapshot);
         self.status = None;
     }

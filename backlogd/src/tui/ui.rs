@@ -10,6 +10,8 @@ use ratatui::{
     },
 };
 
+use backlogd_common::DropReason;
+
 use super::app::{App, Line, Row};
 use crate::api::{ClientImpact, ImpactWindow, ListenerSnapshot, Request};
 
@@ -330,7 +332,7 @@ fn recent_impact(
     let r = l.recent_impact.as_ref().unwrap_or(&none);
     Some(TextLine::raw(format!(
         "impact {}: delayed {} ({} waited > {long} s)  abandoned {}",
-        crate::doctor::findings::window(window),
+        crate::diagnosis::impact::window(window),
         r.delayed(),
         r.delayed_at_least(long),
         r.abandoned
@@ -405,10 +407,10 @@ fn listener_cells(r: &Row) -> Cells {
         (
             format!(
                 "{}/{}/{}/{}",
-                rate(d[0]),
-                rate(d[1]),
-                rate(d[2]),
-                rate(d[3])
+                rate(d[DropReason::AcceptQueueFull]),
+                rate(d[DropReason::SynQueueFull]),
+                rate(d[DropReason::FinalAckOverflow]),
+                rate(d[DropReason::Other])
             ),
             plain,
         ),
@@ -486,10 +488,10 @@ fn draw_detail(frame: &mut Frame, app: &App, area: Rect) {
                 )),
                 TextLine::raw(format!(
                     "drops: accept queue full {}  SYN queue full {}  final-ACK overflow {}  other {}",
-                    l.drops.accept_queue_full,
-                    l.drops.syn_queue_full,
-                    l.drops.final_ack_overflow,
-                    l.drops.other
+                    l.drops[DropReason::AcceptQueueFull],
+                    l.drops[DropReason::SynQueueFull],
+                    l.drops[DropReason::FinalAckOverflow],
+                    l.drops[DropReason::Other]
                 )),
                 TextLine::raw(format!(
                     "accept wait p50 {}  p99 {}  (last refresh)",
@@ -518,7 +520,7 @@ fn draw_detail(frame: &mut Frame, app: &App, area: Rect) {
             .chain(
                 app.findings
                     .iter()
-                    .filter(|f| f.subject == crate::doctor::finding::subject(l))
+                    .filter(|f| f.subject == crate::diagnosis::finding::subject(l))
                     .map(|f| {
                         TextLine::styled(
                             format!("doctor: {} ({:?}): {}", f.kind, f.severity, f.summary),
@@ -651,7 +653,7 @@ mod tests {
             listener(4, 8080, "app", 64, 64),
         ];
         let mut busy = quiet.clone();
-        busy[0].drops.accept_queue_full = 50;
+        busy[0].drops[DropReason::AcceptQueueFull] = 50;
         busy[0].syns_received = 200;
         busy[0].queues = QueueFigures {
             accept_depth: 129,

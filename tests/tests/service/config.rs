@@ -1,15 +1,14 @@
 //! The config file (`check-config`) and the shipped systemd unit.
 
-use std::{
-    path::{Path, PathBuf},
-    process::Command,
-};
+use std::process::Command;
 
 use backlogd_tests::{
     daemon::{binary, run_to_end},
     tempdir::TempDir,
     tools,
 };
+
+use crate::support::unit_file;
 
 #[test]
 fn check_config_prints_effective_settings_and_rejects_unknown_keys_by_name() {
@@ -66,10 +65,6 @@ fn check_config_prints_effective_settings_and_rejects_unknown_keys_by_name() {
     let out = run_to_end(&["run", "--config", bad.to_str().unwrap()]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("max_conections"));
-}
-
-fn unit_file() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/systemd/backlogd.service")
 }
 
 #[test]

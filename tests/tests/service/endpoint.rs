@@ -17,7 +17,8 @@ use socket2::{Domain, Socket, Type};
 
 use crate::support::*;
 
-/// Times a well-behaved scrape; panics if it fails.
+/// Times a well-behaved scrape (a figure for the report, or held to a configured bound);
+/// panics if it fails.
 fn timed_scrape(addr: SocketAddr) -> Duration {
     let start = Instant::now();
     let (status, body) = http::try_get(addr, "/metrics").unwrap_or_else(|e| panic!("scrape: {e}"));
@@ -52,16 +53,22 @@ fn only_documented_paths_and_methods_are_served() {
     assert!(delete.starts_with("HTTP/1.1 405"), "{delete}");
 }
 
+/// Abusive clients of every kind, and a scraper meanwhile. A scrape that had to wait for
+/// a slot would get one only when the header timeout cut some connection: each is held to
+/// answer before the configured `read_header_timeout`, the only bound here that is a
+/// feature (the connection limit's eviction); every other wait only catches a hang.
 #[test]
 fn malformed_oversized_slow_and_flooding_clients_leave_metrics_answering() {
-    let daemon = Daemon::start_with(&[
+    let flags = [
         "--http-max-connections",
         "32",
         "--http-read-header-timeout",
         "2",
-    ]);
+    ];
+    let daemon = Daemon::start_with(&flags);
     let addr = daemon.addr;
-    let bound = Duration::from_secs(3);
+    let timeout = http_seconds(&flags, "read_header_timeout");
+    let max = http_setting(&flags, "max_connections") as usize;
 
     let garbage = raw(addr, b"\x16\x03\x01\x02\x00GARBAGE\r\n\r\n");
     assert!(
@@ -83,42 +90,43 @@ fn malformed_oversized_slow_and_flooding_clients_leave_metrics_answering() {
         "malformed: {garbage:?}; oversized head: {}",
         oversized.lines().next().unwrap_or("")
     );
-    assert!(timed_scrape(addr) < bound);
+    timed_scrape(addr);
 
     // Slowloris: more slow connections than the limit, each trickling a head for longer
     // than the header timeout. Past the limit each new connection closes an older idle
     // one; the others are cut at the header timeout: none outlives it.
-    let timeout = Duration::from_secs(2);
-    let give_up = timeout + Duration::from_secs(10);
     let never = Arc::new(AtomicBool::new(false));
     let slow: Vec<_> = (0..64)
-        .map(|_| slowloris(addr, give_up, never.clone()))
+        .map(|_| slowloris(addr, HANG, never.clone()))
         .collect();
-    std::thread::sleep(Duration::from_millis(500));
+    // Every one connected and taken in (the evicted ones closed again) before scraping.
+    eventually("64 slowloris clients taken in", HANG, || {
+        (slow.iter().filter(|t| t.is_finished()).count() >= 64 - max).then_some(())
+    });
     let mut worst = Duration::ZERO;
     for _ in 0..10 {
         worst = worst.max(timed_scrape(addr));
-        std::thread::sleep(Duration::from_millis(300));
     }
     let slow: Vec<Slow> = slow.into_iter().map(|t| t.join().unwrap()).collect();
-    eprintln!("slowloris (64 connections, limit 32): worst of 10 scrapes {worst:?}");
-    assert!(worst < bound, "scrape took {worst:?} under slowloris");
+    eprintln!("slowloris (64 connections, limit {max}): worst of 10 scrapes {worst:?}");
+    assert!(
+        worst < timeout,
+        "a scrape took {worst:?} under slowloris, as long as the header timeout \
+         ({timeout:?}) that frees slots without eviction"
+    );
     for (i, r) in slow.iter().enumerate() {
-        let closed = r
-            .closed_after
-            .unwrap_or_else(|| panic!("slowloris {i} still open after {give_up:?}: {r:?}"));
-        assert!(
-            closed <= timeout + Duration::from_secs(3) && r.reply.is_empty(),
-            "slowloris {i} (header timeout {timeout:?}): {r:?}"
-        );
+        r.closed_after
+            .unwrap_or_else(|| panic!("slowloris {i} still open after {HANG:?}: {r:?}"));
+        assert!(r.reply.is_empty(), "slowloris {i}: {r:?}");
     }
+    // Closed before the header timeout could: evicted by the limit.
     let evicted = slow
         .iter()
         .filter(|r| r.closed_after.is_some_and(|c| c < timeout))
         .count();
     assert!(
-        evicted >= 64 - 32,
-        "64 slowloris with a limit of 32, only {evicted} closed before the header timeout"
+        evicted >= 64 - max,
+        "64 slowloris with a limit of {max}, only {evicted} closed before the header timeout"
     );
 
     // Flood: many connections opened at once and left silent.
@@ -130,38 +138,46 @@ fn malformed_oversized_slow_and_flooding_clients_leave_metrics_answering() {
         worst = worst.max(timed_scrape(addr));
     }
     eprintln!(
-        "flood ({} idle connections, limit 32): worst of 10 scrapes {worst:?}",
+        "flood ({} idle connections, limit {max}): worst of 10 scrapes {worst:?}",
         flood.len()
     );
     assert!(
-        worst < bound,
-        "scrape took {worst:?} under a connection flood"
+        worst < timeout,
+        "a scrape took {worst:?} under a connection flood, as long as the header timeout \
+         ({timeout:?}) that frees slots without eviction"
     );
     drop(flood);
-    assert!(timed_scrape(addr) < bound);
+    timed_scrape(addr);
 }
 
+/// Slowloris clients below the connection limit: nothing but the header timeout can close
+/// them (no eviction; their bytes keep the idle timeout away), and it must, not before
+/// its configured value; a scraper is answered meanwhile.
 #[test]
 fn slowloris_clients_are_cut_at_the_header_timeout_while_metrics_answers() {
-    let timeout = Duration::from_secs(2);
-    let daemon = Daemon::start_with(&[
+    let flags = [
         "--http-read-header-timeout",
         "2",
         "--http-max-connections",
         "64",
-    ]);
+    ];
+    let daemon = Daemon::start_with(&flags);
+    let timeout = http_seconds(&flags, "read_header_timeout");
     let addr = daemon.addr;
     // Fewer than the limit, so that no eviction closes them: only the header timeout can.
     // They trickle a byte every 200 ms, far more often than the idle timeout (60 s).
-    let give_up = timeout + Duration::from_secs(10);
     let never = Arc::new(AtomicBool::new(false));
     let slow: Vec<_> = (0..16)
-        .map(|_| slowloris(addr, give_up, never.clone()))
+        .map(|_| slowloris(addr, HANG, never.clone()))
         .collect();
+    // Scrapes while they trickle; those that ended with every slowloris still open count.
     let mut scrapes = Vec::new();
-    let start = Instant::now();
-    while !slow.iter().all(|t| t.is_finished()) && start.elapsed() < give_up {
+    let mut while_open = 0;
+    while !slow.iter().all(|t| t.is_finished()) {
         scrapes.push(timed_scrape(addr));
+        if !slow.iter().any(|t| t.is_finished()) {
+            while_open += 1;
+        }
         std::thread::sleep(Duration::from_millis(200));
     }
     let slow: Vec<Slow> = slow.into_iter().map(|t| t.join().unwrap()).collect();
@@ -170,32 +186,33 @@ fn slowloris_clients_are_cut_at_the_header_timeout_while_metrics_answers() {
         .enumerate()
         .map(|(i, r)| {
             r.closed_after
-                .unwrap_or_else(|| panic!("slowloris {i} still open after {give_up:?}: {r:?}"))
+                .unwrap_or_else(|| panic!("slowloris {i} still open after {HANG:?}: {r:?}"))
         })
         .collect();
     eprintln!(
         "16 slowloris, header timeout {timeout:?}: closed after {:?} to {:?}; {} scrapes \
-         meanwhile, worst {:?}",
+         meanwhile ({while_open} while all were open), worst {:?}",
         closed.iter().min().unwrap(),
         closed.iter().max().unwrap(),
         scrapes.len(),
         scrapes.iter().max().unwrap()
     );
     for (i, (r, closed)) in slow.iter().zip(&closed).enumerate() {
-        // Not before the deadline (the clock started before connect()), and not long
-        // after it; nothing sent back; bytes were trickling until the cut.
+        // Not before the deadline (the clock started before connect()); nothing sent
+        // back; bytes were trickling until the cut.
         assert!(
-            *closed >= timeout && *closed <= timeout + Duration::from_secs(3),
-            "slowloris {i} closed after {closed:?}, header timeout {timeout:?}: {r:?}"
+            *closed >= timeout,
+            "slowloris {i} closed after {closed:?}, before the header timeout {timeout:?}: \
+             {r:?}"
         );
         assert!(r.reply.is_empty(), "slowloris {i}: {r:?}");
         assert!(r.sent >= 5, "slowloris {i} sent {} bytes: {r:?}", r.sent);
     }
-    // A well-behaved client was answered all along (timed_scrape asserts each answer).
-    assert!(scrapes.len() >= 2, "{} scrapes", scrapes.len());
+    // A well-behaved client was answered while they held their connections
+    // (timed_scrape asserts each answer).
     assert!(
-        scrapes.iter().all(|t| *t < Duration::from_secs(3)),
-        "scrape times under slowloris: {scrapes:?}"
+        while_open >= 1,
+        "no scrape answered while the slowloris clients were all open: {scrapes:?}"
     );
 }
 
@@ -310,14 +327,16 @@ fn a_large_scrape_read_slowly_is_not_truncated_when_a_flood_hits_the_connection_
             .map(|_| TcpStream::connect(addr).expect("flood connect"))
             .collect()
     });
-    // Each flood connection past the limit closes one connection: wait until the server
-    // has taken them all in.
-    eventually(
-        "the server closing connections past the limit",
-        Duration::from_secs(10),
-        || (flood.iter().filter(|s| closed_by_server(s)).count() >= FLOOD - MAX).then_some(()),
-    );
-    std::thread::sleep(Duration::from_millis(500));
+    // Each flood connection past the limit closes one connection as the server accepts
+    // it: wait until the server has taken them all in (its accept queue, `ss` Recv-Q,
+    // empty), so every eviction was decided, and the closes it decided arrived.
+    let port = addr.port().to_string();
+    eventually("the server taking in the flood", HANG, || {
+        let ss = ns.command("ss", &["-Hltn", &format!("sport = :{port}")]);
+        let queued: u64 = ss.split_whitespace().nth(1)?.parse().ok()?;
+        let closed = flood.iter().filter(|s| closed_by_server(s)).count();
+        (queued == 0 && closed >= FLOOD - (MAX - 1)).then_some(())
+    });
     go_tx.send(()).unwrap();
     let (got, error) = reader.join().unwrap();
     let closed = flood.iter().filter(|s| closed_by_server(s)).count();

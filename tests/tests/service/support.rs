@@ -5,6 +5,7 @@ use std::{
     io::{Read as _, Write as _},
     net::{SocketAddr, TcpListener, TcpStream},
     os::{linux::net::SocketAddrExt as _, unix::net::UnixDatagram},
+    path::{Path, PathBuf},
     sync::{
         Arc,
         atomic::{AtomicBool, Ordering},
@@ -19,6 +20,78 @@ pub(crate) fn free_port() -> u16 {
         .local_addr()
         .unwrap()
         .port()
+}
+
+/// The shipped systemd unit.
+pub(crate) fn unit_file() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/systemd/backlogd.service")
+}
+
+/// A time setting of the shipped unit (`TimeoutStopSec=10s`): where a bound is the
+/// feature, the test holds the daemon to the unit's own value, not a copy of it.
+pub(crate) fn unit_seconds(key: &str) -> Duration {
+    let unit = std::fs::read_to_string(unit_file()).expect("the shipped unit");
+    let value = unit
+        .lines()
+        .find_map(|l| l.strip_prefix(key)?.strip_prefix('='))
+        .unwrap_or_else(|| panic!("no {key}= in {}", unit_file().display()));
+    let secs = value
+        .trim()
+        .strip_suffix('s')
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{key}={value}: not whole seconds (`10s`)"));
+    Duration::from_secs(secs)
+}
+
+/// A `[http]` setting as the daemon takes it with `flags` (`backlogd check-config
+/// --config /dev/null FLAGS`): the value a test's bound must be, read from the daemon
+/// rather than typed a second time.
+pub(crate) fn http_setting(flags: &[&str], key: &str) -> u64 {
+    let out = backlogd_tests::daemon::run_to_end(
+        &[&["check-config", "--config", "/dev/null"], flags].concat(),
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "check-config {flags:?}: {out:?}");
+    let table: toml::Table = text.parse().unwrap_or_else(|e| panic!("{e}: {text}"));
+    table["http"][key]
+        .as_integer()
+        .and_then(|n| u64::try_from(n).ok())
+        .unwrap_or_else(|| panic!("no http.{key} in:\n{text}"))
+}
+
+/// [`http_setting`] for a setting in seconds.
+pub(crate) fn http_seconds(flags: &[&str], key: &str) -> Duration {
+    Duration::from_secs(http_setting(flags, key))
+}
+
+/// How long a test waits for an event (a reply, an exit, a close) before calling it a
+/// hang: never a bound on how fast backlogd is.
+pub(crate) const HANG: Duration = Duration::from_secs(60);
+
+/// Waits until the daemon listening on `addr` has accepted every connection made to it
+/// (its accept queue, `ss` Recv-Q, empty) and holds at least `n` (server-side ESTABLISHED
+/// sockets on its port).
+pub(crate) fn accepted_by_daemon(addr: SocketAddr, n: usize) {
+    let port = addr.port();
+    eventually("the daemon accepting its clients", HANG, || {
+        let ss = |args: &[&str]| {
+            let out = std::process::Command::new("ss")
+                .args(args)
+                .output()
+                .expect("ss (iproute2)");
+            String::from_utf8_lossy(&out.stdout).into_owned()
+        };
+        let filter = format!("sport = :{port}");
+        let queued: u64 = ss(&["-Hltn", &filter])
+            .split_whitespace()
+            .nth(1)?
+            .parse()
+            .ok()?;
+        let open = ss(&["-Htn", "state", "established", &filter])
+            .lines()
+            .count();
+        (queued == 0 && open >= n).then_some(())
+    });
 }
 
 /// A notify socket in the abstract namespace, as `systemd-notify`-compatible supervisors

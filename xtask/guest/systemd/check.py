@@ -654,8 +654,132 @@ def listeners_are_named_by_their_unit_and_netns():
     return ev
 
 
+# ---- 10 (issue 31) ------------------------------------------------------------------------
+# Socket units started by PID 1 before the daemon ever ran, in namespaces of their own:
+# (namespace, its net.core.somaxconn) and (unit, namespace, port, Backlog= or None).
+SOCKET_NETNS = {"sgsock": 64, "sgsockhi": 4096}
+SOCKET_UNITS = [
+    ("sg-plain", "sgsock", 18090, None),
+    ("sg-backlog", "sgsock", 18091, 256),
+    ("sg-plain-hi", "sgsockhi", 18092, None),
+    ("sg-backlog-hi", "sgsockhi", 18093, 256),
+]
+# The one whose service is started (Accept=no: the service holds the listening socket
+# too). Every socket unit has a service (systemd refuses to start one without), started on
+# a first connection, which never comes to the others.
+SOCKET_SERVICE = "sg-backlog"
+
+
+def prepare_socket_units():
+    """Runs before the package is installed, so no daemon ever sees these listen() calls:
+    backlogd must know what systemd asked for from the units themselves."""
+    for ns, somaxconn in SOCKET_NETNS.items():
+        sh("ip", "netns", "add", ns)
+        sh("ip", "-n", ns, "link", "set", "lo", "up")
+        sh("ip", "netns", "exec", ns, "sh", "-c",
+           f"echo {somaxconn} > /proc/sys/net/core/somaxconn")
+    for unit, ns, port, backlog in SOCKET_UNITS:
+        with open(f"/etc/systemd/system/{unit}.socket", "w") as f:
+            f.write(f"[Unit]\nDescription=backlogd guest check 10: {unit}\n"
+                    f"[Socket]\nListenStream=127.0.0.1:{port}\n"
+                    f"NetworkNamespacePath=/run/netns/{ns}\n"
+                    + (f"Backlog={backlog}\n" if backlog is not None else ""))
+        # The service holds the socket (fd 3) and never accepts.
+        with open(f"/etc/systemd/system/{unit}.service", "w") as f:
+            f.write("[Service]\nExecStart=/usr/bin/python3 -c \"import socket, time; "
+                    "s = socket.socket(fileno=3); time.sleep(1e9)\"\n")
+    sh("systemctl", "daemon-reload")
+    started = [f"{unit}.socket" for unit, _, _, _ in SOCKET_UNITS] + \
+        [f"{SOCKET_SERVICE}.service"]
+    for unit in started:
+        p = sh("systemctl", "start", unit, ok=False)
+        if p.returncode != 0:
+            why = sh("journalctl", "-b", "-u", unit, "--no-pager", "-n", "15", ok=False).stdout
+            raise CheckFailed(f"systemctl start {unit} failed ({p.returncode}): "
+                              f"{p.stderr.strip()}; its journal: {why.strip()}")
+
+
+def ns_granted(ns, port):
+    """The backlog the kernel granted the listener on `port` in `ns` (ss Send-Q)."""
+    out = sh("ip", "netns", "exec", ns, "ss", "-Hltn", f"sport = :{port}").stdout.split()
+    return int(out[2]) if len(out) > 2 else None
+
+
+def socket_units_backlog_is_read_and_clamps_named():
+    """The program table's systemd row in a real run: a unit without Backlog= asks for the
+    most the kernel allows (granted somaxconn, whatever it is; no finding); one with
+    Backlog=256 asks for 256 (granted 256 where somaxconn is 4096), which backlogd reads
+    from the unit and doctor names as a clamp where somaxconn is 64, with systemd's own
+    setting in the remedy."""
+    ev = EVIDENCE
+    if state.get("socket_units_error"):
+        raise CheckFailed(f"the socket units did not start: {state['socket_units_error']}")
+    inode = {ns: os.stat(f"/run/netns/{ns}").st_ino for ns in SOCKET_NETNS}
+    for unit, ns, port, backlog in SOCKET_UNITS:
+        got = ns_granted(ns, port)
+        asks = backlog if backlog is not None else "the most the kernel allows"
+        want = min(backlog or SOCKET_NETNS[ns], SOCKET_NETNS[ns])
+        ev.append(f"{unit}.socket (Backlog={backlog}) in {ns} (somaxconn "
+                  f"{SOCKET_NETNS[ns]}): asks {asks}, the kernel granted {got}")
+        expect(got == want, f"{unit}: granted {got}, want {want}")
+
+    def listener(ns, port):
+        _, text = http_get("/api/v1/snapshot")
+        for l in json.loads(text)["listeners"]:
+            if l.get("netns") == inode[ns] and l.get("port") == port:
+                return l
+        return None
+
+    def known(ns, port):
+        l = listener(ns, port)
+        return l if l and l.get("request", {}).get("known") in ("program", "somaxconn") \
+            else None
+    for unit, ns, port, backlog in SOCKET_UNITS:
+        l = wait_for(f"backlogd knowing what {unit}.socket asks for", lambda: known(ns, port),
+                     timeout=60)
+        ev.append(f"API {unit}: comm {l.get('comm')} pid {l.get('pid')} granted "
+                  f"{l.get('granted')} request {l.get('request')}")
+        req = l["request"]
+        expect(l.get("pid") == 1 and req.get("program") == "systemd",
+               f"{unit}: not attributed to PID 1 as systemd: {l}")
+        if backlog is None:
+            expect(req["known"] == "somaxconn", f"{unit}: {req}")
+        else:
+            expect(req["known"] == "program" and req.get("backlog") == backlog
+                   and f"/etc/systemd/system/{unit}.socket:" in req.get("source", "")
+                   and req["source"].endswith(f"Backlog={backlog}"),
+                   f"{unit}: {req}")
+    _, text = http_get("/api/v1/findings")
+    findings = json.loads(text)
+    for unit, ns, port, backlog in SOCKET_UNITS:
+        about = [f for f in findings
+                 if f":{port} (netns {inode[ns]})" in f["subject"]
+                 and f["kind"] in ("backlog_clamped", "backlog_maybe_clamped")]
+        clamped = backlog is not None and backlog > SOCKET_NETNS[ns]
+        ev.append(f"findings on {unit}: {[(f['kind'], f['summary']) for f in about]}")
+        if not clamped:
+            expect(not about, f"{unit} is not clamped, yet: {about}")
+            continue
+        expect(len(about) == 1 and about[0]["kind"] == "backlog_clamped",
+               f"{unit}: want one backlog_clamped, got {about}")
+        f = about[0]
+        expect(f["summary"].endswith(f"asks for backlog {backlog} on 127.0.0.1:{port}, the "
+                                     f"kernel granted {SOCKET_NETNS[ns]}"),
+               f"summary: {f['summary']}")
+        evidence = "; ".join(f["evidence"])
+        expect(f"systemd asks for {backlog}: /etc/systemd/system/{unit}.socket:" in evidence
+               and f"net.core.somaxconn = {SOCKET_NETNS[ns]}" in evidence,
+               f"evidence: {evidence}")
+        expect(f"net.core.somaxconn={backlog}" in f["remedy"]
+               and "`Backlog=` in the .socket unit" in f["remedy"],
+               f"remedy: {f['remedy']}")
+        ev.append(f"doctor on {unit}: {f['summary']}; remedy: {f['remedy']}")
+    return ev
+
+
 CHECKS = [
-    # (number in issue 20's list, or 9: issue 21's; name, function), in the order they run.
+    # (number in issue 20's list, 9: issue 21's, 10: issue 31's; name, function), in the
+    # order they run.
     (8, "unit-commands-come-from-declared-dependencies",
      unit_commands_come_from_declared_dependencies),
     (1, "start-becomes-active-only-after-READY", start_becomes_active_only_after_ready),
@@ -666,6 +790,8 @@ CHECKS = [
      sigkill_restarts_and_counters_continue_from_the_pins),
     (9, "listeners-named-by-their-systemd-unit-and-netns",
      listeners_are_named_by_their_unit_and_netns),
+    (10, "socket-units-Backlog-read-and-clamp-named",
+     socket_units_backlog_is_read_and_clamps_named),
     (3, "watchdog-kills-a-SIGSTOPped-daemon-and-it-restarts", watchdog_kills_a_stopped_daemon),
     (6, "remove-and-purge-leave-no-program-attached", remove_and_purge_leave_nothing_attached),
 ]
@@ -676,6 +802,10 @@ def main():
     say(f"kernel {os.uname().release} systemd "
         f"{sh('systemctl', '--version').stdout.split()[1]} up {time.clock_gettime(time.CLOCK_BOOTTIME):.1f} s")
     state["baseline_progs"] = bpf_progs()
+    try:
+        prepare_socket_units()
+    except Exception as e:
+        state["socket_units_error"] = str(e)
     t = time.monotonic()
     p = sh("apt-get", "install", "-y", "--no-install-recommends", DEB, ok=False)
     say(f"install: apt-get install {os.path.basename(DEB)}: rc {p.returncode} "
@@ -690,7 +820,7 @@ def main():
         try:
             if p.returncode != 0:
                 raise CheckFailed("the package did not install")
-            if n in (2, 3, 4, 5, 7, 9) and state.get("pid") is None:
+            if n in (2, 3, 4, 5, 7, 9, 10) and state.get("pid") is None:
                 raise CheckFailed("not run: the service never became active (check 1)")
             fn()
             for line in EVIDENCE:

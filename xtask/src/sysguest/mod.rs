@@ -31,8 +31,9 @@ const MARK: &str = "@@backlogd-systemd";
 /// says what the kernel made it leave out; 4 then proves what is left); 8: every program
 /// the unit runs comes from a package the .deb depends on (or an Essential one); 9 (issue
 /// 21): a transient service's listener is named by its unit, an `ip netns` namespace by its
-/// name.
-const CHECKS: &[u32] = &[1, 2, 3, 4, 5, 6, 7, 8, 9];
+/// name; 10 (issue 31): `.socket` units PID 1 started before the daemon, with and without
+/// `Backlog=`, get what systemd asked for and the clamp is named with `Backlog=`.
+const CHECKS: &[u32] = &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10];
 
 /// A guest that has not powered off by then is killed: the boot takes about 15 s and the
 /// checks about 2 minutes under TCG here; anything near this is a hang.
@@ -284,7 +285,7 @@ mod tests {
              {MARK} check 4 pins PASS (1 s)\n{MARK} check 5 hard PASS (1 s)\n\
              {MARK} check 6 rm PASS (1 s)\n{MARK} check 7 left PASS (1 s)\n\
              {MARK} check 8 deps PASS (1 s)\n{MARK} check 9 names PASS (1 s)\n\
-             {MARK} done passed=9 failed=0\n"
+             {MARK} check 10 sockets PASS (1 s)\n{MARK} done passed=10 failed=0\n"
         );
         assert!(judge(&ok).is_ok());
         let failed = ok.replace("check 4 pins PASS", "check 4 pins FAIL");
@@ -293,7 +294,7 @@ mod tests {
         let missing = ok.replace(&format!("{MARK} check 6 rm PASS (1 s)\n"), "");
         let e = judge(&missing).unwrap_err().to_string();
         assert!(e.contains("check 6 never reported"), "{e}");
-        let unfinished = ok.replace(&format!("{MARK} done passed=9 failed=0\n"), "");
+        let unfinished = ok.replace(&format!("{MARK} done passed=10 failed=0\n"), "");
         assert!(judge(&unfinished).is_err());
         let panic = format!("{ok}[ 9.1] Kernel panic - not syncing: softlockup: hung tasks\n");
         assert!(judge(&panic).unwrap_err().to_string().contains("panicked"));

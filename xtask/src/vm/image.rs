@@ -199,11 +199,11 @@ pub(crate) fn build_initramfs(
 /// after 5 is stuck or starved. Guest time, which under TCG can run fast (5.10's ran
 /// up to 2.6x fast on that machine): each run's `end` marker carries its guest seconds
 /// (`secs=`), so the CI log shows how close any suite comes.
-const SUITE_SLOW: Duration = Duration::from_secs(5 * 60);
+pub(super) const SUITE_SLOW: Duration = Duration::from_secs(5 * 60);
 /// A suite run this long is killed (its row fails with rc=137 and the state printed), so
 /// the guest goes on with its other runs instead of reaching [`GUEST_TIMEOUT`]; 18 minutes
 /// here once cost a CI run its last kernel's remaining suites.
-const SUITE_STUCK: Duration = Duration::from_secs(9 * 60);
+pub(super) const SUITE_STUCK: Duration = Duration::from_secs(9 * 60);
 
 /// The guest's /init: mounts what backlogd and the suites need, loads modules, runs every
 /// suite per mode with markers the host parses, and powers off.
@@ -220,6 +220,19 @@ mount -t cgroup2 cgroup2 /sys/fs/cgroup
 ip link set lo up
 @INSMODS@
 echo "@MARK@ kernel $(uname -r) expected @RELEASE@ cpus $(nproc)"
+# The kernel's taint flags as letters (Documentation/admin-guide/tainted-kernels.rst).
+taint_letters() {
+    bits=$1 i=0 letters=""
+    for l in P F S R M B U D A W C I O E L K X T N J; do
+        [ $(( (bits >> i) & 1 )) = 1 ] && letters="$letters$l"
+        i=$((i + 1))
+    done
+    echo "${letters:-none}"
+}
+# A WARN or an Oops that did not panic shows only here (loglevel=3 hides it from the
+# console): flags gained during a suite fail its row, with the kernel log printed.
+last_taint=$(cat /proc/sys/kernel/tainted)
+echo "@MARK@ taint at boot: $last_taint ($(taint_letters $last_taint))"
 export BACKLOGD_BIN=/backlogd/backlogd RUST_BACKTRACE=1 NO_COLOR=1
 export BACKLOGD_TEST_LOG_DIR=/tmp/daemon-logs
 mkdir -p $BACKLOGD_TEST_LOG_DIR
@@ -267,6 +280,12 @@ run_suite() {
     wait $pid
     rc=$?
     kill $watchdog 2>/dev/null
+    taint=$(cat /proc/sys/kernel/tainted)
+    if [ "$taint" != "$last_taint" ]; then
+        echo "@MARK@ tainted mode=$mode suite=$suite flags=$(taint_letters $((taint & ~last_taint)))"
+        dmesg | tail -n 120 | sed 's/^/kernel log: /'
+        last_taint=$taint
+    fi
     echo "@MARK@ end mode=$mode suite=$suite secs=$(($(cut -d. -f1 /proc/uptime) - began)) rc=$rc"
 }
 @RUNS@
@@ -277,21 +296,19 @@ poweroff -f
 /// The init script's `run_suite` lines: every suite in every mode, `repeat` times, less the
 /// skipped tests of (mode, suite, test).
 pub(super) fn suite_runs(
-    modes: &[&str],
+    mode: &str,
     suites: &[(&str, Option<&str>)],
     repeat: u32,
-    skips: &[(&str, &str, &str)],
+    skips: &[(&str, &str)],
 ) -> Vec<String> {
     let mut runs = Vec::new();
-    for mode in modes {
-        for (suite, filter) in suites {
-            let mut args = filter.unwrap_or("").to_owned();
-            for (_, _, test) in skips.iter().filter(|s| s.0 == *mode && s.1 == *suite) {
-                args.push_str(&format!(" --skip {test}"));
-            }
-            for _ in 0..repeat {
-                runs.push(format!("run_suite {mode} {suite} {args}\n"));
-            }
+    for (suite, filter) in suites {
+        let mut args = filter.unwrap_or("").to_owned();
+        for (_, test) in skips.iter().filter(|s| s.0 == *suite) {
+            args.push_str(&format!(" --skip {test}"));
+        }
+        for _ in 0..repeat {
+            runs.push(format!("run_suite {mode} {suite} {args}\n"));
         }
     }
     runs

@@ -25,6 +25,7 @@ mod console;
 pub(crate) use self::console::{LOCKUPS_PANIC, qemu, wait_for_qemu};
 mod image;
 mod kernels;
+pub(crate) mod plan;
 mod report;
 
 // The guest bench (`bench/guest.rs`) boots the matrix's kernels with the matrix's initramfs.
@@ -34,30 +35,15 @@ pub(crate) use self::{
     kernels::{KERNELS, fetch_kernel},
 };
 
-use self::{console::*, image::*, kernels::*, report::*};
+use self::{console::*, image::*, kernels::*, plan::*, report::*};
 
 pub const MODES: &[&str] = &["fentry", "kprobe", "tracepoint"];
 
-/// Integration suites that exercise the hook modes, with an optional test-name filter.
-/// (The exporter, nginx, Prometheus and terminal suites do not depend on the mode and run
-/// on the host.)
-const GUEST_SUITES: &[(&str, Option<&str>)] = &[
-    ("cli", Some("hook_mode")),
-    ("listen_backlog", None),
-    ("syn_drops", None),
-    ("accept_queue", None),
-    ("reuseport", None),
-    ("lifecycle", None),
-    ("pinning", None),
-    ("capacity", None),
-    ("program_runs", None),
-    ("stress", None),
-    ("container", None),
-    ("client_impact", None),
-];
-
-/// What runs in a mode the kernel cannot run: the refusal test.
-const REFUSAL_SUITE: &[(&str, Option<&str>)] = &[("cli", Some("hook_mode"))];
+/// Labels of every kernel `cargo xtask vm --kernel` knows.
+#[cfg(test)]
+pub fn kernel_labels() -> impl Iterator<Item = &'static str> {
+    KERNELS.iter().map(|k| k.label)
+}
 
 /// A guest that has not powered off by then is killed and its rows fail.
 const GUEST_TIMEOUT: Duration = Duration::from_secs(30 * 60);
@@ -73,7 +59,8 @@ pub struct Options {
     pub suites: Vec<String>,
     /// Runs of each suite per boot (flaky-test hunting); 1 when 0.
     pub repeat: u32,
-    /// Leave out the tests in [`CI_SKIPS`] (`cargo xtask test`), saying so in the table.
+    /// `cargo xtask test`'s plan: leave out what [`plan::CI_SUITE_KERNELS`] says, saying
+    /// so in the table.
     pub ci: bool,
     /// When the whole matrix must be over (`cargo xtask test`: CI's limit, less a margin).
     /// Boots are cut short to end by then; a kernel with too little time left is not
@@ -85,28 +72,6 @@ pub struct Options {
 /// alone takes a minute under TCG, and a row cut short proves nothing either way.
 const MIN_BOOT_TIME: Duration = Duration::from_secs(4 * 60);
 
-/// Tests `cargo xtask test` leaves out of the matrix, each with the reason; `cargo xtask
-/// vm` runs them. (kernel, mode, suite, test, reason). Empty: the one that was here
-/// (reuseport on 6.1 in kprobe mode, see backlogd-ebpf/src/kprobe.rs) is fixed.
-const CI_SKIPS: &[(&str, &str, &str, &str, &str)] = &[];
-
-/// Suites `cargo xtask test` runs only on some kernels, to keep CI well inside its 90
-/// minutes: (suite, kernels, reason). `cargo xtask vm` runs them everywhere.
-const CI_SUITE_KERNELS: &[(&str, &[&str], &str)] = &[
-    (
-        "stress",
-        &["debian-5.10", "trixie-backports"],
-        "the heaviest suite; CI runs it on the oldest and the newest kernel until it has been \
-         green on every kernel there",
-    ),
-    (
-        "client_impact",
-        &["debian-5.10", "trixie-backports"],
-        "its tests wait out real SYN retries and a horizon (about 40 s per mode); CI runs it \
-         on the oldest and the newest kernel",
-    ),
-];
-
 /// One kernel x mode cell of the table.
 struct Row {
     kernel: String,
@@ -117,11 +82,37 @@ struct Row {
     broken: Vec<String>,
     /// Per `suite::test`: (runs that finished, runs that passed).
     tests: std::collections::BTreeMap<String, (u32, u32)>,
+    /// What the tests marked (skips, not-exact checks), in console order.
+    marks: Vec<crate::marks::Mark>,
+    /// Taint flags the kernel gained during a suite: (suite, flags), e.g. a WARN (`W`).
+    tainted: Vec<(String, String)>,
+    /// Guest seconds of each suite run that ended: (suite, secs).
+    durations: Vec<(String, u64)>,
 }
 
 impl Row {
+    /// The row's marks judged against the expected lists.
+    fn judged(&self) -> crate::marks::Judged {
+        let ran: Vec<String> = self.tests.keys().cloned().collect();
+        crate::marks::judge(&self.kernel, &self.mode, &self.marks, &ran)
+    }
+
+    /// Passes that checked: libtest's passes less the skips.
+    fn checked(&self) -> u64 {
+        let skips = self
+            .marks
+            .iter()
+            .filter(|m| m.kind == crate::marks::Kind::Skip)
+            .count() as u64;
+        self.passed.saturating_sub(skips)
+    }
+
     fn ok(&self) -> bool {
-        self.failed == 0 && self.broken.is_empty() && self.passed > 0
+        self.failed == 0
+            && self.broken.is_empty()
+            && self.tainted.is_empty()
+            && self.checked() > 0
+            && self.judged().ok()
     }
 }
 
@@ -177,48 +168,38 @@ pub fn run(opts: &Options) -> Result<()> {
     let mut crashes = Vec::new();
     let mut notes = Vec::new();
     let mut out_of_time = Vec::new();
+    // Boots begun again after the TCG text-poke crash (`is_tcg_text_poke`).
+    let mut retried = 0;
+    let started = Instant::now();
     for spec in kernels {
-        let suites: Vec<(&str, Option<&str>)> = all_suites
-            .iter()
-            .filter(|(suite, _)| {
-                let left_out = CI_SUITE_KERNELS
-                    .iter()
-                    .find(|(s, on, _)| opts.ci && s == suite && !on.contains(&spec.label));
-                if let Some((s, on, why)) = left_out {
-                    notes.push(format!(
-                        "{} x every mode: suite {s} NOT RUN by `cargo xtask test` ({why}: {}); \
-                         `cargo xtask vm` runs it",
-                        spec.label,
-                        on.join(", ")
-                    ));
-                }
-                left_out.is_none()
-            })
-            .copied()
-            .collect();
         let kernel = fetch_kernel(spec)?;
         let work = crate::workspace_root().join("target/vm").join(spec.label);
-        let skips: Vec<(&str, &str, &str)> = CI_SKIPS
-            .iter()
-            .filter(|s| opts.ci && s.0 == spec.label)
-            .map(|s| (s.1, s.2, s.3))
-            .collect();
-        // A mode the kernel cannot run gets the test that proves backlogd refuses it
-        // (and what `auto` picks instead), not suites that need a daemon in that mode.
         let mut runs = Vec::new();
         for mode in &modes {
-            let suites: &[(&str, Option<&str>)] = if spec.caps.runs(mode) {
-                &suites
-            } else {
+            let cell = plan::cell(spec, mode, &all_suites, opts.ci);
+            if !cell.runs_mode {
                 notes.push(format!(
                     "{} x {mode}: refused by backlogd on this kernel, as the capability \
                      table expects; the row is cli[hook_mode], which proves the refusal, \
                      its cause and auto's choice",
                     spec.label
                 ));
-                REFUSAL_SUITE
-            };
-            runs.extend(suite_runs(&[mode], suites, opts.repeat.max(1), &skips));
+            }
+            for (suite, why) in &cell.ci_left_out {
+                notes.push(format!(
+                    "{} x {mode}: suite {suite} NOT RUN by `cargo xtask test` ({why}); \
+                     `cargo xtask vm` runs it",
+                    spec.label
+                ));
+            }
+            for (suite, test, why) in &cell.not_run {
+                notes.push(format!(
+                    "{} x {mode}: {suite}::{test} not run: {why}",
+                    spec.label
+                ));
+            }
+            let skips: Vec<(&str, &str)> = cell.not_run.iter().map(|(s, t, _)| (*s, *t)).collect();
+            runs.extend(suite_runs(mode, &cell.suites, opts.repeat.max(1), &skips));
         }
         let caps = format!("export BACKLOGD_KERNEL_CAPS=\"{}\"\n", spec.caps.env());
         // Runs finished in earlier boots, and their console output.
@@ -287,6 +268,8 @@ pub fn run(opts: &Options) -> Result<()> {
                     boot_no + 1,
                     runs.len().saturating_sub(done + finished + 1)
                 ));
+                // The run it was in has no end; the ones after it fail their rows too.
+                unrun = runs.get(done + finished + 1..).unwrap_or_default();
             }
             eprintln!(
                 "xtask vm: {} finished in {:.0} s{}",
@@ -307,29 +290,36 @@ pub fn run(opts: &Options) -> Result<()> {
             );
             transcript.push_str(output);
             done += finished;
-            // A lockup or stall is what backlogd must never cause: it fails the row, and the
-            // rest is not run again (unlike a crash of the emulation's own text patching).
-            if is_lockup(&crash) {
+            let first_line = crash.lines().next().unwrap_or("").trim().to_owned();
+            // Only the emulation's own text-patching crash is retried; anything else the
+            // guest kernel did (a lockup, a stall, a GPF, a BUG, another Oops) fails the
+            // row, with the rest of this kernel's runs not run.
+            if is_tcg_text_poke(&crash) && boot_no < GUEST_CRASH_REBOOTS && done < runs.len() {
+                retried += 1;
                 crashes.push(format!(
-                    "{}: THE GUEST KERNEL LOCKED UP during `{during}` ({}, kernel log in the \
-                     CI log above); the rest of this kernel's runs did not run",
+                    "{}: the guest kernel died of QEMU TCG's text patching during `{during}` \
+                     ({first_line}, kernel log in the CI log above); that run and the rest \
+                     ran again in a fresh boot",
                     spec.label,
-                    crash.lines().next().unwrap_or("").trim()
                 ));
-                transcript.push_str(&console[output.len()..]);
-                break;
+                continue;
             }
-            if boot_no < GUEST_CRASH_REBOOTS && done < runs.len() {
-                crashes.push(format!(
-                    "{}: the guest kernel crashed during `{during}` ({}, kernel log in the \
-                     CI log above); that run and the rest ran again in a fresh boot",
-                    spec.label,
-                    crash.lines().next().unwrap_or("").trim()
-                ));
+            let what = if is_lockup(&crash) {
+                "LOCKED UP"
+            } else if is_tcg_text_poke(&crash) {
+                "CRASHED (TCG text poke, out of reboots)"
             } else {
-                transcript.push_str(&console[output.len()..]);
-                break;
-            }
+                "CRASHED"
+            };
+            crashes.push(format!(
+                "{}: THE GUEST KERNEL {what} during `{during}` ({first_line}, kernel log in \
+                 the CI log above); the rest of this kernel's runs did not run",
+                spec.label,
+            ));
+            transcript.push_str(&console[output.len()..]);
+            // The run that crashed has a begin and no end; the ones after it never began.
+            unrun = runs.get(done + 1..).unwrap_or_default();
+            break;
         }
         let mut kernel_rows = parse_console(spec.label, &transcript, &modes);
         mark_unrun(&mut kernel_rows, unrun);
@@ -343,19 +333,28 @@ pub fn run(opts: &Options) -> Result<()> {
     for crash in &crashes {
         let _ = writeln!(table, "GUEST CRASH: {crash}");
     }
+    let _ = writeln!(
+        table,
+        "guest boots begun again after QEMU TCG's text-poke crash (the only crash retried): \
+         {retried}"
+    );
     for what in &out_of_time {
         let _ = writeln!(table, "OUT OF TIME: {what}");
     }
     for note in &notes {
         let _ = writeln!(table, "NOTE: {note}");
     }
-    for (kernel, mode, suite, test, why) in CI_SKIPS.iter().filter(|_| opts.ci) {
-        let _ = writeln!(
-            table,
-            "NOT RUN here: {kernel} x {mode}: {suite}::{test}: {why}. `cargo xtask vm` runs it."
-        );
-    }
     println!("{table}");
+    // For docs/testing.md (`cargo xtask vm --plan --write-docs` copies it there).
+    let summary = format!(
+        "{}\n\n```\n{}```\n",
+        plan::run_header(started.elapsed(), opts),
+        table
+    );
+    let path = crate::workspace_root().join(plan::LAST_RUN);
+    if let Err(e) = std::fs::write(&path, summary) {
+        eprintln!("xtask vm: could not write {}: {e}", path.display());
+    }
     let failed: Vec<String> = rows
         .iter()
         .filter(|r| !r.ok())

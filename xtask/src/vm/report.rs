@@ -20,23 +20,51 @@ pub(super) fn render_table(rows: &[Row], suites: &[(&str, Option<&str>)], repeat
     t.push_str(")\n");
     let _ = writeln!(
         t,
-        "{:<17} {:<11} {:>6} {:>6}  result",
-        "kernel", "mode", "passed", "failed"
+        "{:<17} {:<11} {:>7} {:>7} {:>9} {:>6}  result",
+        "kernel", "mode", "checked", "skipped", "not exact", "failed"
     );
+    let mut details = String::new();
     for r in rows {
+        let judged = r.judged();
+        let mut why: Vec<String> = r.broken.clone();
+        why.extend(
+            r.tainted
+                .iter()
+                .map(|(suite, flags)| format!("kernel tainted {flags} during {suite}")),
+        );
+        if !judged.unexpected.is_empty() {
+            why.push(format!("{} unexpected skips", judged.unexpected.len()));
+        }
+        if !judged.missing.is_empty() {
+            why.push(format!(
+                "{} expected skips did not happen",
+                judged.missing.len()
+            ));
+        }
+        if r.checked() == 0 && r.failed == 0 {
+            why.push("nothing checked".into());
+        }
         let verdict = if r.ok() {
             "PASS".to_owned()
-        } else if r.broken.is_empty() {
+        } else if why.is_empty() {
             "FAIL".to_owned()
         } else {
-            format!("FAIL ({})", r.broken.join(", "))
+            format!("FAIL ({})", why.join(", "))
         };
         let _ = writeln!(
             t,
-            "{:<17} {:<11} {:>6} {:>6}  {verdict}",
-            r.kernel, r.mode, r.passed, r.failed
+            "{:<17} {:<11} {:>7} {:>7} {:>9} {:>6}  {verdict}",
+            r.kernel,
+            r.mode,
+            r.checked(),
+            judged.skipped.len() + judged.unexpected.len(),
+            judged.not_exact.len(),
+            r.failed
         );
+        details.push_str(&judged.describe(&format!("{} x {}", r.kernel, r.mode)));
     }
+    t.push_str(&details);
+    t.push_str(&over_budget(rows));
     t.push_str(&per_test_table(rows, repeat));
     t
 }
@@ -77,4 +105,47 @@ pub(super) fn per_test_table(rows: &[Row], repeat: u32) -> String {
         t.push('\n');
     }
     t
+}
+
+/// The suite runs that took longer than their budget (plan.rs), and the longest run of
+/// each suite: how close the matrix came to its time.
+pub(super) fn over_budget(rows: &[Row]) -> String {
+    let mut out = String::new();
+    let mut longest: std::collections::BTreeMap<&str, (u64, String)> = Default::default();
+    for r in rows {
+        for (suite, secs) in &r.durations {
+            let budget = plan::budget_secs(suite);
+            if budget.is_some_and(|b| *secs > b) {
+                let _ = writeln!(
+                    out,
+                    "OVER BUDGET: {} x {}: {suite} took {secs} s (budget {} s, \
+                     xtask/src/vm/plan.rs)",
+                    r.kernel,
+                    r.mode,
+                    budget.unwrap_or_default()
+                );
+            }
+            let entry = longest.entry(suite).or_default();
+            if *secs >= entry.0 {
+                *entry = (*secs, format!("{} x {}", r.kernel, r.mode));
+            }
+        }
+    }
+    if !longest.is_empty() {
+        let list: Vec<String> = longest
+            .iter()
+            .map(|(suite, (secs, cell))| {
+                format!(
+                    "{suite} {secs} s ({cell}; budget {})",
+                    plan::budget_secs(suite).map_or("none".into(), |b| format!("{b} s"))
+                )
+            })
+            .collect();
+        let _ = writeln!(
+            out,
+            "longest run per suite, guest seconds: {}",
+            list.join(", ")
+        );
+    }
+    out
 }

@@ -6,12 +6,14 @@
 
 use backlogd_common::ListenerStats;
 
-use super::rows::{Row, label_suffixes, reason_suffixes};
+use super::{
+    retired::{Counted, GroupKey, Now, Retired},
+    rows::{Row, label_suffixes, reason_suffixes},
+};
 use crate::{
     exporter::{
         catalogue::{CAUSE, DELAY_CAUSES, Metric},
         figures::ByInode,
-        retired::{Counted, GroupKey, Now, Retired},
         text::Exposition,
     },
     queues::QueueFigures,

@@ -8,7 +8,7 @@ use crate::{
     api::{AcceptWait, ClientImpact},
     config::AcceptWaitBuckets,
     exporter::{
-        catalogue::{CAUSE, DELAY_CAUSES, Metric, OWNER_LABELS},
+        catalogue::{CAUSE, DELAY_CAUSES, Metric},
         figures::Figures,
         text::{Exposition, HistogramNames},
     },
@@ -88,7 +88,7 @@ pub fn render(
     Metric::ListenDrops.open(e);
     let reasons = reason_suffixes();
     for (r, (s, _)) in rows.iter().zip(&found) {
-        for (suffix, count) in reasons.iter().zip(s.drops()) {
+        for (suffix, count) in reasons.iter().zip(s.drops) {
             e.sample_suffix(Metric::ListenDrops.name(), &r.set, suffix, count);
         }
     }
@@ -125,7 +125,7 @@ fn impact(e: &mut Exposition<'_>, rows: &[Row<'_>], found: &[(&ListenerStats, Qu
         .zip(found)
         // A SO_REUSEPORT member can complete an attempt another member dropped.
         .filter(|(_, (s, _))| {
-            s.drops().iter().any(|&d| d > 0) || s.delayed.iter().any(|&d| d > 0) || s.abandoned > 0
+            s.drops.iter().any(|&d| d > 0) || s.delayed.iter().any(|&d| d > 0) || s.abandoned > 0
         })
         .map(|(r, (s, _))| (r, *s))
         .collect();
@@ -184,9 +184,9 @@ fn owners(e: &mut Exposition<'_>, rows: &[Row<'_>]) {
             n.and_then(|n| n.pod_namespace.as_deref()).unwrap_or(""),
         ];
         // An empty label is an absent one to Prometheus: leave it out.
-        let labels: Vec<(&str, &str)> = OWNER_LABELS
+        let labels: Vec<(&str, &str)> = Metric::ListenerOwnerInfo
+            .labelled(values)
             .into_iter()
-            .zip(values)
             .filter(|(_, v)| !v.is_empty())
             .collect();
         e.sample(Metric::ListenerOwnerInfo.name(), &labels, 1);

@@ -5,57 +5,78 @@
 //! - [`aggregates`]: per SO_REUSEPORT group and per process;
 //! - [`netns`]: the namespaces' own TcpExt counters;
 //! - [`own`]: the daemon itself.
+//!
+//! The page reads the daemon's live state (`crate::state`) and writes none of it. Its own
+//! memory is [`retired`]: what closed members counted, as the last render served it.
 
 mod aggregates;
 mod listeners;
 mod netns;
 mod own;
+mod retired;
 mod rows;
+#[cfg(test)]
+mod tests;
 
-use self::{own::Own, rows::Row};
-use std::sync::Arc;
+use self::{own::Own, retired::Retired, rows::Row};
+use std::sync::{Arc, Mutex};
 
 use super::{
-    figures::{Figures, Metrics},
+    figures::{self, Figures},
     text::{Exposition, Sink},
 };
-use crate::listeners::Listener;
+use crate::{listeners::Listener, state::Live};
 
-/// Renders the page into `sink` in chunks (see [`Exposition::streamed`]).
-pub fn render_streamed(metrics: &Metrics, sink: Sink<'_>) {
-    let mut e = Exposition::streamed(sink);
-    render_into(metrics, &mut e);
-    e.finish();
+/// The `/metrics` page, with what its renders remember: the counts closed members
+/// contributed to the group and process counters as the last render served them, so those
+/// counters never go down (see [`Retired`]). Each render writes it; the daemon's loops
+/// never see it.
+#[derive(Default)]
+pub struct Page {
+    retired: Mutex<Retired>,
 }
 
-fn render_into(metrics: &Metrics, e: &mut Exposition<'_>) {
-    let figures: Figures = metrics.gather();
+impl Page {
+    /// Renders the page into `sink` in chunks (see [`Exposition::streamed`]).
+    pub fn render_streamed(&self, live: &Live, sink: Sink<'_>) {
+        let mut e = Exposition::streamed(sink);
+        render_into(live, &self.retired, &mut e);
+        e.finish();
+    }
+}
+
+fn render_into(live: &Live, retired: &Mutex<Retired>, e: &mut Exposition<'_>) {
+    let figures: Figures = figures::gather(live);
 
     // Before taking the table's read guard: netns_counters() takes it too, and a second
     // read lock on one thread deadlocks with a writer (the event loop) waiting between.
-    let namespaces = metrics.shared.netns_counters();
+    let namespaces = live.shared.netns_counters();
     // Taken out of the table, so the event loop is not held off it while the text is
     // written.
-    let table: Vec<Arc<Listener>> = metrics.shared.listeners().shared().cloned().collect();
+    let table: Vec<Arc<Listener>> = live.shared.listeners().shared().cloned().collect();
     let rows: Vec<Row<'_>> = table.iter().map(|l| Row::new(l)).collect();
     let sums = {
-        let mut retired = metrics.retired.lock().unwrap_or_else(|e| e.into_inner());
+        let mut retired = retired.lock().unwrap_or_else(|e| e.into_inner());
         aggregates::sum(&rows, &figures.stats, &figures.queues, &mut retired)
     };
 
-    let accept_wait = metrics
+    let accept_wait = live
         .accept_wait_buckets
         .read()
         .unwrap_or_else(|e| e.into_inner())
         .clone();
     listeners::render(e, &rows, &figures, &accept_wait);
     aggregates::render(e, &sums);
-    netns::render(e, &namespaces);
+    netns::render(e, &namespaces, crate::names::netns::named());
 
     // One look at the maps for both figures read outside `gather`.
     let (queues_full, missed_runs) = {
-        let maps = metrics.maps.lock().unwrap_or_else(|e| e.into_inner());
-        (maps.queues_full(), maps.missed_runs())
+        let maps = live.maps.lock().unwrap_or_else(|e| e.into_inner());
+        let missed = maps.missed_runs().map(|per_program| {
+            let by_figure = backlogd_common::names::figure::missed_runs(&per_program).collect();
+            (per_program.iter().map(|(_, n)| n).sum(), by_figure)
+        });
+        (maps.queues_full(), missed)
     };
     own::render(
         e,
@@ -67,14 +88,14 @@ fn render_into(metrics: &Metrics, e: &mut Exposition<'_>) {
             impact_tracked: figures.impact.tracked,
             impact_sweeps: figures.impact.sweeps,
             impact_untracked: figures.impact.untracked,
-            orphans_removed: metrics
+            orphans_removed: live
                 .shared
                 .orphans_removed
                 .load(std::sync::atomic::Ordering::Relaxed),
             missed_runs,
-            mode: metrics.mode,
-            kernel: metrics.kernel,
-            pinned: metrics.pinned,
+            mode: live.mode,
+            kernel: live.kernel,
+            pinned: live.pinned,
         },
     );
 }

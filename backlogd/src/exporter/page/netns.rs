@@ -16,15 +16,19 @@ const FAMILIES: [Metric; 5] = [
     Metric::NetnsSynRetransmits,
 ];
 
-pub fn render(e: &mut Exposition<'_>, namespaces: &[(u32, HashMap<String, u64>)]) {
-    // The name of each namespace that has one, to join on `netns` (group_left).
-    let mut names = crate::names::netns::named();
+/// `names`: the name of each namespace that has one (`names::netns::named`), to join on
+/// `netns` (group_left).
+pub fn render(
+    e: &mut Exposition<'_>,
+    namespaces: &[(u32, HashMap<String, u64>)],
+    mut names: HashMap<u32, String>,
+) {
     Metric::NetnsInfo.open(e);
     for (netns, _) in namespaces {
         if let Some(name) = names.remove(netns) {
             e.sample(
                 Metric::NetnsInfo.name(),
-                &[("netns", &netns.to_string()), ("name", &name)],
+                &Metric::NetnsInfo.labelled([&netns.to_string(), &name]),
                 1,
             );
         }
@@ -33,7 +37,7 @@ pub fn render(e: &mut Exposition<'_>, namespaces: &[(u32, HashMap<String, u64>)]
         metric.open(e);
         for (netns, values) in namespaces {
             if let Some(v) = values.get(*counter) {
-                e.sample(metric.name(), &[("netns", &netns.to_string())], v);
+                e.sample(metric.name(), &metric.labelled([&netns.to_string()]), v);
             }
         }
     }

@@ -15,8 +15,9 @@ pub struct Own {
     pub impact_tracked: u64,
     pub impact_sweeps: u64,
     pub impact_untracked: u64,
-    /// `None` where the kernel does not report skipped runs.
-    pub missed_runs: Option<u64>,
+    /// Runs of the programs the kernel skipped, in all and per figure they feed
+    /// (`names::figure`); `None` where the kernel does not report skipped runs.
+    pub missed_runs: Option<(u64, Vec<(&'static str, u64)>)>,
     pub mode: HookMode,
     pub kernel: KernelSupport,
     pub pinned: bool,
@@ -36,24 +37,27 @@ pub fn render(e: &mut Exposition<'_>, own: &Own) {
         metric.open(e);
         e.sample(metric.name(), &[], value);
     }
-    if let Some(missed) = own.missed_runs {
+    if let Some((missed, by_figure)) = &own.missed_runs {
         Metric::ProbeMissedRuns.open(e);
-        e.sample(Metric::ProbeMissedRuns.name(), &[], missed);
+        e.sample(Metric::ProbeMissedRuns.name(), &[], *missed);
+        let metric = Metric::FigureMissedRuns;
+        metric.open(e);
+        for (figure, n) in by_figure {
+            e.sample(metric.name(), &metric.labelled([*figure]), *n);
+        }
     }
 
-    Metric::HookMode.open(e);
-    e.sample(Metric::HookMode.name(), &[("mode", own.mode.name())], 1);
-    Metric::KernelHookSupported.open(e);
+    let metric = Metric::HookMode;
+    metric.open(e);
+    e.sample(metric.name(), &metric.labelled([own.mode.name()]), 1);
+    let metric = Metric::KernelHookSupported;
+    metric.open(e);
     for (mode, supported) in [
         ("fentry", own.kernel.fentry),
         ("kprobe", own.kernel.kprobe),
         ("tracepoint", true),
     ] {
-        e.sample(
-            Metric::KernelHookSupported.name(),
-            &[("mode", mode)],
-            u8::from(supported),
-        );
+        e.sample(metric.name(), &metric.labelled([mode]), u8::from(supported));
     }
 
     Metric::Pinned.open(e);
@@ -62,7 +66,7 @@ pub fn render(e: &mut Exposition<'_>, own: &Own) {
     Metric::BuildInfo.open(e);
     e.sample(
         Metric::BuildInfo.name(),
-        &[("version", env!("CARGO_PKG_VERSION"))],
+        &Metric::BuildInfo.labelled([env!("CARGO_PKG_VERSION")]),
         1,
     );
 }

@@ -1,9 +1,16 @@
 //! The listeners of one render, each with its labels rendered once.
 
-use crate::{exporter::text::LabelSet, listeners::Listener};
+use backlogd_common::DropReason;
 
-/// One listener of the page and its label set
-/// ([`LISTENER_LABELS`](crate::exporter::catalogue::LISTENER_LABELS), in order). Its
+use crate::{
+    exporter::{
+        catalogue::{GROUP_LABELS, LISTENER_LABELS, PROCESS_LABELS},
+        text::LabelSet,
+    },
+    listeners::Listener,
+};
+
+/// One listener of the page and its label set ([`LISTENER_LABELS`], in order). Its
 /// group's labels are the set's first ones and its process's the last, so the group and
 /// process families use parts of it instead of label sets of their own.
 pub struct Row<'a> {
@@ -17,17 +24,30 @@ pub struct Row<'a> {
 
 impl<'a> Row<'a> {
     pub fn new(l: &'a Listener) -> Self {
-        // In LISTENER_LABELS order (the test below holds them to it).
-        let mut ints = itoa::Buffer::new();
+        let int = itoa::Buffer::new;
+        let (mut netns, mut port, mut socket, mut pid) = (int(), int(), int(), int());
+        let address = l.addr.to_string();
+        // The values of LISTENER_LABELS, in its order (the test below holds them to it).
+        let values: [&str; LISTENER_LABELS.len()] = [
+            netns.format(l.netns),
+            &address,
+            port.format(l.port),
+            socket.format(l.inode),
+            pid.format(l.pid),
+            &l.comm,
+        ];
         let mut set = LabelSet::default();
-        set.push("netns", ints.format(l.netns));
-        set.push("address", &l.addr.to_string());
-        set.push("port", ints.format(l.port));
-        let group_end = set.len();
-        set.push("socket", ints.format(l.inode));
-        let process_start = set.len() + 1;
-        set.push("pid", ints.format(l.pid));
-        set.push("comm", &l.comm);
+        let (mut group_end, mut process_start) = (0, 0);
+        for (i, (name, value)) in LISTENER_LABELS.into_iter().zip(values).enumerate() {
+            if i == LISTENER_LABELS.len() - PROCESS_LABELS.len() {
+                // After the comma that follows the labels before.
+                process_start = set.len() + 1;
+            }
+            set.push(name, value);
+            if i + 1 == GROUP_LABELS.len() {
+                group_end = set.len();
+            }
+        }
         Self {
             set,
             group_end,
@@ -36,12 +56,12 @@ impl<'a> Row<'a> {
         }
     }
 
-    /// The labels of the listener's SO_REUSEPORT group ([`GROUP_LABELS`](crate::exporter::catalogue::GROUP_LABELS)).
+    /// The labels of the listener's SO_REUSEPORT group ([`GROUP_LABELS`]).
     pub fn group_labels(&self) -> &str {
         &self.set[..self.group_end]
     }
 
-    /// The labels of the listener's process ([`PROCESS_LABELS`](crate::exporter::catalogue::PROCESS_LABELS)).
+    /// The labels of the listener's process ([`PROCESS_LABELS`]).
     pub fn process_labels(&self) -> &str {
         &self.set[self.process_start..]
     }
@@ -53,16 +73,15 @@ pub fn label_suffixes<const N: usize>(label: &str, values: [&str; N]) -> [String
     values.map(|value| format!(",{label}=\"{value}\"}} "))
 }
 
-/// [`label_suffixes`] of each drop reason.
-pub fn reason_suffixes() -> [String; 4] {
-    use crate::exporter::catalogue::{DROP_REASONS, REASON};
-    label_suffixes(REASON, DROP_REASONS)
+/// [`label_suffixes`] of each drop reason, indexed by it.
+pub fn reason_suffixes() -> [String; DropReason::COUNT] {
+    use crate::exporter::catalogue::REASON;
+    label_suffixes(REASON, DropReason::ALL.map(DropReason::name))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::exporter::catalogue::{GROUP_LABELS, LISTENER_LABELS, PROCESS_LABELS};
 
     #[test]
     fn group_and_process_labels_are_the_ends_of_the_listener_set() {

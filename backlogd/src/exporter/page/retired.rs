@@ -1,10 +1,14 @@
-//! What closed members contributed to the group and process counters (see [`Retired`]).
+//! What closed members contributed to the group and process counters (see [`Retired`]):
+//! the page's own memory of what it served, written by each render. Not daemon state: a
+//! member retires with the figures the last render showed, so a group's counter never
+//! falls below what a scraper has seen; figures taken by the sampler at another moment
+//! could be lower than the last render's, and would read as a counter reset.
 
 // Keyed by kernel-made values (inodes, addresses): no adversary picks them, so a fast
 // hash, rebuilt or probed 10k times per scrape, suits.
 use foldhash::{HashMap, HashSet};
 
-use backlogd_common::ListenerStats;
+use backlogd_common::{DropReason, ListenerStats};
 
 /// Group (netns, address, port) and process (pid, comm).
 pub type GroupKey = (u32, std::net::IpAddr, u16);
@@ -16,8 +20,8 @@ pub type ProcessKey = (u32, String);
 pub struct Counted {
     pub syns: u64,
     pub accepted: u64,
-    /// In `catalogue::DROP_REASONS` order.
-    pub drops: [u64; 4],
+    /// By [`DropReason`].
+    pub drops: [u64; DropReason::COUNT],
     /// Connections delayed by a drop, in `catalogue::DELAY_CAUSES` order.
     pub delayed: [u64; 2],
     pub abandoned: u64,
@@ -28,7 +32,7 @@ impl Counted {
         Self {
             syns: s.syns,
             accepted: s.accepted,
-            drops: s.drops(),
+            drops: s.drops,
             delayed: s.delayed,
             abandoned: s.abandoned,
         }

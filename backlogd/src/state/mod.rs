@@ -1,15 +1,74 @@
-//! The daemon's shared state: what the event loop and the rescans write and the
-//! exporters read. Kept apart from `daemon.rs` (which runs the loops) so that readers
-//! (`/metrics`, the JSON API) depend on the state, not on the daemon.
+//! The daemon's live state: what its loops write and the exporters read. Kept apart from
+//! the daemon (which runs the loops) and from the exporter (which serves it), so that the
+//! readers (`/metrics` and the JSON API, which `top` and `doctor` read) depend on the
+//! state, not on the daemon, and the exporter holds nothing the daemon writes.
+//!
+//! Who writes what:
+//! - [`Shared`]: the listener table and how to read each namespace, by the event loop and
+//!   the rescans;
+//! - [`Live::windows`] (queue high-water marks) and [`Live::recent`] (client impact over
+//!   the last five minutes, [`recent`]), by the queue sampler;
+//! - [`Live::accept_wait_buckets`], by a SIGHUP reload;
+//! - [`Live::maps`]: the kernel's maps, which the programs write; the sampler and the
+//!   rescans tend them (epochs, expired attempts, orphans) and a scrape reads them.
+
+pub mod recent;
 
 use std::{
     collections::{HashMap, HashSet},
-    sync::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard},
+    sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard},
 };
 
-use crate::{listeners::ListenerTable, sampling::tcpext};
+use self::recent::ImpactHistory;
+use crate::{
+    config::AcceptWaitBuckets,
+    kernel_maps::SharedMaps,
+    listeners::ListenerTable,
+    loader::modes::{HookMode, KernelSupport},
+    queues::QueueWindows,
+    sampling::tcpext,
+};
 
-/// State the event loop writes and the exporters read.
+/// Everything the exporters read, shared with the daemon's loops; cheap to clone.
+#[derive(Clone)]
+pub struct Live {
+    pub shared: Arc<Shared>,
+    pub maps: SharedMaps,
+    pub windows: Arc<Mutex<QueueWindows>>,
+    pub mode: HookMode,
+    pub kernel: KernelSupport,
+    /// The kernel state survives a daemon restart (pinned).
+    pub pinned: bool,
+    /// The accept-wait bounds /metrics exports (`accept_wait_buckets`; SIGHUP replaces
+    /// them). The JSON API always has every bucket.
+    pub accept_wait_buckets: Arc<RwLock<AcceptWaitBuckets>>,
+    /// Client impact's records for the last five minutes (the sampler records).
+    pub recent: Arc<Mutex<ImpactHistory>>,
+}
+
+impl Live {
+    pub fn new(
+        shared: Arc<Shared>,
+        maps: SharedMaps,
+        windows: Arc<Mutex<QueueWindows>>,
+        mode: HookMode,
+        kernel: KernelSupport,
+        pinned: bool,
+    ) -> Self {
+        Self {
+            shared,
+            maps,
+            windows,
+            mode,
+            kernel,
+            pinned,
+            accept_wait_buckets: Arc::default(),
+            recent: Arc::default(),
+        }
+    }
+}
+
+/// The listener table and the namespaces: what the event loop and the rescans write.
 #[derive(Debug, Default)]
 pub struct Shared {
     listeners: RwLock<ListenerTable>,
@@ -18,7 +77,7 @@ pub struct Shared {
     /// Listen sysctls by netns inode, as of the last scan (or the first API request that
     /// needed a namespace the scan had not seen).
     netns_sysctls: Mutex<HashMap<u32, tcpext::ListenSysctls>>,
-    /// Kernel map entries of gone listeners removed by the rescans (see `remove_orphans`).
+    /// Kernel map entries of gone listeners removed by the rescans (see `daemon/rescans.rs`, `remove_orphans`).
     pub orphans_removed: std::sync::atomic::AtomicU64,
     /// Container names from the runtimes' APIs (one pass at a time: a pass that finds
     /// it busy leaves the work to the one running, or to the next rescan).

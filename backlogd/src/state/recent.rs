@@ -27,7 +27,8 @@ pub const WINDOW: Duration = Duration::from_secs(300);
 /// when the sampler was held up).
 pub const EVERY: Duration = Duration::from_secs(10);
 
-/// By socket inode: kernel-made keys, a fast hash suits (as the scrape's `ByInode`).
+/// By socket inode: kernel-made keys, a fast hash suits (as the scrape's `ByInode`,
+/// `exporter/figures.rs`).
 type ByInode<V> = foldhash::HashMap<u64, V>;
 
 /// A listener's cumulative client-impact counters (those of [`ListenerStats`]).

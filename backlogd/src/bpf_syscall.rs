@@ -1,7 +1,11 @@
 //! Every bpf(2) command backlogd makes itself, behind safe functions: those aya 0.14 lacks
 //! (batch lookups, pinning an fd it does not wrap) or gets wrong on some kernels (cgroup
-//! link creation, see `cgroup.rs`). The command numbers and `union bpf_attr` layouts are
-//! uapi and stable; nothing else in the daemon calls bpf(2) or knows them.
+//! link creation, see `loader/cgroup.rs`). The command numbers and `union bpf_attr` layouts
+//! are uapi and stable; nothing else in the daemon calls bpf(2) or knows them.
+//!
+//! A leaf: it uses nothing of the crate, so both the loader (pinning, cgroup links) and
+//! the map reader (`kernel_maps.rs`, batch lookups) stand on it without reaching each
+//! other through it.
 
 use std::{
     io,

@@ -1,45 +1,58 @@
 //! The somaxconn clamp: a listener granted less than it wants, whether backlogd saw it
 //! ask (`listen()` while the daemon ran) or knows what its program asks for
-//! (`programs.rs`), and the "may be clamped" case where neither is known.
+//! (`programs.rs`) (`backlog_clamped`), and the "may be clamped" case where neither is
+//! known (`backlog_maybe_clamped`).
 
-use super::finding::{Finding, Severity, subject};
+use super::{
+    finding::{Finding, FindingKind, Severity, subject},
+    rule::Context,
+};
 use crate::{
     api::{ListenerSnapshot, NamespaceSnapshot, Request},
     programs,
 };
 
-/// The clamp finding for `l`, if any; `ns` is its namespace's snapshot.
-pub fn finding(l: &ListenerSnapshot, ns: Option<&NamespaceSnapshot>) -> Option<Finding> {
-    let granted = l.listener.granted;
-    let comm = &l.listener.comm;
-    let at = format!("{}:{}", l.listener.addr, l.listener.port);
-    let somaxconn_line = match ns {
+/// `net.core.somaxconn = 128 in netns N`, or that it is unknown.
+fn somaxconn_line(l: &ListenerSnapshot, ns: Option<&NamespaceSnapshot>) -> String {
+    match ns {
         Some(n) => format!(
             "net.core.somaxconn = {} in netns {}",
             n.sysctls.somaxconn, l.listener.netns
         ),
         None => format!("net.core.somaxconn of netns {} unknown", l.listener.netns),
-    };
-    let program = l
-        .listener
+    }
+}
+
+/// The program backlogd knows `l`'s owner to be, if any.
+fn program(l: &ListenerSnapshot) -> Option<&'static programs::Program> {
+    l.listener
         .program
         .as_ref()
-        .and_then(|k| programs::by_id(&k.program));
+        .and_then(|k| programs::by_id(&k.program))
+}
+
+/// `backlog_clamped`: granted less than it asked for (seen), or than its program asks for.
+pub fn clamped(l: &ListenerSnapshot, cx: &Context<'_>) -> Option<Finding> {
+    let granted = l.listener.granted;
+    let comm = &l.listener.comm;
+    let at = || format!("{}:{}", l.listener.addr, l.listener.port);
+    let ns = cx.namespace(l);
     match &l.request {
         Request::Seen { backlog } => {
             let wanted = l.request.wanted().filter(|&w| w > granted)?;
             Some(Finding {
                 severity: Severity::Warning,
-                kind: "backlog_clamped",
+                kind: FindingKind::BacklogClamped,
                 subject: subject(l),
                 summary: format!(
-                    "{comm} asked for backlog {backlog} on {at}, the kernel granted {granted}"
+                    "{comm} asked for backlog {backlog} on {}, the kernel granted {granted}",
+                    at()
                 ),
                 evidence: vec![
                     format!("listen() backlog {backlog}, sk_max_ack_backlog {granted}"),
-                    somaxconn_line,
+                    somaxconn_line(l, ns),
                 ],
-                remedy: remedy(wanted, l, ns, program),
+                remedy: remedy(wanted, l, ns, program(l)),
                 client_impact: None,
                 recent_client_impact: None,
             })
@@ -52,10 +65,11 @@ pub fn finding(l: &ListenerSnapshot, ns: Option<&NamespaceSnapshot>) -> Option<F
             let wanted = Some(*backlog).filter(|&w| w > granted)?;
             Some(Finding {
                 severity: Severity::Warning,
-                kind: "backlog_clamped",
+                kind: FindingKind::BacklogClamped,
                 subject: subject(l),
                 summary: format!(
-                    "{comm} asks for backlog {backlog} on {at}, the kernel granted {granted}"
+                    "{comm} asks for backlog {backlog} on {}, the kernel granted {granted}",
+                    at()
                 ),
                 evidence: vec![
                     format!("{id} asks for {backlog}: {source}"),
@@ -63,53 +77,62 @@ pub fn finding(l: &ListenerSnapshot, ns: Option<&NamespaceSnapshot>) -> Option<F
                         "sk_max_ack_backlog {granted} (it listened before backlogd started: \
                          the request is {id}'s, not a seen listen() call)"
                     ),
-                    somaxconn_line,
+                    somaxconn_line(l, ns),
                 ],
-                remedy: remedy(wanted, l, ns, program),
+                remedy: remedy(wanted, l, ns, program(l)),
                 client_impact: None,
                 recent_client_impact: None,
             })
         }
-        Request::AtLeast { .. } => {
-            let mut evidence = vec![
-                format!(
-                    "sk_max_ack_backlog {granted} equals net.core.somaxconn: it asked for \
-                     {granted} or more"
-                ),
-                "it listened before backlogd started, so the request itself was not seen"
-                    .to_owned(),
-                somaxconn_line,
-            ];
-            if let Some(p) = program {
-                evidence.push(format!(
-                    "{comm} is {}, which sets its request with {}; backlogd could not read \
-                     the figure",
-                    p.id, p.knob
-                ));
-            }
-            let setting = program.map_or(String::new(), |p| {
-                format!(" (or look at {} in its configuration)", p.knob)
-            });
-            Some(Finding {
-                severity: Severity::Info,
-                kind: "backlog_maybe_clamped",
-                subject: subject(l),
-                summary: format!(
-                    "{comm} on {at} was granted {granted}, net.core.somaxconn: it may have \
-                     asked for more and been cut"
-                ),
-                evidence,
-                remedy: format!(
-                    "to find out, restart {comm} while backlogd runs: its listen() call is \
-                     then seen and this becomes exact{setting}. If it asks for more than \
-                     {granted}, raise net.core.somaxconn in its namespace and restart it"
-                ),
-                client_impact: None,
-                recent_client_impact: None,
-            })
-        }
-        Request::Somaxconn { .. } | Request::Unknown => None,
+        Request::AtLeast { .. } | Request::Somaxconn { .. } | Request::Unknown => None,
     }
+}
+
+/// `backlog_maybe_clamped`: listening before backlogd, granted exactly somaxconn, its
+/// request unknown.
+pub fn maybe_clamped(l: &ListenerSnapshot, cx: &Context<'_>) -> Option<Finding> {
+    let Request::AtLeast { .. } = l.request else {
+        return None;
+    };
+    let granted = l.listener.granted;
+    let comm = &l.listener.comm;
+    let at = format!("{}:{}", l.listener.addr, l.listener.port);
+    let program = program(l);
+    let mut evidence = vec![
+        format!(
+            "sk_max_ack_backlog {granted} equals net.core.somaxconn: it asked for \
+             {granted} or more"
+        ),
+        "it listened before backlogd started, so the request itself was not seen".to_owned(),
+        somaxconn_line(l, cx.namespace(l)),
+    ];
+    if let Some(p) = program {
+        evidence.push(format!(
+            "{comm} is {}, which sets its request with {}; backlogd could not read \
+             the figure",
+            p.id, p.knob
+        ));
+    }
+    let setting = program.map_or(String::new(), |p| {
+        format!(" (or look at {} in its configuration)", p.knob)
+    });
+    Some(Finding {
+        severity: Severity::Info,
+        kind: FindingKind::BacklogMaybeClamped,
+        subject: subject(l),
+        summary: format!(
+            "{comm} on {at} was granted {granted}, net.core.somaxconn: it may have \
+             asked for more and been cut"
+        ),
+        evidence,
+        remedy: format!(
+            "to find out, restart {comm} while backlogd runs: its listen() call is \
+             then seen and this becomes exact{setting}. If it asks for more than \
+             {granted}, raise net.core.somaxconn in its namespace and restart it"
+        ),
+        client_impact: None,
+        recent_client_impact: None,
+    })
 }
 
 /// What to change so that `l` gets `wanted`: the sysctl where it applies (the host's, or

@@ -1,0 +1,127 @@
+//! The rescans: every `rescan_interval`, the table reconciled with the kernel's own list
+//! of listeners (sock_diag in every namespace), and kernel map entries no listener can
+//! claim removed.
+
+use std::{collections::HashSet, sync::Arc, time::Duration};
+
+use tokio::sync::watch;
+
+use super::identify::{identify_programs, name_containers};
+use crate::{kernel_maps::SharedMaps, sampling, service::health::Heartbeats, state::Shared};
+
+/// Reconciles the table with the kernel's own list of listeners.
+pub async fn rescan(shared: &Arc<Shared>, maps: &SharedMaps) {
+    let generation = shared.write_listeners().begin_scan();
+    let Ok(scan) = tokio::task::spawn_blocking(sampling::scan).await else {
+        tracing::warn!("sock_diag scan panicked");
+        return;
+    };
+    shared.note_scanned_netns(scan.netns, scan.sysctls);
+    let found = scan.listeners;
+    let listed = scan.listed;
+    let unknown: HashSet<u64> = {
+        let table = shared.listeners();
+        found
+            .iter()
+            .map(|d| d.inode)
+            .filter(|&i| !table.contains(i))
+            .collect()
+    };
+    // Listeners a daemon before this one saw listen() (the kernel keeps their events in a
+    // pinned map): as exact as if this daemon had seen them.
+    let seen = maps
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .listens_seen(&unknown);
+    if !seen.is_empty() {
+        let mut table = shared.write_listeners();
+        for event in &seen {
+            table.restore(event);
+        }
+    }
+    let unknown: HashSet<u64> = unknown
+        .into_iter()
+        .filter(|ino| !seen.iter().any(|e| e.ino == *ino))
+        .collect();
+    let owners = tokio::task::spawn_blocking(move || sampling::owners::find(&unknown))
+        .await
+        .unwrap_or_default();
+    let (added, removed) = shared
+        .write_listeners()
+        .finish_scan(generation, &found, &listed, &owners);
+    identify_programs(shared.clone()).await;
+    // Every rescan: names come once a runtime answers, and go with their containers.
+    name_containers(shared).await;
+    if added + removed > 0 {
+        tracing::info!(
+            added,
+            removed,
+            listeners = found.len(),
+            "sock_diag scan reconciled listeners"
+        );
+    }
+}
+
+pub async fn rescan_periodically(
+    shared: Arc<Shared>,
+    maps: SharedMaps,
+    mut every: watch::Receiver<Duration>,
+    heartbeats: Arc<Heartbeats>,
+) {
+    // Map keys that had no live listener at the previous rescan.
+    let mut orphans: HashSet<u64> = HashSet::new();
+    loop {
+        let period = *every.borrow_and_update();
+        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {
+                    rescan(&shared, &maps).await;
+                    orphans = remove_orphans(&shared, &maps, orphans);
+                    heartbeats.scanned();
+                }
+                // A reload changed the interval: start over with the new one.
+                changed = every.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                    // The watchdog judges the next scan by the new interval, counted
+                    // from now, as the schedule is.
+                    heartbeats.scanned();
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/// Removes the per-listener map entries that have had no live listener for a whole rescan
+/// interval (`previous`: the keys without one at the last rescan); returns the keys without
+/// one now, to be judged at the next. The kernel programs never create an entry for a
+/// listener that has closed, but one that closes on one CPU while another CPU settles its
+/// first segment can race past that check; such an entry would hold a slot of the bounded
+/// map for good. A listener alive that long is in the table (its listen() event or a
+/// scan), so only entries no listener can claim are removed.
+fn remove_orphans(shared: &Shared, maps: &SharedMaps, previous: HashSet<u64>) -> HashSet<u64> {
+    let live: HashSet<u64> = shared.listeners().iter().map(|l| l.inode).collect();
+    let mut maps = maps.lock().unwrap_or_else(|e| e.into_inner());
+    let now: HashSet<u64> = maps
+        .keys()
+        .into_iter()
+        .filter(|k| !live.contains(k))
+        .collect();
+    let (gone, pending): (HashSet<u64>, HashSet<u64>) =
+        now.into_iter().partition(|k| previous.contains(k));
+    if !gone.is_empty() {
+        let removed = maps.remove(&gone);
+        shared
+            .orphans_removed
+            .fetch_add(removed, std::sync::atomic::Ordering::Relaxed);
+        tracing::info!(
+            removed,
+            "removed kernel map entries of listeners that are gone"
+        );
+    }
+    pending
+}

@@ -1,0 +1,103 @@
+//! The queue sampler: every second the kernel's queue maxima into the high-water-mark
+//! windows, every few seconds the attempts past the client-impact horizon counted
+//! abandoned, about every 10 s the client-impact counters recorded for the recent figures.
+//! What it writes is the daemon's live state (`crate::state`), which the exporters read.
+
+use std::{
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use crate::{
+    kernel_maps::{self, SharedMaps},
+    queues::QueueWindows,
+    service::health::Heartbeats,
+    state::recent,
+};
+
+/// Records every listener's client-impact counters for the recent figures.
+pub fn record_impact(maps: &SharedMaps, history: &Mutex<recent::ImpactHistory>) {
+    // A Vec: the history looks nothing up by inode here, so no table is worth building.
+    let stats: Vec<_> = maps
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .listener_stats();
+    history.lock().unwrap_or_else(|e| e.into_inner()).record(
+        std::time::Instant::now(),
+        stats.iter().map(|(k, v)| (*k, v)),
+    );
+}
+
+/// Every second, moves the kernel's queue maxima into the high-water-mark windows; every
+/// [`sweep_every`] seconds, counts the connection attempts past the client-impact horizon
+/// abandoned; about every [`recent::EVERY`], records the client-impact counters.
+pub async fn sample_queues(
+    maps: SharedMaps,
+    windows: Arc<Mutex<QueueWindows>>,
+    recent: Arc<Mutex<recent::ImpactHistory>>,
+    heartbeats: Arc<Heartbeats>,
+    max_listeners: u64,
+    horizon_ns: u64,
+) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut full_reported = false;
+    let sweep_every = sweep_every(horizon_ns);
+    let mut ticks: u64 = 0;
+    loop {
+        tick.tick().await;
+        ticks += 1;
+        {
+            let mut maps = maps.lock().unwrap_or_else(|e| e.into_inner());
+            let mut windows = windows.lock().unwrap_or_else(|e| e.into_inner());
+            maps.sample_queues(&mut windows, std::time::Instant::now());
+            // Once per run: a full map loses updates continuously while it stays full.
+            if !full_reported && maps.stats_full() + maps.queues_full() > 0 {
+                full_reported = true;
+                tracing::warn!(
+                    max_listeners,
+                    "the kernel maps of listeners are full: counter updates and queue \
+                     observations of listeners beyond {max_listeners} are lost (counted in \
+                     backlogd_listener_stats_full_total and \
+                     backlogd_listener_queue_observations_lost_total; said once). Fix: raise \
+                     max_listeners (`--max-listeners`) and restart"
+                );
+            }
+        }
+        if ticks.is_multiple_of(sweep_every) {
+            let maps = maps.clone();
+            let swept =
+                tokio::task::spawn_blocking(move || kernel_maps::sweep_attempts(&maps, horizon_ns))
+                    .await
+                    .unwrap_or_else(|e| {
+                        tracing::error!(error = %e, "the sweep of the attempts map failed");
+                        Default::default()
+                    });
+            if swept.abandoned > 0 {
+                tracing::debug!(
+                    abandoned = swept.abandoned,
+                    of_closed_listeners = swept.gone,
+                    tracked = swept.tracked,
+                    "connection attempts past the client-impact horizon"
+                );
+            }
+        }
+        // By the clock, not by ticks: a sweep may hold the loop up.
+        if recent
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .due(std::time::Instant::now())
+        {
+            record_impact(&maps, &recent);
+        }
+        heartbeats.sampled();
+    }
+}
+
+/// Seconds between sweeps of the attempts map: a sweep reads every tracked attempt (up to
+/// client_impact_attempts of them under a SYN flood) and removes the expired ones, two
+/// syscalls each, so not every second with the default 130 s horizon; an abandoned attempt
+/// is counted within horizon / 26 (at most 5 s) of its horizon passing.
+fn sweep_every(horizon_ns: u64) -> u64 {
+    (horizon_ns / 1_000_000_000 / 26).clamp(1, 5)
+}

@@ -1,0 +1,123 @@
+//! The accept queue: overflowing (connections dropped because it was full), or hovering
+//! near full without drops yet.
+
+use backlogd_common::DropReason;
+
+use super::{
+    finding::{Finding, FindingKind, Severity, subject},
+    impact::client_impact,
+    rule::Context,
+};
+use crate::api::ListenerSnapshot;
+
+const ACCEPTS_SLOWLY: &str = "the application accepts too slowly for the arrival rate: \
+    accept in a loop until EAGAIN, add workers (SO_REUSEPORT), or move work out of the \
+    accept path; a larger backlog only hides this and adds latency";
+
+/// Connections dropped at SYN or at the final ACK because the accept queue was full.
+fn overflows(l: &ListenerSnapshot) -> u64 {
+    l.drops[DropReason::AcceptQueueFull] + l.drops[DropReason::FinalAckOverflow]
+}
+
+/// `accept_queue_overflow`: drops with the accept queue full.
+pub fn overflow(l: &ListenerSnapshot, cx: &Context<'_>) -> Option<Finding> {
+    let overflows = overflows(l);
+    if overflows == 0 {
+        return None;
+    }
+    let impact = client_impact(l, cx.snapshot.impact_window);
+    let mut evidence = vec![format!(
+        "{overflows} connections dropped with the accept queue full ({} at SYN, {} at \
+         the final ACK)",
+        l.drops[DropReason::AcceptQueueFull],
+        l.drops[DropReason::FinalAckOverflow]
+    )];
+    evidence.extend(impact.iter().flat_map(|i| i.lines.iter().cloned()));
+    evidence.extend(queue_evidence(l));
+    Some(Finding {
+        severity: Severity::Critical,
+        kind: FindingKind::AcceptQueueOverflow,
+        subject: subject(l),
+        summary: format!(
+            "the accept queue of {}:{} overflows",
+            l.listener.addr, l.listener.port
+        ),
+        evidence,
+        remedy: ACCEPTS_SLOWLY.to_owned(),
+        client_impact: impact.as_ref().map(|i| i.total.clone()),
+        recent_client_impact: impact.as_ref().and_then(|i| i.recent.clone()),
+    })
+}
+
+/// `accept_queue_near_full`: no drops, but a peak of 90% of the capacity or more.
+pub fn near_full(l: &ListenerSnapshot, _: &Context<'_>) -> Option<Finding> {
+    let granted = l.listener.granted;
+    let peak = l.queues.accept_max;
+    if overflows(l) > 0 || granted == 0 || f64::from(peak) < 0.9 * f64::from(granted) {
+        return None;
+    }
+    Some(Finding {
+        severity: Severity::Warning,
+        kind: FindingKind::AcceptQueueNearFull,
+        subject: subject(l),
+        summary: format!(
+            "the accept queue of {}:{} reached {peak} of {granted}",
+            l.listener.addr, l.listener.port
+        ),
+        evidence: queue_evidence(l),
+        remedy: ACCEPTS_SLOWLY.to_owned(),
+        client_impact: None,
+        recent_client_impact: None,
+    })
+}
+
+/// The queue's peak and depth, what was accepted of what was queued, the wait's p99.
+fn queue_evidence(l: &ListenerSnapshot) -> Vec<String> {
+    let granted = l.listener.granted;
+    let peak = l.queues.accept_max;
+    // A drop for a full accept queue means it held more than its capacity then; a
+    // peak that says otherwise has left the high-water-mark window since, and is not
+    // quoted as if it were the peak of those drops.
+    let peak_line = if overflows(l) > 0 && peak <= granted {
+        format!(
+            "accept queue above its capacity {granted} at those drops (now {}; none \
+             above it in the current peak window)",
+            l.queues.accept_depth
+        )
+    } else {
+        format!(
+            "accept queue peak {peak} of capacity {granted} (now {})",
+            l.queues.accept_depth
+        )
+    };
+    let mut evidence = vec![
+        peak_line,
+        format!("{} accepted of {} queued", l.accepted, l.queued),
+    ];
+    if let Some(p99) = wait_quantile(l, 0.99) {
+        evidence.push(format!("accept wait p99 {p99}"));
+    }
+    evidence
+}
+
+/// Smallest bucket bound below which `q` of the accept waits fall, in seconds.
+fn wait_quantile(l: &ListenerSnapshot, q: f64) -> Option<String> {
+    let counts: Vec<u64> = l.accept_wait.buckets.iter().map(|b| b.count).collect();
+    l.accept_wait.quantile(&counts, q).map(|le| {
+        if le.is_infinite() {
+            "> 8.4 s".to_owned()
+        } else {
+            format!("<= {}", human_seconds(le))
+        }
+    })
+}
+
+fn human_seconds(s: f64) -> String {
+    if s < 1e-3 {
+        format!("{:.0} us", s * 1e6)
+    } else if s < 1.0 {
+        format!("{:.1} ms", s * 1e3)
+    } else {
+        format!("{s:.1} s")
+    }
+}
