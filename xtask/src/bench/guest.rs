@@ -392,7 +392,7 @@ fn report(opts: &Options, clock: &str, lines: &[Line], notes: &[String], took: D
         }
     }
     for mode in MODES {
-        let progs = cost_table::render_programs(lines, mode);
+        let progs = cost_table::render_programs(lines, &costs, mode);
         if !progs.is_empty() {
             md.push_str(&format!(
                 "\n### bpf_stats per program, {mode} mode (runs per event x instructions \
