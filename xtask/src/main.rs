@@ -74,15 +74,37 @@ enum Cmd {
     /// Run rustfmt and clippy (-D warnings) on the host crates and the eBPF crate.
     Lint,
     /// Measure overhead, capacity and scale (as root); prints a markdown report and writes
-    /// it to target/bench/results.md.
+    /// it to target/bench/results.md. With --guest: every hook mode's cost in instructions,
+    /// in a Debian kernel under qemu -icount (target/bench/guest-KERNEL.md).
     Bench {
         /// Shorter runs and a smaller scale (about 1 minute instead of 4).
         #[arg(long)]
         quick: bool,
         /// Run only these sections (repeatable): programs, syscalls, capacity, nginx,
         /// bystander, daemon, drop, scale, bpftrace.
-        #[arg(long, value_name = "NAME")]
+        #[arg(long, value_name = "NAME", conflicts_with = "guest")]
         section: Vec<String>,
+        /// Measure in a guest of this kernel of the matrix (debian-6.1, ...) instead of on
+        /// the host: per hook mode, loops of handshakes, dropped SYNs, UDP datagrams and
+        /// getppid() timed in guest instructions without and with backlogd. `host`: the
+        /// same loops on this host, in real time.
+        #[arg(long, value_name = "KERNEL")]
+        guest: Option<String>,
+        /// With --guest: the hook modes to measure (repeatable; default all the kernel runs).
+        #[arg(long = "mode", requires = "guest")]
+        modes: Vec<String>,
+        /// With --guest: runs with backlogd per mode, each between two runs without.
+        #[arg(long, requires = "guest", default_value_t = 5)]
+        pairs: usize,
+        /// Internal: the guest side of --guest, in the guest, for one hook mode.
+        #[arg(long, hide = true, value_name = "MODE")]
+        in_guest: Option<String>,
+        /// Internal: with --in-guest, runs alternating without/with.
+        #[arg(long, hide = true, default_value_t = 11)]
+        runs: usize,
+        /// Internal: with --in-guest, run on this host (`--guest host`).
+        #[arg(long, hide = true)]
+        on_host: bool,
         /// Internal: hold COUNT connections to PORTS listeners from FIRST_PORT on
         /// 127.0.0.1 until stdin closes (a helper process of the scale test).
         #[arg(long, hide = true, value_name = "COUNT,FIRST_PORT,PORTS")]
@@ -198,10 +220,28 @@ fn main() -> Result<()> {
             hold: Some(spec), ..
         } => bench::hold(&spec),
         Cmd::Bench {
+            in_guest: Some(mode),
+            runs,
             quick,
-            section,
-            hold: None,
+            on_host,
+            ..
+        } => bench::in_guest(&mode, runs, quick, on_host),
+        Cmd::Bench {
+            quick,
+            guest: Some(kernel),
+            modes,
+            pairs,
+            ..
         } => {
+            setup::run()?;
+            bench::guest(&bench::GuestOptions {
+                kernel,
+                modes,
+                pairs,
+                quick,
+            })
+        }
+        Cmd::Bench { quick, section, .. } => {
             setup::run()?;
             cargo(&["build", "--release", "--package", "backlogd"])?;
             bench::run(quick, &section)

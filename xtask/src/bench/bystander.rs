@@ -104,6 +104,7 @@ pub(super) fn bystander(p: &Params, ns: &Netns, r: &mut Report) -> Result<()> {
         let ratio = report_pairs(r, &format!("without ({}s/s)", flow.unit), "with", pairs);
         r.targets.bystander.push((flow.label, ratio));
     }
+    r.targets.host_mode = Some(auto.clone());
 
     let stats = BpfStats::enable()?;
     r.line(format!(

@@ -10,7 +10,7 @@ pub(super) fn alternating_pairs<T>(
     mut attach: impl FnMut() -> Result<T>,
     mut measure: impl FnMut() -> Result<f64>,
 ) -> Result<Pairs> {
-    let mut without = Vec::new();
+    let (mut without, mut with_rates) = (Vec::new(), Vec::new());
     let (mut rows, mut pct) = (Vec::new(), Vec::new());
     for i in 0..p.capacity_pairs {
         let mut pair = [0.0; 2];
@@ -28,6 +28,7 @@ pub(super) fn alternating_pairs<T>(
         let ratio = pair[1] / pair[0] * 100.0;
         pct.push(ratio);
         without.push(pair[0]);
+        with_rates.push(pair[1]);
         rows.push(vec![
             format!("{}", i + 1),
             format!("{:.0}", pair[0]),
@@ -50,25 +51,33 @@ pub(super) fn alternating_pairs<T>(
             String::new(),
         ]);
     }
-    Ok(Pairs { rows, pct, without })
+    Ok(Pairs {
+        rows,
+        pct,
+        without,
+        with: with_rates,
+    })
 }
 
 /// What [`alternating_pairs`] measured: its table's rows, each pair's with/without ratio
-/// (percent) and each rate without.
+/// (percent) and each rate without and with.
 pub(super) struct Pairs {
     rows: Vec<Vec<String>>,
     pct: Vec<f64>,
     without: Vec<f64>,
+    with: Vec<f64>,
 }
 
-/// The median, lowest and highest with/without ratio, in percent, and the median rate
-/// without (the idle baseline).
+/// The median, lowest and highest with/without ratio, in percent, the median rates
+/// without (the idle baseline) and with, and how many pairs.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Ratio {
     pub(super) median: f64,
     pub(super) lo: f64,
     pub(super) hi: f64,
     pub(super) without: f64,
+    pub(super) with: f64,
+    pub(super) pairs: usize,
 }
 
 /// Prints [`alternating_pairs`]' table (`without`: the rate's column header, `with`: the
@@ -84,6 +93,8 @@ pub(super) fn report_pairs(r: &mut Report, without: &str, with: &str, pairs: Pai
         lo: min(&pairs.pct),
         hi: max(&pairs.pct),
         without: median(&pairs.without),
+        with: median(&pairs.with),
+        pairs: pairs.pct.len(),
     }
 }
 

@@ -72,6 +72,12 @@ impl Netns {
         self.suite.sysctl(key, value);
     }
 
+    /// Drops segments with exactly TCP `flags` (e.g. `"syn|ack"`) as they arrive in the
+    /// namespace (the suite's nft rule): handshakes stay pending on the listener's side.
+    pub fn drop_incoming(&self, flags: &str) {
+        self.suite.drop_incoming(flags);
+    }
+
     /// A command that runs inside the namespace (joined with setns(2) before exec, without
     /// `ip netns exec`'s mount setup, so polling it costs what polling costs on a host).
     pub fn command(&self, program: &str) -> Command {

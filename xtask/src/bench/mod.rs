@@ -15,8 +15,11 @@
 mod bpftrace;
 mod bystander;
 mod capacity;
+mod cost_table;
 mod daemon_cost;
 mod drop_latency;
+mod guest;
+mod guest_loops;
 mod load;
 mod nginx;
 mod procs;
@@ -126,6 +129,10 @@ struct Targets {
     bystander: Vec<(&'static str, Ratio)>,
     /// Per flow: BPF ns per message in the mode `auto` picks.
     bystander_ns: Vec<(&'static str, f64)>,
+    /// The mode `auto` picked for the real-time pairs (nginx, bystander).
+    host_mode: Option<String>,
+    /// Per mode: ns per `getppid()` without and with backlogd (syscalls section).
+    syscall_ns: Vec<(String, f64, f64)>,
 }
 
 #[derive(Default)]
@@ -137,6 +144,8 @@ struct Report {
     date: String,
     /// Where in `md` the summary goes: after the machine table.
     summary_at: usize,
+    /// The host's CPU model, as /proc/cpuinfo names it.
+    cpu: String,
 }
 
 impl Report {
@@ -155,6 +164,8 @@ impl Report {
     }
 }
 
+pub use guest::{Options as GuestOptions, run as guest};
+pub use guest_loops::in_guest;
 pub use load::hold;
 
 /// The report's sections: (name for `--section`, title).
@@ -307,6 +318,7 @@ fn machine(r: &mut Report, quick: bool) -> Result<()> {
             vec!["date".into(), date.trim().into()],
         ],
     );
+    r.cpu = format!("{model}, {cpus} CPUs");
     r.commit = commit.trim().into();
     r.date = date.trim().into();
     r.summary_at = r.md.len();

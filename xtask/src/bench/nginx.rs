@@ -113,5 +113,6 @@ pub(super) fn nginx_capacity(p: &Params, ns: &Netns, r: &mut Report) -> Result<(
         p.capacity_secs, p.capacity_pairs
     ));
     r.targets.nginx = Some(report_pairs(r, "without (requests/s)", "with", pairs));
+    r.targets.host_mode = Some(mode);
     Ok(())
 }

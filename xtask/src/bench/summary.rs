@@ -190,6 +190,71 @@ fn figures(t: &Targets) -> Vec<Figure> {
     out
 }
 
+/// The host's rows of the per-mode table (`cost_table`): the web load, the unrelated
+/// flows and `getppid()`, in the mode `auto` picked here.
+fn host_table(r: &Report) -> String {
+    let t = &r.targets;
+    let Some(mode) = t.host_mode.as_deref() else {
+        return String::new();
+    };
+    let figure = |event, unit, ratio: &Ratio, bpf_ns, web| cost_table::HostFigure {
+        mode,
+        event,
+        unit,
+        without: ratio.without,
+        with: ratio.with,
+        median: ratio.median / 100.0,
+        lo: ratio.lo / 100.0,
+        hi: ratio.hi / 100.0,
+        pairs: ratio.pairs,
+        bpf_ns,
+        target: cost_table::host_target(mode, web),
+    };
+    let mut rows = Vec::new();
+    if let Some(nginx) = &t.nginx {
+        let bpf = t
+            .per_handshake_ns
+            .filter(|_| t.per_event_mode.as_deref() == Some(mode));
+        rows.push(cost_table::host_row(&figure(
+            "web load: nginx + wrk, a handshake per request",
+            "requests",
+            nginx,
+            bpf,
+            true,
+        )));
+    }
+    for (flow, ratio) in &t.bystander {
+        let bpf = t
+            .bystander_ns
+            .iter()
+            .find(|(f, _)| f == flow)
+            .map(|(_, ns)| *ns);
+        rows.push(cost_table::host_row(&figure(
+            flow, "messages", ratio, bpf, false,
+        )));
+    }
+    if let Some((_, before, with)) = t.syscall_ns.iter().find(|(m, ..)| m == mode) {
+        let ratio = before / with;
+        rows.push(cost_table::host_row(&cost_table::HostFigure {
+            mode,
+            event: "`getppid()`",
+            unit: "calls",
+            without: 1e9 / before,
+            with: 1e9 / with,
+            median: ratio,
+            lo: ratio,
+            hi: ratio,
+            pairs: 1,
+            bpf_ns: None,
+            target: cost_table::Target::None("no host target; best of 3 runs, not pairs"),
+        }));
+    }
+    if rows.is_empty() {
+        return String::new();
+    }
+    cost_table::render(&rows)
+}
+
 fn summary_path() -> std::path::PathBuf {
     crate::workspace_root().join("target/bench/summary.json")
 }
@@ -262,6 +327,19 @@ pub(super) fn summary(r: &mut Report, whole: bool) -> Result<()> {
         ],
         &rows,
     );
+    let host = host_table(r);
+    if !host.is_empty() {
+        r.line(format!(
+            "### Per-mode table: this host, real time (CPU: {})
+",
+            r.cpu
+        ));
+        r.line(
+            "Issue 37's table shape: ratio with / without backlogd of the real-time pairs              (median of the alternating pairs; `getppid()`: best of 3 runs each). The guest              rows of every mode, in instructions, come from `cargo xtask bench --guest              KERNEL` (target/bench/guest-KERNEL.md).\n",
+        );
+        r.md.push_str(&host);
+        r.line("");
+    }
     r.md.push_str(&rest);
     if whole {
         let json = serde_json::json!({

@@ -42,6 +42,9 @@ pub(super) fn syscall_overhead(p: &Params, r: &mut Report) -> Result<()> {
             ]),
             Ok(d) => {
                 let with = ns_per_syscall(p.syscalls);
+                r.targets
+                    .syscall_ns
+                    .push(((*mode).to_owned(), before, with));
                 rows.push(vec![
                     (*mode).to_owned(),
                     format!("{with:.1}"),

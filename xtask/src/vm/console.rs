@@ -35,7 +35,7 @@ pub(super) fn is_lockup(crash: &str) -> bool {
 
 /// The kernel's own report if the guest kernel crashed: from the first oops or BUG line
 /// to the panic line (at most 160 lines: a lockup prints every CPU's backtrace).
-pub(super) fn guest_crash(console: &str) -> Option<String> {
+pub(crate) fn guest_crash(console: &str) -> Option<String> {
     let lines: Vec<&str> = console.lines().map(|l| l.trim_end_matches('\r')).collect();
     let panic = lines
         .iter()

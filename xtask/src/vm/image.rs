@@ -42,9 +42,9 @@ fn copy_tree(src: &Path, dst: &Path) -> Result<()> {
 pub(super) const BUILTIN_LATER_MODULES: &[&str] = &["nft_counter"];
 
 /// What goes into every guest: backlogd and the suites' test executables.
-pub(super) struct Payload {
-    pub(super) backlogd: PathBuf,
-    pub(super) suites: Vec<(String, PathBuf)>,
+pub(crate) struct Payload {
+    pub(crate) backlogd: PathBuf,
+    pub(crate) suites: Vec<(String, PathBuf)>,
 }
 
 pub(super) fn build_payload() -> Result<Payload> {
@@ -95,7 +95,7 @@ pub(super) fn build_payload() -> Result<Payload> {
 }
 
 /// Stages the guest's root file system under `work/root` and packs it as a newc cpio.
-pub(super) fn build_initramfs(
+pub(crate) fn build_initramfs(
     work: &Path,
     kernel: &Kernel,
     payload: &Payload,

@@ -21,7 +21,7 @@ pub(super) enum Pick {
 /// a wrong probe fails there; `cargo xtask vm` runs only the refusal check in a mode the
 /// kernel cannot run.
 #[derive(Clone, Copy)]
-pub(super) struct Caps {
+pub(crate) struct Caps {
     /// fentry mode: trampolines and `bpf_get_func_ret` (5.17).
     pub(super) fentry: bool,
     pub(super) kprobe: bool,
@@ -48,7 +48,7 @@ impl Caps {
     }
 
     /// Whether backlogd can run `mode` here; if not, the guest runs only the refusal test.
-    pub(super) fn runs(self, mode: &str) -> bool {
+    pub(crate) fn runs(self, mode: &str) -> bool {
         match mode {
             "fentry" => self.fentry,
             "kprobe" => self.kprobe,
@@ -58,14 +58,14 @@ impl Caps {
 }
 
 /// A Debian kernel of the matrix.
-pub(super) struct KernelSpec {
-    pub(super) label: &'static str,
+pub(crate) struct KernelSpec {
+    pub(crate) label: &'static str,
     pub(super) pick: Pick,
     /// A Debian suite other than the host's to fetch it from (see `debian.rs`).
     pub(super) suite: Option<&'static str>,
     /// In the matrix when no `--kernel` is given (`cargo xtask test`).
     pub(super) default: bool,
-    pub(super) caps: Caps,
+    pub(crate) caps: Caps,
 }
 
 /// From the oldest Debian kernel still supported to the newest Debian ships. `cargo xtask
@@ -73,7 +73,7 @@ pub(super) struct KernelSpec {
 /// upstream series a Debian release runs, plus the newest. The others are the same series
 /// as one in CI (bookworm's 6.12 is trixie's) or older than the newest (sid's kernel lags
 /// trixie-backports' now and then): `cargo xtask vm --kernel LABEL` runs them.
-pub(super) const KERNELS: &[KernelSpec] = &[
+pub(crate) const KERNELS: &[KernelSpec] = &[
     // Debian 11 (bullseye, LTS): no bpf_get_func_ret, no pinnable perf-event links.
     KernelSpec {
         label: "debian-5.10",
@@ -145,12 +145,12 @@ pub(super) const KERNELS: &[KernelSpec] = &[
 ];
 
 /// An unpacked kernel package.
-pub(super) struct Kernel {
-    pub(super) package: String,
+pub(crate) struct Kernel {
+    pub(crate) package: String,
     /// `uname -r` of the kernel, e.g. `6.1.0-40-cloud-amd64`.
     pub(super) release: String,
     pub(super) root: PathBuf,
-    pub(super) vmlinuz: PathBuf,
+    pub(crate) vmlinuz: PathBuf,
 }
 
 /// Downloaded kernels live outside the checkout so clean checkouts on one machine share
@@ -247,7 +247,7 @@ fn kernel_packages(image: &str, apt: Option<&crate::debian::SuiteApt>) -> Result
     Ok(packages)
 }
 
-pub(super) fn fetch_kernel(spec: &KernelSpec) -> Result<Kernel> {
+pub(crate) fn fetch_kernel(spec: &KernelSpec) -> Result<Kernel> {
     let apt = match spec.suite {
         Some(suite) => Some(crate::debian::SuiteApt::new(
             suite,

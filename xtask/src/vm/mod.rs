@@ -28,6 +28,13 @@ mod kernels;
 pub(crate) mod plan;
 mod report;
 
+// The guest bench (`bench/guest.rs`) boots the matrix's kernels with the matrix's initramfs.
+pub(crate) use self::{
+    console::guest_crash,
+    image::{Payload, build_initramfs},
+    kernels::{KERNELS, fetch_kernel},
+};
+
 use self::{console::*, image::*, kernels::*, plan::*, report::*};
 
 pub const MODES: &[&str] = &["fentry", "kprobe", "tracepoint"];
@@ -41,7 +48,7 @@ pub fn kernel_labels() -> impl Iterator<Item = &'static str> {
 /// A guest that has not powered off by then is killed and its rows fail.
 const GUEST_TIMEOUT: Duration = Duration::from_secs(30 * 60);
 
-const MARK: &str = "@@backlogd-vm";
+pub(crate) const MARK: &str = "@@backlogd-vm";
 
 pub struct Options {
     /// Kernel labels to boot (all when empty).
