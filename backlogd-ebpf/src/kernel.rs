@@ -4,7 +4,7 @@
 //! which the daemon overrides before loading (from the running kernel's BTF).
 
 use aya_ebpf::helpers::{bpf_get_current_task, bpf_probe_read_kernel};
-use backlogd_common::{AF_INET, AF_INET6, IPPROTO_TCP, KernelOffsets, TCP_LISTEN};
+use backlogd_common::{AF_INET, AF_INET6, IPPROTO_TCP, KernelOffsets, TCP_LISTEN, fexit_ret};
 
 /// Filled in by the daemon with `EbpfLoader::override_global`; all zeros in the object file.
 #[unsafe(no_mangle)]
@@ -44,6 +44,7 @@ static OFFSETS: KernelOffsets = KernelOffsets {
     compat_mask: 0,
     skb_network_header: 0,
     tcp_rcv_nxt: 0,
+    ret_slot: [0; fexit_ret::COUNT],
 };
 
 /// Errors are the helpers' negative errno values; programs only ever drop them.
@@ -136,6 +137,17 @@ impl BtfPtr {
 pub fn current_task() -> KPtr {
     // SAFETY: the helper takes no arguments and returns the current task's address.
     KPtr(unsafe { bpf_get_current_task() })
+}
+
+/// The context slot of the return value the fexit program `which` ([`fexit_ret`]) reads.
+#[inline(always)]
+pub fn ret_slot(which: usize) -> u32 {
+    let slots = &OFFSETS.ret_slot;
+    if which >= slots.len() {
+        return 0;
+    }
+    // SAFETY: in-bounds element of a valid static; volatile only defeats const-folding.
+    unsafe { core::ptr::read_volatile(&slots[which]) }
 }
 
 /// Reads one element of an offset array.
