@@ -504,8 +504,8 @@ def remove_and_purge_leave_nothing_attached():
 # ---- 7 ------------------------------------------------------------------------------------
 def starts_and_says_what_it_left_out():
     """The shipped config asks for pins (pin_dir). On a kernel that cannot give what the
-    config asks for (pins of perf-event links before 5.15, fentry before 5.17), the service
-    must still be active and must have said what it left out."""
+    config asks for (pins of perf-event links before 5.15 in kprobe mode, on a kernel without
+    BPF trampolines), the service must still be active and must have said what it left out."""
     ev = EVIDENCE
     p = show("ActiveState", "MainPID")
     expect(p["ActiveState"] == "active", f"the service is not running: {p}")
