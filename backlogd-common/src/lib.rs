@@ -313,6 +313,25 @@ pub mod mib {
     pub const COUNT: usize = 4;
 }
 
+/// The fexit programs that read the return value of the function they trace, as indices
+/// of [`KernelOffsets::ret_slot`].
+pub mod fexit_ret {
+    /// `tcp_check_req`
+    pub const CHECK_REQ: usize = 0;
+    /// `tcp_get_cookie_sock`
+    pub const COOKIE_SOCK: usize = 1;
+    /// `inet_csk_reqsk_queue_add`
+    pub const REQSK_QUEUE_ADD: usize = 2;
+    /// `inet_csk_accept`
+    pub const INET_CSK_ACCEPT: usize = 3;
+    /// The listen(2) syscall's entry point (`__x64_sys_listen`)
+    pub const LISTEN: usize = 4;
+    pub const COUNT: usize = 5;
+    /// The last context slot the programs can read the return value from: a BPF
+    /// trampoline passes at most 12 argument slots (`MAX_BPF_FUNC_ARGS`; 6 before 6.6).
+    pub const MAX_SLOT: u32 = 12;
+}
+
 /// Kind of a [`ListenerEvent`].
 pub mod event_kind {
     /// A successful `listen(2)` on a TCP socket: first listen or a repeated one that
@@ -426,6 +445,11 @@ pub struct KernelOffsets {
     pub skb_network_header: u32,
     /// `offsetof(struct tcp_sock, rcv_nxt)`: a new child's is its client's ISN + 1.
     pub tcp_rcv_nxt: u32,
+    /// fexit programs: the u64 slot of the context that holds the traced function's
+    /// return value, by [`fexit_ret`] index. A trampoline passes the function's arguments
+    /// first and its return value next, and the number of arguments differs between
+    /// kernels; 0 where this kernel has no such function (no argument count is 0).
+    pub ret_slot: [u32; fexit_ret::COUNT],
 }
 
 #[cfg(feature = "user")]

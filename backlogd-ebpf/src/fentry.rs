@@ -1,7 +1,11 @@
 //! fentry/fexit mode: BPF trampolines on the kernel functions that decide a listener's
-//! fate. The cheapest hooks, with per-program recursion protection (a hook is never
-//! skipped because another tracing program is running). Needs BPF trampolines (5.5+) and
-//! `bpf_get_func_ret` (5.17+).
+//! fate. The cheapest hooks, with per-program recursion protection from Linux 5.12 (a hook
+//! is never skipped because another tracing program is running). Before 5.12 there is no
+//! guard and no miss counter, and only `tcp_check_req`'s programs can run nested in
+//! themselves, harmlessly (docs/metrics.md, "Limits of each mode", has the analysis).
+//! Needs BPF trampolines (5.5+; backlogd's ring buffer needs 5.8) and nothing newer: the
+//! fexit programs read the traced function's return value from their context ([`ret`]),
+//! not with `bpf_get_func_ret` (5.17+).
 //!
 //! - `tcp_conn_request` entry/return: SYNs, SYN-path drops by reason, syncookies
 //!   ([`syn::call_enter`] / [`syn::call_exit`]).
@@ -19,15 +23,22 @@
 //!   syscall tracepoint sends every syscall of every task through the kernel's slow path
 //!   (and that one runs a program per syscall).
 
+use core::{arch::asm, ffi::c_void};
+
 use aya_ebpf::{
+    EbpfContext as _,
+    helpers::bpf_probe_read_kernel,
     macros::{fentry, fexit},
     programs::{FEntryContext, FExitContext},
 };
-use backlogd_common::segment_kind::{ACK, OTHER, SYN};
+use backlogd_common::{
+    fexit_ret,
+    segment_kind::{ACK, OTHER, SYN},
+};
 
 use crate::{
     accept,
-    kernel::{KPtr, Result, errno, launder},
+    kernel::{KPtr, Result, errno, launder, ret_slot},
     listen, syn,
 };
 
@@ -41,6 +52,73 @@ fn arg_ptr(arg: *const u8) -> Result<KPtr> {
         Err(errno::EFAULT)
     } else {
         Ok(p)
+    }
+}
+
+/// The return value of the function the fexit program `which` ([`fexit_ret`]) traces.
+///
+/// A trampoline hands an fexit program the function's arguments as u64 slots, then its
+/// return value, so the value's slot is the number of argument slots, which differs
+/// between kernels (`tcp_check_req` takes 5 arguments on 5.10 and 6 on 6.18,
+/// `inet_csk_accept` 4 before 6.10 and 2 since): the loader puts this kernel's count,
+/// from its BTF, in `OFFSETS.ret_slot`. The verifier accepts a context load only at an
+/// offset written in the instruction itself; a load through the context pointer plus an
+/// offset computed from that count is refused ("dereference of modified ctx ptr"). So
+/// each possible slot has a load of its own, and since the global is a frozen read-only
+/// map the verifier knows the value and walks only the branch it selects. (Linux 5.17's
+/// `bpf_get_func_ret` would do the same with a helper call; reading the slot is one path
+/// for every kernel with trampolines.)
+#[inline(always)]
+fn ret(ctx: &FExitContext, which: usize) -> Result<u64> {
+    let c = ctx.as_ptr();
+    Ok(match ret_slot(which) {
+        1 => ctx_slot::<1>(c),
+        2 => ctx_slot::<2>(c),
+        3 => ctx_slot::<3>(c),
+        4 => ctx_slot::<4>(c),
+        5 => ctx_slot::<5>(c),
+        6 => ctx_slot::<6>(c),
+        7 => ctx_slot::<7>(c),
+        8 => ctx_slot::<8>(c),
+        9 => ctx_slot::<9>(c),
+        10 => ctx_slot::<10>(c),
+        11 => ctx_slot::<11>(c),
+        fexit_ret::MAX_SLOT => ctx_slot::<{ fexit_ret::MAX_SLOT as usize }>(c),
+        _ => return Err(errno::EINVAL),
+    })
+}
+
+/// The u64 in slot `N` of a tracing program's context, loaded in one instruction with the
+/// offset as its immediate. Inline assembly, because LLVM may otherwise merge the loads
+/// of [`ret`]'s branches into one load through a computed pointer, which the verifier
+/// refuses. A pointer-typed slot comes back as the verifier's typed pointer: launder it
+/// before using it as a number.
+#[inline(always)]
+fn ctx_slot<const N: usize>(ctx: *mut c_void) -> u64 {
+    let value: u64;
+    // SAFETY: reads the context the kernel passed to this program; the verifier checks
+    // the slot against the traced function's BTF and refuses the program if it is not
+    // one of its arguments or its return value.
+    unsafe {
+        asm!(
+            "{value} = *(u64 *)({ctx} + {offset})",
+            value = out(reg) value,
+            ctx = in(reg) ctx,
+            offset = const N * 8,
+            options(readonly, nostack, preserves_flags),
+        );
+    }
+    value
+}
+
+/// A pointer-typed return value as a plain address (see [`arg_ptr`]); NULL is `0`.
+#[inline(always)]
+fn ret_ptr(ctx: &FExitContext, which: usize) -> Result<u64> {
+    let p = ret(ctx, which)?;
+    if p == 0 {
+        Ok(0)
+    } else {
+        launder(p as *const u8)
     }
 }
 
@@ -75,9 +153,7 @@ fn check_req(ctx: &FEntryContext) -> Result<()> {
 /// Returns the child once `inet_csk_complete_hashdance` queued it for accept.
 #[fexit(function = "tcp_check_req")]
 pub fn check_req_exit(ctx: FExitContext) -> i32 {
-    let _ = ctx
-        .ret::<u64>()
-        .and_then(|child| syn::call_exit(ACK, child));
+    let _ = ret_ptr(&ctx, fexit_ret::CHECK_REQ).and_then(|child| syn::call_exit(ACK, child));
     0
 }
 
@@ -92,9 +168,7 @@ pub fn cookie_sock_enter(ctx: FEntryContext) -> i32 {
 /// Returns the child once it is on the accept queue.
 #[fexit(function = "tcp_get_cookie_sock")]
 pub fn cookie_sock_exit(ctx: FExitContext) -> i32 {
-    let _ = ctx
-        .ret::<u64>()
-        .and_then(|child| syn::call_exit(ACK, child));
+    let _ = ret_ptr(&ctx, fexit_ret::COOKIE_SOCK).and_then(|child| syn::call_exit(ACK, child));
     0
 }
 
@@ -124,7 +198,7 @@ pub fn reqsk_queue_add_exit(ctx: FExitContext) -> i32 {
 }
 
 fn try_reqsk_queue_add_exit(ctx: &FExitContext) -> Result<()> {
-    let child: u64 = ctx.ret()?;
+    let child = ret_ptr(ctx, fexit_ret::REQSK_QUEUE_ADD)?;
     if child == 0 || !syn::in_conn_request() {
         return Ok(());
     }
@@ -140,7 +214,7 @@ pub fn inet_csk_accept_exit(ctx: FExitContext) -> i32 {
 }
 
 fn try_accept_exit(ctx: &FExitContext) -> Result<()> {
-    let child: u64 = ctx.ret()?;
+    let child = ret_ptr(ctx, fexit_ret::INET_CSK_ACCEPT)?;
     if child == 0 {
         return Ok(());
     }
@@ -158,5 +232,25 @@ pub fn listen_syscall_exit(ctx: FExitContext) -> i32 {
 }
 
 fn try_listen_syscall_exit(ctx: &FExitContext) -> Result<()> {
-    listen::returned(arg_ptr(ctx.arg(0))?, ctx.ret()?)
+    let ret = ret(ctx, fexit_ret::LISTEN)? as i64;
+    listen::returned(untyped_arg0(ctx)?, ret)
+}
+
+/// The traced function's first argument as a plain address, read from the context with
+/// `bpf_probe_read_kernel` rather than the verifier's typed context load. For an argument
+/// whose type the kernel's BTF does not complete: Debian 11's 5.10 describes
+/// `__x64_sys_listen`'s `const struct pt_regs *` as a pointer to a forward declaration,
+/// and its verifier refuses every context load of such an argument ("func
+/// '__x64_sys_listen' arg0 type FWD is not a struct", EACCES). The registers are only
+/// ever read through the helper, so the address is all the program needs. (The context
+/// is on the trampoline's stack; the helper reads it as any kernel memory.)
+#[inline(always)]
+fn untyped_arg0(ctx: &FExitContext) -> Result<KPtr> {
+    // SAFETY: bpf_probe_read_kernel validates the source and fails instead of faulting.
+    let p = KPtr(unsafe { bpf_probe_read_kernel(ctx.as_ptr().cast::<u64>()) }?);
+    if p.is_null() {
+        Err(errno::EFAULT)
+    } else {
+        Ok(p)
+    }
 }

@@ -4,7 +4,7 @@
 //! which the daemon overrides before loading (from the running kernel's BTF).
 
 use aya_ebpf::helpers::{bpf_get_current_task, bpf_probe_read_kernel};
-use backlogd_common::{AF_INET, AF_INET6, IPPROTO_TCP, KernelOffsets, TCP_LISTEN};
+use backlogd_common::{AF_INET, AF_INET6, IPPROTO_TCP, KernelOffsets, TCP_LISTEN, fexit_ret};
 
 /// Filled in by the daemon with `EbpfLoader::override_global`; all zeros in the object file.
 #[unsafe(no_mangle)]
@@ -44,6 +44,7 @@ static OFFSETS: KernelOffsets = KernelOffsets {
     compat_mask: 0,
     skb_network_header: 0,
     tcp_rcv_nxt: 0,
+    ret_slot: [0; fexit_ret::COUNT],
 };
 
 /// Errors are the helpers' negative errno values; programs only ever drop them.
@@ -53,6 +54,8 @@ pub type Result<T> = core::result::Result<T, i32>;
 pub mod errno {
     /// A map slot that should always exist was not there.
     pub const ENOENT: i32 = -2;
+    /// Interrupted by another program on this CPU twice in a row.
+    pub const EAGAIN: i32 = -11;
     /// A null or unreadable kernel pointer.
     pub const EFAULT: i32 = -14;
     /// Input the program does not handle.
@@ -138,6 +141,17 @@ pub fn current_task() -> KPtr {
     KPtr(unsafe { bpf_get_current_task() })
 }
 
+/// The context slot of the return value the fexit program `which` ([`fexit_ret`]) reads.
+#[inline(always)]
+pub fn ret_slot(which: usize) -> u32 {
+    let slots = &OFFSETS.ret_slot;
+    if which >= slots.len() {
+        return 0;
+    }
+    // SAFETY: in-bounds element of a valid static; volatile only defeats const-folding.
+    unsafe { core::ptr::read_volatile(&slots[which]) }
+}
+
 /// Reads one element of an offset array.
 #[inline(always)]
 pub fn offset_at(select: fn(&KernelOffsets) -> &[u32; 4], i: usize) -> usize {
@@ -192,9 +206,10 @@ pub fn socket_of_fd(fd: u64) -> Result<KPtr> {
     file.deref(offset(|o| &o.file_private_data))
 }
 
-/// One u64 per CPU used to turn verifier-tracked pointers into plain numbers.
+/// Per CPU, element 0: a pointer being turned into a plain number and a generation
+/// count ([`launder`]); element 1 only lends its address ([`cpu_area_offset`]).
 #[aya_ebpf::macros::map]
-static LAUNDER: aya_ebpf::maps::PerCpuArray<u64> =
+static LAUNDER: aya_ebpf::maps::PerCpuArray<[u64; 2]> =
     aya_ebpf::maps::PerCpuArray::with_max_entries(2, 0);
 
 /// Cached per-CPU area offset of this CPU (0 until first computed).
@@ -206,15 +221,33 @@ static CPU_AREA_OFFSET: aya_ebpf::maps::PerCpuArray<u64> =
 /// skb context, map), so it can be offset and read with `bpf_probe_read_kernel`. Storing
 /// a pointer into a map value and loading it back yields a scalar; the verifier allows
 /// this for privileged (CAP_PERFMON) loaders, which backlogd requires anyway.
+///
+/// The slot is this CPU's, but not this program's alone: a program running with bottom
+/// halves enabled (`inet_csk_accept` returning; `tcp_check_req` for a Fast Open child,
+/// called from its socket's backlog in process context) can be interrupted between the
+/// store and the load by a softirq whose programs launder pointers of their own. Each
+/// launder bumps the generation first, so one that finds it moved on by the load has seen
+/// another's pointer, and stores again. (Comparing the pointer read back with the one
+/// stored would do, but LLVM may then hand on the register it compared with, which the
+/// verifier still tracks as a pointer.)
 #[inline(always)]
 pub fn launder(p: *const u8) -> Result<u64> {
     let slot = LAUNDER.get_ptr_mut(0).ok_or(errno::ENOENT)?;
-    // SAFETY: `slot` is this CPU's element of LAUNDER; volatile keeps LLVM from forwarding
-    // the pointer register past the store.
+    // SAFETY: `slot` is this CPU's element of LAUNDER. Volatile keeps LLVM from
+    // forwarding the pointer register past the store, and keeps every access in order.
     unsafe {
-        core::ptr::write_volatile(slot.cast::<*const u8>(), p);
-        Ok(core::ptr::read_volatile(slot))
+        let [value, generation] = &mut *slot;
+        for _ in 0..2 {
+            let mine = core::ptr::read_volatile(generation).wrapping_add(1);
+            core::ptr::write_volatile(generation, mine);
+            core::ptr::write_volatile((value as *mut u64).cast::<*const u8>(), p);
+            let laundered = core::ptr::read_volatile(value);
+            if core::ptr::read_volatile(generation) == mine {
+                return Ok(laundered);
+            }
+        }
     }
+    Err(errno::EAGAIN)
 }
 
 /// This CPU's per-CPU area offset (`__per_cpu_offset[cpu]`): the address a per-CPU array

@@ -17,6 +17,8 @@
 //! the `OFFSETS` global that the daemon fills from the running kernel's BTF at load time.
 #![no_std]
 #![no_main]
+// `asm!` on the BPF target: `fentry.rs` loads context slots at literal offsets.
+#![feature(asm_experimental_arch)]
 
 mod accept;
 mod fentry;

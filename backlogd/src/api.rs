@@ -35,7 +35,7 @@ pub struct Snapshot {
 /// kernel side (and the loader's type can change without changing what is served).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct KernelSupport {
-    /// fentry mode can run (BPF trampolines, and `bpf_get_func_ret`: Linux 5.17).
+    /// fentry mode can run (BPF trampolines: Linux 5.5; arm64 6.0).
     pub fentry: bool,
     /// kprobes can be attached (CONFIG_KPROBES).
     pub kprobe: bool,

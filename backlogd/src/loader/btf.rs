@@ -6,7 +6,7 @@
 
 use std::path::{Path, PathBuf};
 
-use backlogd_common::{KernelOffsets, mib};
+use backlogd_common::{KernelOffsets, fexit_ret, mib};
 use btf_rs::{Backend, Btf, Type};
 use fallible_iterator::FallibleIterator as _;
 
@@ -124,6 +124,24 @@ impl InMemory {
     }
 }
 
+/// Where an fexit program finds the return value of a function whose parameters are
+/// `param_sizes` bytes each: the u64 context slot after the arguments. A BPF trampoline
+/// passes each argument of up to 8 bytes in one slot and a struct of 9 to 16 bytes by
+/// value in two (x86-64 since 6.1, the only kind of wider argument it passes); `None` for
+/// a parameter it cannot pass (wider, or of unknown size: variadic) or more slots than a
+/// trampoline has (`fexit_ret::MAX_SLOT`), as the attach would fail anyway.
+pub fn ret_slot(param_sizes: &[usize]) -> Option<u32> {
+    let mut slots = 0u32;
+    for &size in param_sizes {
+        slots += match size {
+            1..=8 => 1,
+            9..=16 => 2,
+            _ => return None,
+        };
+    }
+    (slots <= fexit_ret::MAX_SLOT).then_some(slots)
+}
+
 pub struct KernelBtf {
     btf: Btf,
 }
@@ -210,6 +228,9 @@ impl KernelBtf {
             compat_mask: COMPAT_FLAG.3,
             skb_network_header: f("sk_buff", "network_header", 2)?,
             tcp_rcv_nxt: f("tcp_sock", "rcv_nxt", 4)?,
+            // Which functions is the hook table's business: the loader fills these in
+            // with `fexit_ret_slot`.
+            ret_slot: [0; fexit_ret::COUNT],
         })
     }
 
@@ -255,6 +276,48 @@ impl KernelBtf {
                 ty: "enum linux_mib_field".into(),
                 field: name.into(),
             })
+    }
+
+    /// The context slot of the return value of kernel function `name` in an fexit
+    /// program ([`ret_slot`]); 0 when the kernel has no such function or one a trampoline
+    /// cannot pass (the attach fails then, with the kernel's reason).
+    pub fn fexit_ret_slot(&self, name: &str) -> u32 {
+        self.param_sizes(name)
+            .and_then(|s| ret_slot(&s))
+            .unwrap_or(0)
+    }
+
+    /// Sizes in bytes of the parameters of function `name`, 0 for one of no known size (a
+    /// variadic tail); `None` when BTF has no such function. The first function of that
+    /// name, as aya and the kernel resolve an attach target by name.
+    fn param_sizes(&self, name: &str) -> Option<Vec<usize>> {
+        let func = self
+            .btf
+            .resolve_types_by_name(name)
+            .ok()?
+            .into_iter()
+            .find(|t| matches!(t, Type::Func(_)))?;
+        let Type::Func(func) = func else { return None };
+        let Type::FuncProto(proto) = self.btf.resolve_chained_type(&func).ok()? else {
+            return None;
+        };
+        Some(
+            proto
+                .parameters
+                .iter()
+                .map(|p| {
+                    if p.is_variadic() {
+                        return 0;
+                    }
+                    self.btf
+                        .resolve_chained_type(p)
+                        .ok()
+                        .and_then(|t| self.resolve(t))
+                        .and_then(|t| self.size_of(&t))
+                        .unwrap_or(0)
+                })
+                .collect(),
+        )
     }
 
     /// Whether any enum of the kernel has an enumerator `name` (e.g. a helper of
@@ -330,6 +393,8 @@ impl KernelBtf {
             Type::Ptr(_) => Some(8),
             Type::Struct(s) | Type::Union(s) => Some(s.size()),
             Type::Enum(e) => Some(e.size()),
+            Type::Enum64(e) => Some(e.size()),
+            Type::Float(f) => Some(f.size()),
             Type::Array(a) => {
                 let elem = self.resolve(self.btf.resolve_chained_type(a).ok()?)?;
                 Some(self.size_of(&elem)? * a.len())
@@ -381,6 +446,47 @@ mod tests {
             err.contains("LINUX_MIB_TCPREQQFULLDOCOOKIES and LINUX_MIB_TCPREQQFULLDROP"),
             "{err}"
         );
+    }
+
+    /// The signatures that moved the return value between kernels, as BTF gives them.
+    #[test]
+    fn the_return_value_sits_after_the_arguments_of_this_kernels_signature() {
+        // tcp_check_req(sk, skb, req, bool fastopen, bool *lost_race) on Debian's 5.10 ...
+        assert_eq!(ret_slot(&[8, 8, 8, 1, 8]), Some(5));
+        // ... and with `enum skb_drop_reason *drop_reason` after them (the CI kernel's 6.18).
+        assert_eq!(ret_slot(&[8, 8, 8, 1, 8, 8]), Some(6));
+        // inet_csk_accept(sk, int flags, int *err, bool kern) before 6.10, then
+        // inet_csk_accept(sk, struct proto_accept_arg *arg).
+        assert_eq!(ret_slot(&[8, 4, 8, 1]), Some(4));
+        assert_eq!(ret_slot(&[8, 8]), Some(2));
+        // __x64_sys_listen(const struct pt_regs *regs).
+        assert_eq!(ret_slot(&[8]), Some(1));
+    }
+
+    #[test]
+    fn arguments_a_trampoline_cannot_pass_leave_no_slot() {
+        // A 16-byte struct by value takes two slots; a wider one is not passed.
+        assert_eq!(ret_slot(&[8, 16]), Some(3));
+        assert_eq!(ret_slot(&[8, 24]), None);
+        // Variadic (size unknown).
+        assert_eq!(ret_slot(&[8, 0]), None);
+        // More than MAX_SLOT slots.
+        assert_eq!(ret_slot(&[8; 12]), Some(12));
+        assert_eq!(ret_slot(&[8; 13]), None);
+        assert_eq!(ret_slot(&[16; 7]), None);
+    }
+
+    /// The same from the CI kernel's BTF (6.18): the functions the fexit programs trace.
+    #[test]
+    fn finds_the_return_slots_in_the_kernels_btf() {
+        let k = kernel();
+        assert_eq!(k.fexit_ret_slot("tcp_check_req"), 6);
+        assert_eq!(k.fexit_ret_slot("tcp_get_cookie_sock"), 4);
+        assert_eq!(k.fexit_ret_slot("inet_csk_reqsk_queue_add"), 3);
+        assert_eq!(k.fexit_ret_slot("inet_csk_accept"), 2);
+        #[cfg(target_arch = "x86_64")]
+        assert_eq!(k.fexit_ret_slot("__x64_sys_listen"), 1);
+        assert_eq!(k.fexit_ret_slot("backlogd_no_such_function"), 0);
     }
 
     #[test]

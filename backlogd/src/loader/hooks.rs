@@ -22,7 +22,7 @@
 //! programs are not subject to it. kprobes remain only where kprobe mode has nothing
 //! else, and their skips are counted (Linux 6.7+) and exported.
 
-use backlogd_common::names::program as p;
+use backlogd_common::{fexit_ret, names::program as p};
 
 use super::modes::HookMode;
 
@@ -94,6 +94,19 @@ const SYSCALLS: &[Hook] = &[Hook::BtfTracepoint {
 const LISTEN_SYSCALL: &str = "__x64_sys_listen";
 #[cfg(target_arch = "aarch64")]
 const LISTEN_SYSCALL: &str = "__arm64_sys_listen";
+
+/// The functions whose return value fentry mode's fexit programs read, by
+/// [`fexit_ret`] index: the loader looks up where each one's return value sits on this
+/// kernel (after its arguments, whose number changes between kernels) in its BTF.
+pub const FEXIT_RETURNS: [&str; fexit_ret::COUNT] = {
+    let mut f = [""; fexit_ret::COUNT];
+    f[fexit_ret::CHECK_REQ] = "tcp_check_req";
+    f[fexit_ret::COOKIE_SOCK] = "tcp_get_cookie_sock";
+    f[fexit_ret::REQSK_QUEUE_ADD] = "inet_csk_reqsk_queue_add";
+    f[fexit_ret::INET_CSK_ACCEPT] = "inet_csk_accept";
+    f[fexit_ret::LISTEN] = LISTEN_SYSCALL;
+    f
+};
 
 const FENTRY: &[Hook] = &[
     Hook::Fexit {
@@ -238,6 +251,33 @@ mod tests {
             used, all,
             "programs of the object without a hook, or hooks without one"
         );
+    }
+
+    /// Each program that reads a return value gets the slot of the function it is attached
+    /// to, not another's.
+    #[test]
+    fn the_return_slots_are_looked_up_for_the_functions_those_programs_trace() {
+        let traced = |program: &str| {
+            for_mode(HookMode::Fentry)
+                .into_iter()
+                .find_map(|h| match h {
+                    Hook::Fexit {
+                        program: q,
+                        function,
+                    } if q == program => Some(function),
+                    _ => None,
+                })
+                .unwrap_or_else(|| panic!("no fexit hook for {program}"))
+        };
+        for (which, program) in [
+            (fexit_ret::CHECK_REQ, p::CHECK_REQ_EXIT),
+            (fexit_ret::COOKIE_SOCK, p::COOKIE_SOCK_EXIT),
+            (fexit_ret::REQSK_QUEUE_ADD, p::REQSK_QUEUE_ADD_EXIT),
+            (fexit_ret::INET_CSK_ACCEPT, p::INET_CSK_ACCEPT_EXIT),
+            (fexit_ret::LISTEN, p::LISTEN_SYSCALL_EXIT),
+        ] {
+            assert_eq!(FEXIT_RETURNS[which], traced(program), "{program}");
+        }
     }
 
     #[test]

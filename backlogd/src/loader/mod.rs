@@ -97,7 +97,9 @@ pub fn load(opts: &LoadOptions) -> Result<Probes, LoadError> {
     // btf-rs parse is only needed for the offsets and the kernel's features.
     let (facts, offsets) = {
         let btf = KernelBtf::open(&opts.btf)?;
-        (modes::BtfFacts::of(&btf), btf.kernel_offsets()?)
+        let mut offsets = btf.kernel_offsets()?;
+        offsets.ret_slot = hooks::FEXIT_RETURNS.map(|f| btf.fexit_ret_slot(f));
+        (modes::BtfFacts::of(&btf), offsets)
     };
     let kernel = KernelSupport::probe(facts);
     let pins = match &opts.pin_dir {

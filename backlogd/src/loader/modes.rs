@@ -52,13 +52,14 @@ impl HookMode {
 }
 
 /// What the running kernel allows, as found by trying (program types) and by reading its
-/// BTF (helpers and link types it knows: features are not backported, and the enums in
-/// the kernel's own BTF say exactly what this build has).
+/// BTF (link types it knows: features are not backported, and the enums in the kernel's
+/// own BTF say exactly what this build has).
 /// The JSON API serves these figures in a type of its own (`api::KernelSupport`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct KernelSupport {
-    /// fentry mode can run: BPF trampolines work and fexit programs can read the traced
-    /// function's return value (`bpf_get_func_ret`, Linux 5.17).
+    /// fentry mode can run: BPF trampolines work (Linux 5.5; arm64 6.0). Its fexit
+    /// programs read the traced function's return value from their context, at the slot
+    /// this kernel's BTF gives (`backlogd-ebpf/src/fentry.rs`), so they need nothing newer.
     pub fentry: bool,
     /// The kprobe PMU exists (CONFIG_KPROBES), so kprobes can be attached.
     pub kprobe: bool,
@@ -69,8 +70,6 @@ pub struct KernelSupport {
     pub perf_link_pinning: bool,
 }
 
-/// `enum bpf_func_id` names every helper the kernel knows.
-const FUNC_RET_HELPER: &str = "BPF_FUNC_get_func_ret";
 /// `enum bpf_link_type` names every kind of link the kernel can create.
 const PERF_EVENT_LINK: &str = "BPF_LINK_TYPE_PERF_EVENT";
 
@@ -78,14 +77,12 @@ const PERF_EVENT_LINK: &str = "BPF_LINK_TYPE_PERF_EVENT";
 /// [`KernelSupport::probe`]).
 #[derive(Debug, Clone, Copy)]
 pub struct BtfFacts {
-    func_ret: bool,
     perf_link: bool,
 }
 
 impl BtfFacts {
     pub fn of(btf: &KernelBtf) -> Self {
         Self {
-            func_ret: btf.has_enumerator(FUNC_RET_HELPER),
             perf_link: btf.has_enumerator(PERF_EVENT_LINK),
         }
     }
@@ -102,15 +99,14 @@ impl KernelSupport {
         );
         Self::from_facts(
             trampolines,
-            facts.func_ret,
             Path::new("/sys/bus/event_source/devices/kprobe").exists(),
             facts.perf_link,
         )
     }
 
-    fn from_facts(trampolines: bool, func_ret: bool, kprobe: bool, perf_link: bool) -> Self {
+    fn from_facts(trampolines: bool, kprobe: bool, perf_link: bool) -> Self {
         Self {
-            fentry: trampolines && func_ret,
+            fentry: trampolines,
             kprobe,
             trampolines,
             perf_link_pinning: perf_link,
@@ -121,19 +117,10 @@ impl KernelSupport {
     pub fn can_pin(self, mode: HookMode) -> bool {
         match mode {
             // Tracing, raw tracepoint and cgroup links are pinnable since 5.7/5.8, before
-            // any kernel backlogd runs on; tracepoint mode has no other kind.
+            // any kernel backlogd runs on (its ring buffer needs 5.8); tracepoint mode has
+            // no other kind.
             HookMode::Fentry | HookMode::Tracepoint => true,
             HookMode::Kprobe => self.perf_link_pinning,
-        }
-    }
-
-    /// Why fentry mode cannot run here (when it cannot).
-    fn fentry_lacks(self) -> &'static str {
-        if self.trampolines {
-            "its fexit programs read the traced function's return value with \
-             bpf_get_func_ret, which this kernel's BPF lacks (Linux 5.17+)"
-        } else {
-            "loading a BPF tracing program fails: no BPF trampoline support"
         }
     }
 }
@@ -165,7 +152,8 @@ pub fn choose(requested: HookModeArg, kernel: KernelSupport) -> Result<HookMode,
         HookModeArg::Tracepoint => Ok(HookMode::Tracepoint),
         HookModeArg::Fentry if !kernel.fentry => Err(ModeError::KernelLacks {
             mode: "fentry",
-            why: kernel.fentry_lacks(),
+            why: "loading a BPF tracing program fails: no BPF trampoline support (Linux \
+                  5.5+; arm64 6.0+)",
             best: best.name(),
         }),
         HookModeArg::Kprobe if !kernel.kprobe => Err(ModeError::KernelLacks {
@@ -273,23 +261,24 @@ mod tests {
         assert_eq!(attempts(HookModeArg::Fentry, Fentry, ALL), [Fentry]);
     }
 
-    /// Debian 11's 5.10: trampolines, no bpf_get_func_ret, no perf-event link pinning.
+    /// Debian 11's 5.10 (and every kernel from 5.5 to 5.16): trampolines, no
+    /// bpf_get_func_ret, no perf-event link pinning. fentry mode runs there, pinned.
     #[test]
-    fn a_kernel_with_trampolines_but_no_func_ret_refuses_fentry_and_auto_takes_kprobe() {
-        let k = KernelSupport::from_facts(true, false, true, false);
-        assert!(!k.fentry && k.trampolines);
-        assert_eq!(choose(HookModeArg::Auto, k), Ok(HookMode::Kprobe));
+    fn a_kernel_with_trampolines_runs_fentry_pinned_without_perf_event_links() {
+        let k = KernelSupport::from_facts(true, true, false);
+        assert!(k.fentry && k.trampolines);
+        assert_eq!(choose(HookModeArg::Auto, k), Ok(HookMode::Fentry));
         assert_eq!(
-            attempts(HookModeArg::Auto, HookMode::Kprobe, k),
-            [HookMode::Kprobe, HookMode::Tracepoint]
+            attempts(HookModeArg::Auto, HookMode::Fentry, k),
+            [HookMode::Fentry, HookMode::Kprobe, HookMode::Tracepoint]
         );
-        let e = choose(HookModeArg::Fentry, k).unwrap_err().to_string();
-        assert!(
-            e.contains("bpf_get_func_ret") && e.contains("5.17") && e.contains("(kprobe here)"),
-            "{e}"
-        );
-        assert!(!k.can_pin(HookMode::Kprobe) && k.can_pin(HookMode::Tracepoint));
-        let new = KernelSupport::from_facts(true, true, true, true);
+        assert!(k.can_pin(HookMode::Fentry) && k.can_pin(HookMode::Tracepoint));
+        assert!(!k.can_pin(HookMode::Kprobe));
+        // Without trampolines (arm64 before 6.0, kernels built without them): kprobe.
+        let old = KernelSupport::from_facts(false, true, false);
+        assert!(!old.fentry);
+        assert_eq!(choose(HookModeArg::Auto, old), Ok(HookMode::Kprobe));
+        let new = KernelSupport::from_facts(true, true, true);
         assert!(new.fentry && new.can_pin(HookMode::Kprobe));
     }
 }

@@ -45,8 +45,8 @@ pub struct Options {
     /// linux-image-cloud-amd64, bookworm's newest 6.1 cloud kernel).
     pub kernel_package: Option<String>,
     /// Another Debian suite whose packages the guest may also take (e.g. `bullseye`, with
-    /// `--kernel-package linux-image-5.10.0-32-cloud-amd64`): a hook for the check that the
-    /// packaged service starts on a kernel lacking what its config asks for.
+    /// `--kernel-package linux-image-5.10.0-32-cloud-amd64`): boots Debian 11's kernel in the
+    /// same guest, where check 7 finds fentry mode pinned.
     pub extra_suite: Option<String>,
     /// Install this package instead of building one with `cargo xtask deb`.
     pub deb: Option<PathBuf>,

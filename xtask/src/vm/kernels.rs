@@ -22,7 +22,8 @@ pub(super) enum Pick {
 /// kernel cannot run.
 #[derive(Clone, Copy)]
 pub(crate) struct Caps {
-    /// fentry mode: trampolines and `bpf_get_func_ret` (5.17).
+    /// fentry mode: BPF trampolines (5.5; x86-64). The fexit programs read return values
+    /// from their context, so 5.5 to 5.16 (no `bpf_get_func_ret`) run it too.
     pub(super) fentry: bool,
     pub(super) kprobe: bool,
     /// Pinnable kprobe links (BPF_LINK_TYPE_PERF_EVENT, 5.15): only kprobe mode needs them.
@@ -74,7 +75,9 @@ pub(crate) struct KernelSpec {
 /// as one in CI (bookworm's 6.12 is trixie's) or older than the newest (sid's kernel lags
 /// trixie-backports' now and then): `cargo xtask vm --kernel LABEL` runs them.
 pub(crate) const KERNELS: &[KernelSpec] = &[
-    // Debian 11 (bullseye, LTS): no bpf_get_func_ret, no pinnable perf-event links.
+    // Debian 11 (bullseye, LTS): trampolines without `bpf_get_func_ret` or a recursion
+    // guard (5.12), no pinnable perf-event links (kprobe mode runs unpinned). The one
+    // kernel Debian ships that proves fentry mode on 5.5-5.16 (5.15 takes the same path).
     KernelSpec {
         label: "debian-5.10",
         pick: Pick::Newest {
@@ -84,7 +87,7 @@ pub(crate) const KERNELS: &[KernelSpec] = &[
         suite: Some("bullseye"),
         default: true,
         caps: Caps {
-            fentry: false,
+            fentry: true,
             kprobe: true,
             perf_link_pinning: false,
         },
@@ -96,7 +99,7 @@ pub(crate) const KERNELS: &[KernelSpec] = &[
         suite: Some("bullseye"),
         default: false,
         caps: Caps {
-            fentry: false,
+            fentry: true,
             kprobe: true,
             perf_link_pinning: false,
         },
@@ -438,7 +441,12 @@ mod tests {
     #[test]
     fn capabilities_reach_the_guest_as_words() {
         let old = KERNELS.iter().find(|k| k.label == "debian-5.10").unwrap();
-        assert_eq!(old.caps.env(), "fentry=no kprobe=yes perf_link_pinning=no");
-        assert!(!old.caps.runs("fentry") && old.caps.runs("tracepoint"));
+        assert_eq!(old.caps.env(), "fentry=yes kprobe=yes perf_link_pinning=no");
+        assert!(old.caps.runs("fentry") && old.caps.runs("tracepoint"));
+        let refused = Caps {
+            fentry: false,
+            ..Caps::ALL
+        };
+        assert!(!refused.runs("fentry") && refused.runs("kprobe"));
     }
 }
