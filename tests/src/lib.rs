@@ -7,6 +7,7 @@
 pub mod bpf;
 pub mod caps;
 pub mod cgroups;
+pub mod containers;
 pub mod daemon;
 pub mod doctor;
 pub mod exact;

@@ -10,12 +10,13 @@ use std::{
     net::SocketAddr,
     os::unix::fs::MetadataExt as _,
     path::{Path, PathBuf},
-    process::{Command, Output},
+    process::Command,
     time::{Duration, Instant},
 };
 
 use backlogd_tests::{
     Netns, Scrape,
+    containers::podman_ok,
     daemon::{binary, hook_mode},
     http,
     sockets::Listener,
@@ -42,24 +43,6 @@ fn require(program: &str) {
         "`{program} --version` does not run: the image test needs podman and runc (Debian \
          packages podman and runc). Fix: run `cargo xtask setup`"
     );
-}
-
-/// `podman ARGS`, which must succeed; its output.
-#[track_caller]
-fn podman(args: &[&str]) -> Output {
-    let out = Command::new("podman")
-        .args(args)
-        .output()
-        .expect("starting podman");
-    assert!(
-        out.status.success(),
-        "podman {} failed ({}):\n{}{}",
-        args.join(" "),
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
 }
 
 /// What `cargo xtask image` printed about one build.
@@ -148,7 +131,7 @@ fn wait_serving(container: &str) -> SocketAddr {
         {
             return addr;
         }
-        let state = podman(&["inspect", "--format", "{{.State.Status}}", container]);
+        let state = podman_ok(&["inspect", "--format", "{{.State.Status}}", container]);
         let state = String::from_utf8_lossy(&state.stdout).trim().to_owned();
         assert!(
             state == "running" || state == "created",
@@ -227,13 +210,13 @@ fn the_image_is_reproducible_and_serves_the_hosts_listeners_from_a_container() {
         first.digest
     ));
 
-    let loaded = podman(&["load", "--input", first.archive.to_str().unwrap()]);
+    let loaded = podman_ok(&["load", "--input", first.archive.to_str().unwrap()]);
     let loaded = String::from_utf8_lossy(&loaded.stdout);
     assert!(loaded.contains(&reference), "podman load said: {loaded}");
 
     // What podman read from the image: the manifest digest, the entrypoint and command,
     // the metrics port, the labels.
-    let inspect = podman(&["image", "inspect", &reference]);
+    let inspect = podman_ok(&["image", "inspect", &reference]);
     let inspect: serde_json::Value = serde_json::from_slice(&inspect.stdout).unwrap();
     let image = &inspect[0];
     assert_eq!(image["Digest"], first.digest.as_str(), "{image:#}");
@@ -300,8 +283,6 @@ fn the_image_is_reproducible_and_serves_the_hosts_listeners_from_a_container() {
     let nproc = hard_limit(libc::RLIMIT_NPROC).min(32_768);
     let pins = format!("--pin-dir={}", pin_dir.display());
     let mut run = vec![
-        "--runtime".to_owned(),
-        "runc".to_owned(),
         "run".to_owned(),
         "--detach".to_owned(),
         format!("--name={container}"),
@@ -325,7 +306,7 @@ fn the_image_is_reproducible_and_serves_the_hosts_listeners_from_a_container() {
     if let Some(mode) = hook_mode() {
         run.push(format!("--hook-mode={mode}"));
     }
-    podman(&run.iter().map(String::as_str).collect::<Vec<_>>());
+    podman_ok(&run.iter().map(String::as_str).collect::<Vec<_>>());
     let addr = wait_serving(&container);
 
     // A listener made after the daemon started, in a network namespace of its own: its
@@ -370,8 +351,8 @@ fn the_image_is_reproducible_and_serves_the_hosts_listeners_from_a_container() {
     ));
 
     // `podman stop` sends SIGTERM: the daemon shuts down cleanly.
-    podman(&["stop", "--time", "10", &container]);
-    let status = podman(&["inspect", "--format", "{{.State.ExitCode}}", &container]);
+    podman_ok(&["stop", "--time", "10", &container]);
+    let status = podman_ok(&["inspect", "--format", "{{.State.ExitCode}}", &container]);
     let log = logs(&container);
     assert_eq!(
         String::from_utf8_lossy(&status.stdout).trim(),
@@ -380,7 +361,7 @@ fn the_image_is_reproducible_and_serves_the_hosts_listeners_from_a_container() {
     );
     assert!(log.contains("SIGTERM"), "{log}");
     drop(cleanup);
-    let images = podman(&[
+    let images = podman_ok(&[
         "images",
         "--quiet",
         "--filter",

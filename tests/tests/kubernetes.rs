@@ -21,12 +21,13 @@ use std::{
     collections::BTreeSet,
     net::{SocketAddr, TcpListener},
     path::{Path, PathBuf},
-    process::{Command, Output, Stdio},
+    process::{Command, Output},
     time::{Duration, Instant},
 };
 
 use backlogd_tests::{
     Netns, Scrape,
+    containers::podman,
     daemon::{binary, hook_mode},
     http,
     pins::PinDir,
@@ -618,16 +619,6 @@ fn the_image_the_labels_and_the_selectors_agree() {
         c["securityContext"]["appArmorProfile"]["type"],
         "Unconfined"
     );
-}
-
-/// podman as on this machine kind (tests/tests/podman.rs says why): runc, cgroupfs.
-fn podman(args: &[&str]) -> Output {
-    Command::new("podman")
-        .args(["--runtime", "runc", "--cgroup-manager", "cgroupfs"])
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .expect("running podman")
 }
 
 /// What podman made for the test, removed when dropped (even when the test fails).

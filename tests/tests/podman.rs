@@ -18,24 +18,16 @@ use std::{
     os::fd::AsRawFd as _,
     os::unix::process::CommandExt as _,
     path::Path,
-    process::{Child, Command, Output, Stdio},
+    process::{Child, Command, Stdio},
     time::{Duration, Instant},
 };
 
 use backlogd_tests::{
-    Daemon, Netns, figures::accept_queue_full_burst, sockets::Listener, tempdir::TempDir, tools,
+    Daemon, Netns, containers::podman, figures::accept_queue_full_burst, sockets::Listener,
+    tempdir::TempDir, tools,
 };
 
 const SOCKET: &str = "/run/podman/podman.sock";
-
-fn podman(args: &[&str]) -> Output {
-    Command::new("podman")
-        .args(["--runtime", "runc", "--cgroup-manager", "cgroupfs"])
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .expect("running podman")
-}
 
 /// podman's API service on its rootful socket, unless one already answers there (a host
 /// with podman.socket enabled); stopped when dropped.
