@@ -69,12 +69,21 @@ pub struct ListenerSnapshot {
     /// What is known of the backlog it asked for (see [`Request`]).
     #[serde(default)]
     pub request: Request,
+    /// SYNs (without ACK) that reached it, retransmitted ones included: segments, not
+    /// connections.
     pub syns_received: u64,
+    /// SYNs and final ACKs it dropped, by reason: segments too (a client's SYN dropped
+    /// three times counts three); what the drops cost in connections is `impact`.
     pub drops: Drops,
+    /// SYNs answered with a syncookie.
     pub syncookies_sent: u64,
+    /// SYN-ACKs retransmitted for its pending handshakes.
     pub synack_retransmits: u64,
+    /// Connections put on its accept queue.
     pub queued: u64,
+    /// Connections taken off it by accept().
     pub accepted: u64,
+    /// Queue lengths: connections (accept queue), pending handshakes (SYN queue).
     pub queues: QueueFigures,
     pub accept_wait: AcceptWait,
     /// What its clients paid for its drops (absent from older daemons: zero).
@@ -107,14 +116,15 @@ pub struct RecentImpact {
 }
 
 /// Connection attempts a listener dropped a segment of, and what became of them (see
-/// `backlogd-ebpf/src/impact.rs`).
+/// `backlogd-ebpf/src/impact.rs`): each counted once however many of its segments were
+/// dropped, as connections (delayed) or attempts (abandoned).
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct ClientImpact {
-    /// Queued for accept after the attempt's first drop was a SYN.
+    /// Connections queued for accept after the attempt's first drop was a SYN.
     pub delayed_syn_drop: u64,
-    /// Queued for accept after the attempt's first drop was its final ACK.
+    /// Connections queued for accept after the attempt's first drop was its final ACK.
     pub delayed_final_ack_overflow: u64,
-    /// Not queued within the horizon (`client_impact_horizon`).
+    /// Connection attempts not queued within the horizon (`client_impact_horizon`).
     pub abandoned: u64,
     /// Delays of the delayed connections, first drop to queued: per-bucket (not
     /// cumulative) counts, `le` in seconds, null for the last bucket.

@@ -56,7 +56,7 @@ pub struct QueueFigures {
     pub accept_depth: u32,
     /// Highest accept-queue length over the window.
     pub accept_max: u32,
-    /// Highest SYN-queue length over the window.
+    /// Highest SYN-queue length over the window: pending handshakes (request sockets).
     pub syn_max: u32,
 }
 

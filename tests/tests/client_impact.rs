@@ -390,7 +390,7 @@ fn doctor_recent(
         }
     }
     let line = format!("s since backlogd started: {delayed} connections delayed by a drop, ");
-    let tail = format!("; {abandoned} attempts never connected");
+    let tail = format!("; {abandoned} connection attempts never connected");
     let said = evidence(finding);
     exact.eq(
         "doctor's evidence quotes those figures",

@@ -556,12 +556,12 @@ fn a_queue_that_filled_before_the_daemon_started_shows_from_the_first_scrape() {
     let ev = evidence(overflow);
     assert!(
         ev.contains(&format!(
-            "{dropped} connections dropped with the accept queue full"
+            "{dropped} SYNs and final ACKs dropped with the accept queue full"
         )),
         "{ev}"
     );
     assert!(
-        ev.contains("accept queue peak 9 of capacity 8 (now 9)"),
+        ev.contains("accept queue peak 9 of capacity 8 connections (now 9)"),
         "{ev}"
     );
 }

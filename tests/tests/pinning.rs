@@ -325,7 +325,7 @@ fn abandoned_attempts_counted_before_a_restart_stay_counted() {
             "doctor's evidence quotes the recent figures",
             u64::from(evidence(finding).contains(
                 " s since backlogd started: 0 connections delayed by a drop, 0 of them more \
-                 than 0.5 s (a retry); 2 attempts never connected",
+                 than 0.5 s (a retry); 2 connection attempts never connected",
             )),
             1,
         );

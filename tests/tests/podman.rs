@@ -1,6 +1,8 @@
-//! A real podman container owns a listener whose accept queue overflows (issue 21): its
-//! series, its `top` row and doctor's finding name the container by the name podman gave
-//! it, read from podman's own API service, and the drops stay exact.
+//! A real podman container owns a listener whose accept queue overflows (issues 21, 36):
+//! its series, its `top` row and doctor's finding name the container by the name podman
+//! gave it, read from the command line of its `conmon` while podman's API service is not
+//! running (most hosts never start it), then, for a second container, from the API once
+//! it runs; and the drops stay exact.
 //!
 //! The container needs no image (none can be pulled here): `--rootfs` is a directory of
 //! symlinks with the host's /usr mounted read-only, and python3 from it runs the server.
@@ -23,8 +25,12 @@ use std::{
 };
 
 use backlogd_tests::{
-    Daemon, Netns, containers::podman, figures::accept_queue_full_burst, sockets::Listener,
-    tempdir::TempDir, tools,
+    Daemon, Netns,
+    containers::{podman, podman_ok},
+    figures::accept_queue_full_burst,
+    sockets::Listener,
+    tempdir::TempDir,
+    tools,
 };
 
 const SOCKET: &str = "/run/podman/podman.sock";
@@ -183,54 +189,72 @@ fn a_podman_container_is_named_in_metrics_top_and_doctor() {
     assert_eq!(id.len(), 64, "podman run printed {id:?}");
 
     // The container's listen() is the last: backlogd's owner is its process. With no
-    // API service yet, the cgroup path's runtime and id, no name, and one warning however
-    // many rescans ask.
+    // API service yet, the name comes from conmon's command line, with one line in the
+    // log saying so however many rescans there are, and no warning.
     let socket = listener.inode.to_string();
-    let by_cgroup = [
-        ("socket", socket.as_str()),
-        ("container_runtime", "podman"),
-        ("container_id", id.as_str()),
-    ];
-    let api_was_running = ApiService::answers();
-    if !api_was_running {
-        daemon.wait_for("the container's id on the info series", |s| {
-            s.value("backlogd_listener_owner_info", &by_cgroup)
-                .map(|_| ())
-        });
-        std::thread::sleep(Duration::from_secs(3));
-        let scrape = daemon.scrape();
-        let series = scrape.find("backlogd_listener_owner_info", &[("socket", &socket)]);
-        assert_eq!(series.len(), 1, "{series:?}");
-        assert!(
-            !series[0].labels.contains_key("container_name"),
-            "{series:?}"
-        );
-        let warned = daemon
-            .log()
-            .matches("cannot ask the container runtime")
-            .count();
-        assert_eq!(
-            warned,
-            1,
-            "one warning for an absent API:\n{}",
-            daemon.log()
-        );
-    } else {
-        backlogd_tests::report(&format!(
-            "{SOCKET} already answers (the host runs podman's API): the absent-API checks \
-             of this test did not run"
-        ));
-    }
-    let _api = ApiService::start();
     let want = [
         ("socket", socket.as_str()),
         ("container_runtime", "podman"),
         ("container_id", id.as_str()),
         ("container_name", name.as_str()),
     ];
-    daemon.wait_for("the container's name on the info series", |s| {
-        (s.value("backlogd_listener_owner_info", &want) == Some(1.0)).then_some(())
+    let api_was_running = ApiService::answers();
+    if api_was_running {
+        backlogd_tests::report(&format!(
+            "{SOCKET} already answers (the host runs podman's API): the names without the \
+             API were not checked by this test"
+        ));
+    } else {
+        daemon.wait_for("the container's name from conmon on the info series", |s| {
+            (s.value("backlogd_listener_owner_info", &want) == Some(1.0)).then_some(())
+        });
+        std::thread::sleep(Duration::from_secs(2));
+        let log = daemon.log();
+        let without = log.matches("its containers are named without it").count();
+        assert_eq!(without, 1, "one line for an absent API:\n{log}");
+        assert!(!log.contains("cannot ask the container runtime"), "{log}");
+    }
+
+    // With the API: a second container, listening on its own in a namespace of its own, is
+    // named by it.
+    let _api = ApiService::start();
+    let second = format!("{name}-api");
+    let server2 = "import socket, time\n\
+                   s = socket.socket()\n\
+                   s.bind(('127.0.0.1', 0))\n\
+                   s.listen(4)\n\
+                   time.sleep(1e9)\n";
+    let out = podman_ok(&[
+        "run",
+        "-d",
+        "--name",
+        &second,
+        "--network",
+        "none",
+        "--ulimit",
+        "nofile=1024:1024",
+        "--ulimit",
+        "nproc=1024:1024",
+        "-v",
+        "/usr:/usr:ro",
+        "--rootfs",
+        root.to_str().expect("a UTF-8 path"),
+        "python3",
+        "-c",
+        server2,
+    ]);
+    let _second = Container(second.clone());
+    let id2 = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    daemon.wait_for("the second container's name from the API", |s| {
+        let labels = [
+            ("container_id", id2.as_str()),
+            ("container_name", second.as_str()),
+        ];
+        (s.value("backlogd_listener_owner_info", &labels) == Some(1.0)).then_some(())
     });
+    if !api_was_running {
+        daemon.wait_for_log("the container runtime's API answers; its containers are named by it");
+    }
 
     let burst = accept_queue_full_burst(&daemon, &ns, &listener, listener.addr);
     burst.exact.verify();

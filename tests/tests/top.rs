@@ -190,7 +190,7 @@ fn top_shows_the_dropping_listener_first_and_q_restores_the_terminal() {
 fn detail_drops(screen: &str) -> Option<[u64; 4]> {
     let line = screen
         .lines()
-        .find_map(|l| Some(l.split_once("drops: accept queue full ")?.1))?;
+        .find_map(|l| Some(l.split_once("dropped: SYNs, accept queue full ")?.1))?;
     let mut numbers = line
         .split_whitespace()
         .filter_map(|w| w.parse::<u64>().ok());

@@ -1,5 +1,8 @@
-//! The accept queue: overflowing (connections dropped because it was full), or hovering
-//! near full without drops yet.
+//! The accept queue: overflowing (SYNs and final ACKs dropped because it was full), or
+//! hovering near full without drops yet. Each figure says what it counts: dropped SYNs
+//! include clients' retransmissions (a client whose SYN is dropped three times counts
+//! three), so they are not connections; what the drops cost in connections is the client
+//! impact (`impact.rs`); queue lengths, accepts and enqueues count connections.
 
 use backlogd_common::DropReason;
 
@@ -14,7 +17,8 @@ const ACCEPTS_SLOWLY: &str = "the application accepts too slowly for the arrival
     accept in a loop until EAGAIN, add workers (SO_REUSEPORT), or move work out of the \
     accept path; a larger backlog only hides this and adds latency";
 
-/// Connections dropped at SYN or at the final ACK because the accept queue was full.
+/// SYNs and final ACKs dropped because the accept queue was full (segments, not
+/// connections).
 fn overflows(l: &ListenerSnapshot) -> u64 {
     l.drops[DropReason::AcceptQueueFull] + l.drops[DropReason::FinalAckOverflow]
 }
@@ -27,8 +31,8 @@ pub fn overflow(l: &ListenerSnapshot, cx: &Context<'_>) -> Option<Finding> {
     }
     let impact = client_impact(l, cx.snapshot.impact_window);
     let mut evidence = vec![format!(
-        "{overflows} connections dropped with the accept queue full ({} at SYN, {} at \
-         the final ACK)",
+        "{overflows} SYNs and final ACKs dropped with the accept queue full ({} SYNs, \
+         retransmitted ones included; {} final ACKs)",
         l.drops[DropReason::AcceptQueueFull],
         l.drops[DropReason::FinalAckOverflow]
     )];
@@ -61,7 +65,7 @@ pub fn near_full(l: &ListenerSnapshot, _: &Context<'_>) -> Option<Finding> {
         kind: FindingKind::AcceptQueueNearFull,
         subject: subject(l),
         summary: format!(
-            "the accept queue of {}:{} reached {peak} of {granted}",
+            "the accept queue of {}:{} reached {peak} of {granted} connections",
             l.listener.addr, l.listener.port
         ),
         evidence: queue_evidence(l),
@@ -80,19 +84,19 @@ fn queue_evidence(l: &ListenerSnapshot) -> Vec<String> {
     // quoted as if it were the peak of those drops.
     let peak_line = if overflows(l) > 0 && peak <= granted {
         format!(
-            "accept queue above its capacity {granted} at those drops (now {}; none \
-             above it in the current peak window)",
+            "accept queue above its capacity of {granted} connections at those drops \
+             (now {}; none above it in the current peak window)",
             l.queues.accept_depth
         )
     } else {
         format!(
-            "accept queue peak {peak} of capacity {granted} (now {})",
+            "accept queue peak {peak} of capacity {granted} connections (now {})",
             l.queues.accept_depth
         )
     };
     let mut evidence = vec![
         peak_line,
-        format!("{} accepted of {} queued", l.accepted, l.queued),
+        format!("{} connections accepted of {} queued", l.accepted, l.queued),
     ];
     if let Some(p99) = wait_quantile(l, 0.99) {
         evidence.push(format!("accept wait p99 {p99}"));

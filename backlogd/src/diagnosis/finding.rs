@@ -43,7 +43,7 @@ kinds! {
     BacklogMaybeClamped: "backlog_maybe_clamped",
         "Granted exactly net.core.somaxconn, its request unknown: it may have been cut.";
     AcceptQueueOverflow: "accept_queue_overflow",
-        "Connections dropped at SYN or at the final ACK because the accept queue was full.";
+        "SYNs or final ACKs dropped because the accept queue was full.";
     AcceptQueueNearFull: "accept_queue_near_full",
         "No drops, but the accept queue's peak reached 90% of its capacity.";
     SynQueueOverflow: "syn_queue_overflow",

@@ -50,7 +50,7 @@ pub fn client_impact(l: &ListenerSnapshot, recent: Option<ImpactWindow>) -> Opti
         } else {
             format!(
                 "{when}: {d} connections delayed by a drop, {} of them more than {first} s \
-                 (a retry); {a} attempts never connected",
+                 (a retry); {a} connection attempts never connected",
                 r.impact.delayed_at_least(first)
             )
         });

@@ -47,7 +47,8 @@ pub fn imbalance(cx: &Context<'_>) -> Vec<Finding> {
                         .iter()
                         .map(|m| {
                             format!(
-                                "socket {} ({}[{}]): queue {} of {}, {} dropped, {} accepted",
+                                "socket {} ({}[{}]): queue {} of {} connections, {} SYNs \
+                                 and ACKs dropped, {} connections accepted",
                                 m.listener.inode,
                                 m.listener.comm,
                                 m.listener.pid,

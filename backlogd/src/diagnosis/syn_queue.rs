@@ -15,7 +15,6 @@ pub fn overflow(l: &ListenerSnapshot, cx: &Context<'_>) -> Option<Finding> {
     if l.drops[DropReason::SynQueueFull] == 0 {
         return None;
     }
-    let granted = l.listener.granted;
     let impact = client_impact(l, cx.snapshot.impact_window);
     Some(Finding {
         severity: Severity::Critical,
@@ -27,13 +26,13 @@ pub fn overflow(l: &ListenerSnapshot, cx: &Context<'_>) -> Option<Finding> {
             l.listener.addr, l.listener.port
         ),
         evidence: [format!(
-            "{} SYNs dropped (TCPReqQFullDrop)",
+            "{} SYNs dropped, retransmitted ones included (TCPReqQFullDrop)",
             l.drops[DropReason::SynQueueFull]
         )]
         .into_iter()
         .chain(impact.iter().flat_map(|i| i.lines.iter().cloned()))
         .chain([
-            format!("SYN queue peak {} of limit {granted}", l.queues.syn_max),
+            syn_queue_peak(l),
             match cx.namespace(l) {
                 Some(n) => {
                     format!("net.ipv4.tcp_syncookies = {}", n.sysctls.tcp_syncookies)
@@ -56,7 +55,6 @@ pub fn syncookies(l: &ListenerSnapshot, _: &Context<'_>) -> Option<Finding> {
     if l.syncookies_sent == 0 {
         return None;
     }
-    let granted = l.listener.granted;
     Some(Finding {
         severity: Severity::Warning,
         kind: FindingKind::SyncookiesSent,
@@ -67,11 +65,11 @@ pub fn syncookies(l: &ListenerSnapshot, _: &Context<'_>) -> Option<Finding> {
         ),
         evidence: vec![
             format!(
-                "{} syncookies sent (TCPReqQFullDoCookies)",
+                "{} SYNs answered with a syncookie (TCPReqQFullDoCookies)",
                 l.syncookies_sent
             ),
-            format!("SYN queue peak {} of limit {granted}", l.queues.syn_max),
-            format!("{} SYN-ACK retransmits", l.synack_retransmits),
+            syn_queue_peak(l),
+            format!("{} SYN-ACKs retransmitted", l.synack_retransmits),
         ],
         remedy: "either a SYN flood (many SYNs never completed: look at the sources), \
             or a SYN queue too small for the legitimate handshake rate: raise the \
@@ -80,4 +78,12 @@ pub fn syncookies(l: &ListenerSnapshot, _: &Context<'_>) -> Option<Finding> {
         client_impact: None,
         recent_client_impact: None,
     })
+}
+
+/// The SYN queue's peak: pending handshakes (request sockets), one per connection attempt.
+fn syn_queue_peak(l: &ListenerSnapshot) -> String {
+    format!(
+        "SYN queue peak {} of limit {} pending handshakes",
+        l.queues.syn_max, l.listener.granted
+    )
 }

@@ -37,7 +37,10 @@ pub fn abort_on_overflow(cx: &Context<'_>) -> Vec<Finding> {
                     "net.ipv4.tcp_abort_on_overflow = {}",
                     n.sysctls.tcp_abort_on_overflow
                 ),
-                format!("{resets} final-ACK overflows answered with a RST"),
+                format!(
+                    "{resets} final ACKs dropped with the accept queue full, each answered \
+                     with a RST"
+                ),
             ],
             remedy: "set it back to 0 (`sysctl -w net.ipv4.tcp_abort_on_overflow=0`): with 0 \
                 the kernel retries the handshake when the queue has room again; with 1 \

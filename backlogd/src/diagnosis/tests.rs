@@ -310,9 +310,10 @@ fn accept_queue_overflow_counts_drops_at_syn_and_at_the_final_ack() {
     assert_eq!(
         f.evidence,
         [
-            "483 connections dropped with the accept queue full (480 at SYN, 3 at the final ACK)",
-            "accept queue peak 9 of capacity 8 (now 9)",
-            "11 accepted of 20 queued",
+            "483 SYNs and final ACKs dropped with the accept queue full (480 SYNs, \
+             retransmitted ones included; 3 final ACKs)",
+            "accept queue peak 9 of capacity 8 connections (now 9)",
+            "11 connections accepted of 20 queued",
         ]
     );
 }
@@ -329,8 +330,8 @@ fn overflow_evidence_never_quotes_a_peak_below_the_capacity_its_drops_exceeded()
     );
     assert_eq!(
         f.evidence[1],
-        "accept queue above its capacity 8 at those drops (now 0; none above it in the \
-         current peak window)"
+        "accept queue above its capacity of 8 connections at those drops (now 0; none \
+         above it in the current peak window)"
     );
 }
 
@@ -379,15 +380,16 @@ fn accept_queue_overflow_says_how_many_connections_waited_and_how_many_never_con
     assert_eq!(
         f.evidence,
         [
-            "483 connections dropped with the accept queue full (480 at SYN, 3 at the final ACK)",
+            "483 SYNs and final ACKs dropped with the accept queue full (480 SYNs, \
+             retransmitted ones included; 3 final ACKs)",
             "312 connections reached the accept queue only after this listener dropped a \
              segment of their handshake (300 at SYN, 12 at the final ACK): 290 of them waited \
              more than 0.5 s from their first drop, 40 of them more than 1.5 s",
             "41 connection attempts with a drop never reached the accept queue: abandoned (not \
              queued within client_impact_horizon, or replaced by a new attempt from the same \
              client address and port)",
-            "accept queue peak 9 of capacity 8 (now 9)",
-            "11 accepted of 20 queued",
+            "accept queue peak 9 of capacity 8 connections (now 9)",
+            "11 connections accepted of 20 queued",
         ]
     );
     // The figures those lines quote, in the JSON output (as the JSON API has them).
@@ -426,7 +428,7 @@ fn client_impact_says_first_whether_it_goes_on_in_the_last_five_minutes() {
     assert_eq!(
         f.evidence[1],
         "in the last 5.1 min: 22 connections delayed by a drop, 21 of them more than 0.5 s \
-         (a retry); 4 attempts never connected"
+         (a retry); 4 connection attempts never connected"
     );
     // The totals follow, unchanged.
     assert!(
@@ -461,7 +463,7 @@ fn client_impact_says_first_whether_it_goes_on_in_the_last_five_minutes() {
     assert_eq!(
         f.evidence[1],
         "in the 42 s since backlogd started: 3 connections delayed by a drop, 0 of them more \
-         than 0.5 s (a retry); 0 attempts never connected"
+         than 0.5 s (a retry); 0 connection attempts never connected"
     );
     // Over: said so, so the totals are not read as current; the JSON has every bucket.
     l.recent_impact = None;
@@ -556,14 +558,14 @@ fn syn_queue_overflow_carries_the_listeners_client_impact_too() {
     assert_eq!(
         f.evidence,
         [
-            "40 SYNs dropped (TCPReqQFullDrop)",
+            "40 SYNs dropped, retransmitted ones included (TCPReqQFullDrop)",
             "25 connections reached the accept queue only after this listener dropped a \
              segment of their handshake (25 at SYN, 0 at the final ACK): 25 of them waited \
              more than 0.5 s from their first drop, 5 of them more than 1.5 s",
             "15 connection attempts with a drop never reached the accept queue: abandoned (not \
              queued within client_impact_horizon, or replaced by a new attempt from the same \
              client address and port)",
-            "SYN queue peak 16 of limit 16",
+            "SYN queue peak 16 of limit 16 pending handshakes",
             "net.ipv4.tcp_syncookies = 0",
         ]
     );
@@ -583,11 +585,11 @@ fn accept_queue_near_full_from_ninety_percent_of_the_grant_without_drops() {
     assert_eq!(f.severity, Severity::Warning);
     assert_eq!(
         f.summary,
-        "the accept queue of 0.0.0.0:8080 reached 90 of 100"
+        "the accept queue of 0.0.0.0:8080 reached 90 of 100 connections"
     );
     assert_eq!(
         f.evidence[0],
-        "accept queue peak 90 of capacity 100 (now 3)"
+        "accept queue peak 90 of capacity 100 connections (now 3)"
     );
 }
 
@@ -603,8 +605,8 @@ fn syn_queue_overflow_reports_the_namespaces_syncookies_setting() {
     assert_eq!(
         f.evidence,
         [
-            "40 SYNs dropped (TCPReqQFullDrop)",
-            "SYN queue peak 16 of limit 16",
+            "40 SYNs dropped, retransmitted ones included (TCPReqQFullDrop)",
+            "SYN queue peak 16 of limit 16 pending handshakes",
             "net.ipv4.tcp_syncookies = 0",
         ]
     );
@@ -622,9 +624,9 @@ fn syncookies_sent_is_a_warning_with_the_retransmits() {
     assert_eq!(
         f.evidence,
         [
-            "7 syncookies sent (TCPReqQFullDoCookies)",
-            "SYN queue peak 16 of limit 16",
-            "2 SYN-ACK retransmits",
+            "7 SYNs answered with a syncookie (TCPReqQFullDoCookies)",
+            "SYN queue peak 16 of limit 16 pending handshakes",
+            "2 SYN-ACKs retransmitted",
         ]
     );
 }
@@ -652,7 +654,8 @@ fn reuseport_imbalance_names_the_stalled_member_and_lists_every_member() {
     assert_eq!(f.evidence.len(), 3);
     assert_eq!(
         f.evidence[1],
-        "socket 2 (worker[102]): queue 65 of 64, 12 dropped, 0 accepted"
+        "socket 2 (worker[102]): queue 65 of 64 connections, 12 SYNs and ACKs dropped, 0 \
+         connections accepted"
     );
     assert!(
         f.remedy
@@ -685,7 +688,10 @@ fn abort_on_overflow_is_info_until_it_resets_a_handshake() {
     );
     assert_eq!(f.severity, Severity::Info);
     assert_eq!(f.subject, format!("netns {NETNS}"));
-    assert_eq!(f.evidence[1], "0 final-ACK overflows answered with a RST");
+    assert_eq!(
+        f.evidence[1],
+        "0 final ACKs dropped with the accept queue full, each answered with a RST"
+    );
 
     let mut reset = quiet;
     reset.drops[DropReason::FinalAckOverflow] = 4;
@@ -697,7 +703,7 @@ fn abort_on_overflow_is_info_until_it_resets_a_handshake() {
     assert_eq!(found[1].severity, Severity::Warning);
     assert_eq!(
         found[1].evidence[1],
-        "4 final-ACK overflows answered with a RST"
+        "4 final ACKs dropped with the accept queue full, each answered with a RST"
     );
 }
 

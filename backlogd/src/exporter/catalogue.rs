@@ -167,10 +167,12 @@ catalogue! {
     ListenAccepted: "backlogd_listen_accepted_total", Counter, Listener,
         "Connections taken off the accept queue by accept()/accept4().";
     ListenDrops: "backlogd_listen_drops_total", Counter, ListenerAndReason,
-        "Connections this listener dropped, by reason: accept_queue_full (SYN dropped, \
-         accept queue full: ListenOverflows), syn_queue_full (SYN dropped, SYN queue full \
-         with syncookies off: TCPReqQFullDrop), final_ack_overflow (handshake's final ACK \
-         found the accept queue full: ListenOverflows), other (rest of ListenDrops).";
+        "SYNs and final ACKs this listener dropped (segments, not connections: a \
+         retransmitted SYN dropped again counts again), by reason: accept_queue_full (SYN \
+         dropped, accept queue full: ListenOverflows), syn_queue_full (SYN dropped, SYN \
+         queue full with syncookies off: TCPReqQFullDrop), final_ack_overflow (handshake's \
+         final ACK found the accept queue full: ListenOverflows), other (rest of \
+         ListenDrops).";
     ListenAcceptQueueLength: "backlogd_listen_accept_queue_length", Gauge, Listener,
         "Connections waiting for accept() (sk_ack_backlog), as last observed when a SYN \
          arrived or a connection was queued or accepted.";
@@ -218,8 +220,9 @@ catalogue! {
         "Connections accepted from the listening sockets of the SO_REUSEPORT group \
          (listeners sharing netns, address and port).";
     GroupDrops: "backlogd_listen_group_drops_total", Counter, GroupAndReason,
-        "Connections dropped by the listening sockets of the SO_REUSEPORT group (listeners \
-         sharing netns, address and port), by reason (as in backlogd_listen_drops_total).";
+        "SYNs and final ACKs dropped by the listening sockets of the SO_REUSEPORT group \
+         (listeners sharing netns, address and port), by reason (as in \
+         backlogd_listen_drops_total).";
     GroupConnectionsDelayed: "backlogd_listen_group_connections_delayed_total", Counter,
         GroupAndCause,
         "Connections queued for accept by the listening sockets of the SO_REUSEPORT group \
@@ -239,8 +242,8 @@ catalogue! {
     ProcessAccepted: "backlogd_process_accepted_total", Counter, Process,
         "Connections accepted from the listening sockets of the process.";
     ProcessDrops: "backlogd_process_drops_total", Counter, ProcessAndReason,
-        "Connections dropped by the listening sockets of the process, by reason (as in \
-         backlogd_listen_drops_total).";
+        "SYNs and final ACKs dropped by the listening sockets of the process, by reason (as \
+         in backlogd_listen_drops_total).";
     ProcessConnectionsDelayed: "backlogd_process_connections_delayed_total", Counter,
         ProcessAndCause,
         "Connections queued for accept by the listening sockets of the process after a \

@@ -1,8 +1,9 @@
 //! The names operators use for a listener's owner (issue 21): the systemd unit, the
 //! container and the Kubernetes pod, from the owning process's cgroup (looked up off the
 //! event loop with the program, `daemon/identify.rs`, once per listener owner);
-//! the names only the container runtime knows, from its API (`runtime.rs`) or the
-//! container's OCI bundle (`bundle.rs`: containerd, CRI-O); and a network
+//! the names only the container runtime knows, from its API (`runtime.rs`), or without
+//! one from the container's monitor process (`bundle.rs`: containerd's and CRI-O's OCI
+//! bundles, podman's conmon command line) or dockerd's own record; and a network
 //! namespace's name, where it has one (`netns.rs`).
 
 pub mod bundle;

@@ -4,11 +4,23 @@
 //! labels of a CRI-managed container live); containerd's and CRI-O's containers are named
 //! from their OCI bundles (`bundle.rs`).
 //!
+//! Where a runtime's API is not served (podman's is a service most hosts never start) or
+//! does not answer, each runtime's names come from a source that needs no API, if it has
+//! one ([`without_api`]):
+//!
+//! | runtime | source without an API | what it misses |
+//! |---|---|---|
+//! | podman | `conmon`'s command line (`-c ID -n NAME`), through /proc | labels (pod names), a `podman rename` after start |
+//! | docker | dockerd's own record, `/var/lib/docker/containers/ID/config.v2.json` (the inspect document's `Name` and `Config.Labels`) | a `--data-root` other than /var/lib/docker, rootless dockerd |
+//! | containerd (CRI, nerdctl), CRI-O | the bundle's annotations (`bundle.rs`): the only source used, no API ever asked | containers made with `ctr`, whose only name is their id |
+//! | `cri` (kubelet's cgroupfs path, no monitor found) | none | everything but the id |
+//!
 //! Off the hot path: one lookup per container, cached by container id, dropped from the
 //! cache when no listener has that container any more. A runtime whose socket refuses or
 //! is slow is left alone for [`RETRY_AFTER`]; one whose socket is absent is looked for
-//! again at each rescan (a stat per path). Either is logged once, with the cause; the
-//! names stay empty and nothing else changes.
+//! again at each rescan (a stat per path). Either is logged once, with the cause; names
+//! then come from the source without an API, or stay empty, and nothing else changes. A
+//! container named without the API is not asked again when the API comes.
 
 use std::{
     collections::{HashMap, HashSet},
@@ -74,9 +86,10 @@ enum Answer {
     Names(RuntimeNames),
     /// The runtime does not know the container.
     Unknown,
-    /// A socket is there but does not answer (refused, timed out, not the API).
-    Unreachable,
-    NoSocket,
+    /// A socket is there but does not answer (refused, timed out, not the API), or none
+    /// is; with the cause, for the log.
+    Unreachable(String),
+    NoSocket(String),
 }
 
 /// Why a runtime is not asked now; logged once when it starts.
@@ -136,16 +149,73 @@ impl Resolver {
             if let Some(Down::Unreachable(at)) = self.down.get(&container.runtime)
                 && now.duration_since(*at) < RETRY_AFTER
             {
+                // The API is set aside: its containers are named without it, if they can be.
+                if let Some(names) = without_api(&container.runtime, *pid, &container.id) {
+                    self.entries
+                        .insert(container.id.clone(), Entry::Known(names));
+                }
                 continue;
             }
-            let entry = match self.ask(container, uid_of(*pid)).await {
-                Answer::Names(names) => Entry::Known(names),
-                Answer::Unknown | Answer::Unreachable => Entry::Failed(Instant::now()),
+            let runtime = container.runtime.as_str();
+            let local = || without_api(runtime, *pid, &container.id);
+            let (names, down) = match self.ask(container, uid_of(*pid)).await {
+                Answer::Names(names) => (Some(names), None),
+                // A 404 as well: a rootless container is not in root's podman.
+                Answer::Unknown => (local(), None),
+                Answer::Unreachable(cause) => {
+                    (local(), Some((Down::Unreachable(Instant::now()), cause)))
+                }
+                Answer::NoSocket(cause) => (local(), Some((Down::NoSocket, cause))),
+            };
+            let no_socket = matches!(down, Some((Down::NoSocket, _)));
+            if let Some((down, cause)) = down {
+                self.set_down(runtime, down, &cause, names.is_some());
+            }
+            match names {
+                Some(names) => {
+                    self.entries
+                        .insert(container.id.clone(), Entry::Known(names));
+                }
                 // Looking for a socket costs a stat per path: looked for again at the next
                 // rescan, so an API service started later is used then.
-                Answer::NoSocket => continue,
-            };
-            self.entries.insert(container.id.clone(), entry);
+                None if no_socket => {}
+                None => {
+                    self.entries
+                        .insert(container.id.clone(), Entry::Failed(Instant::now()));
+                }
+            }
+        }
+    }
+
+    /// Sets `runtime`'s API aside; the first time, says why and what names come instead
+    /// (`named`: the source without an API named the container that found it down).
+    fn set_down(&mut self, runtime: &str, down: Down, cause: &str, named: bool) {
+        let first = self.down.insert(runtime.to_owned(), down).is_none();
+        if !first {
+            return;
+        }
+        let retry = RETRY_AFTER.as_secs();
+        if named {
+            tracing::info!(
+                runtime,
+                %cause,
+                source = source_without_api(runtime),
+                "the container runtime's API does not answer; its containers are named \
+                 without it (their names only: labels and the pod names they carry need the \
+                 API). It is asked again at each rescan, or after {retry} s if it failed to \
+                 answer"
+            );
+        } else {
+            tracing::warn!(
+                runtime,
+                %cause,
+                "cannot ask the container runtime for container names and found none without \
+                 it; they stay empty (ids, units and pod UIDs from cgroups are unaffected) and \
+                 it is asked again at each rescan, or after {retry} s if it failed to answer. \
+                 To have names, run its API service (podman: `systemctl enable --now \
+                 podman.socket`) and, in a container, share the host's PID namespace or mount \
+                 the socket"
+            );
         }
     }
 
@@ -160,7 +230,8 @@ impl Resolver {
                         tracing::info!(
                             runtime,
                             socket = %socket.display(),
-                            "the container runtime's API answers; its containers are named"
+                            "the container runtime's API answers; its containers are named \
+                             by it"
                         );
                     }
                     // None: the runtime does not know the container (one just gone).
@@ -169,29 +240,59 @@ impl Resolver {
                 Err(e) => why = Some(format!("{}: {e}", socket.display())),
             }
         }
-        let (down, answer, why) = match why {
-            Some(why) => (Down::Unreachable(Instant::now()), Answer::Unreachable, why),
+        match why {
+            Some(why) => Answer::Unreachable(why),
             None => {
                 let list: Vec<_> = paths.iter().map(|p| p.display().to_string()).collect();
-                let why = format!("no API socket at {}", list.join(", "));
-                (Down::NoSocket, Answer::NoSocket, why)
+                Answer::NoSocket(format!("no API socket at {}", list.join(", ")))
             }
-        };
-        if !self.down.contains_key(runtime) {
-            tracing::warn!(
-                runtime,
-                cause = %why,
-                "cannot ask the container runtime for container names; they stay empty \
-                 (ids, units and pod UIDs from cgroups are unaffected) and it is asked again \
-                 at each rescan, or after {} s if it failed to answer. To have names, run \
-                 its API service (podman: `systemctl enable --now podman.socket`) and, in a \
-                 container, share the host's PID namespace or mount the socket",
-                RETRY_AFTER.as_secs()
-            );
         }
-        self.down.insert(runtime.to_owned(), down);
-        answer
     }
+}
+
+/// Names for container `id` (whose process `pid` is) from `runtime`'s source that needs no
+/// API (the table at the top of this file); None where it has none or it says nothing.
+pub fn without_api(runtime: &str, pid: u32, id: &str) -> Option<RuntimeNames> {
+    match runtime {
+        "podman" => super::bundle::podman_names(pid, id),
+        "docker" => docker_record(id),
+        _ => None,
+    }
+}
+
+/// Where [`without_api`] reads, for the log.
+fn source_without_api(runtime: &str) -> &'static str {
+    match runtime {
+        "podman" => "conmon's command line (-n)",
+        "docker" => "/var/lib/docker/containers/ID/config.v2.json",
+        _ => "none",
+    }
+}
+
+/// dockerd's own record of a container, `config.v2.json` in its data root: the same
+/// `Name` and `Config.Labels` as the inspect document (dockerd serves inspect from it),
+/// written since docker 1.10. Read where dockerd's API is not reachable: a socket moved
+/// with `-H`, a daemon in a container without the socket, dockerd restarting under
+/// `live-restore`. An internal file, not an API: only its two fields are read, and a
+/// record that does not parse names nothing. Misses a `--data-root` elsewhere and
+/// rootless dockerd (`~/.local/share/docker`).
+fn docker_record(id: &str) -> Option<RuntimeNames> {
+    docker_record_in(&["/var/lib/docker", "/proc/1/root/var/lib/docker"], id)
+}
+
+/// [`docker_record`] in the first of the data roots `roots` that has it.
+fn docker_record_in(roots: &[&str], id: &str) -> Option<RuntimeNames> {
+    use std::io::Read as _;
+    roots.iter().find_map(|root| {
+        let path = format!("{root}/containers/{id}/config.v2.json");
+        let mut body = Vec::new();
+        std::fs::File::open(path)
+            .ok()?
+            .take(MAX_BODY as u64)
+            .read_to_end(&mut body)
+            .ok()?;
+        parse_inspect(&body).ok()
+    })
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -361,6 +462,32 @@ mod tests {
             r.entries
         );
         held.abort();
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A record as dockerd 20.10 writes it (fields cut to those around the two read).
+    #[test]
+    fn docker_names_from_its_own_record_without_the_api() {
+        let dir = std::env::temp_dir().join(format!("backlogd-docker-{}", std::process::id()));
+        let id = "3f4c2d1e0b9a8f7e6d5c4b3a29181706f5e4d3c2b1a09f8e7d6c5b4a39281706";
+        let record = dir.join("containers").join(id);
+        std::fs::create_dir_all(&record).unwrap();
+        std::fs::write(
+            record.join("config.v2.json"),
+            format!(
+                r#"{{"StreamConfig":{{}},"State":{{"Running":true,"Pid":4242}},"ID":"{id}",
+                "Created":"2026-11-27T20:41:17.8Z","Path":"nginx","Args":[],
+                "Config":{{"Hostname":"3f4c2d1e0b9a","Image":"nginx","Labels":{{"app":"web"}}}},
+                "Name":"/web","Driver":"overlay2","RestartCount":0}}"#
+            ),
+        )
+        .unwrap();
+        let root = dir.to_str().unwrap();
+        let named = docker_record_in(&["/nonexistent", root], id).expect("a record");
+        assert_eq!(named.container.as_deref(), Some("web"));
+        assert_eq!(docker_record_in(&[root], "0123"), None);
+        std::fs::write(record.join("config.v2.json"), "{").unwrap();
+        assert_eq!(docker_record_in(&[root], id), None);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -331,7 +331,7 @@ fn recent_impact(
     let none = ClientImpact::none();
     let r = l.recent_impact.as_ref().unwrap_or(&none);
     Some(TextLine::raw(format!(
-        "impact {}: delayed {} ({} waited > {long} s)  abandoned {}",
+        "impact {}: connections delayed {} ({} waited > {long} s)  attempts abandoned {}",
         crate::diagnosis::impact::window(window),
         r.delayed(),
         r.delayed_at_least(long),
@@ -432,13 +432,19 @@ fn listener_cells(r: &Row) -> Cells {
 fn draw_sparkline(frame: &mut Frame, app: &App, area: Rect) {
     let (title, data): (String, Vec<u64>) = match app.selected_row() {
         Some(r) => (
-            format!(" drops/s {}:{} ", r.l.listener.addr, r.l.listener.port),
+            format!(
+                " SYNs + final ACKs dropped/s {}:{} ",
+                r.l.listener.addr, r.l.listener.port
+            ),
             app.history
                 .get(&r.l.listener.inode)
                 .map(|h| h.iter().copied().collect())
                 .unwrap_or_default(),
         ),
-        None => (" drops/s (select a listener) ".into(), Vec::new()),
+        None => (
+            " SYNs + final ACKs dropped/s (select a listener) ".into(),
+            Vec::new(),
+        ),
     };
     frame.render_widget(
         Sparkline::default()
@@ -476,18 +482,21 @@ fn draw_detail(frame: &mut Frame, app: &App, area: Rect) {
                     }
                 )),
                 TextLine::raw(format!(
-                    "accept queue {}/{} (max {} in window)  SYN queue max {}",
+                    "accept queue {}/{} connections (max {} in window)  SYN queue max {} \
+                     pending handshakes",
                     l.queues.accept_depth,
                     l.listener.granted,
                     l.queues.accept_max,
                     l.queues.syn_max
                 )),
                 TextLine::raw(format!(
-                    "totals: SYNs {}  queued {}  accepted {}  cookies {}  SYN-ACK retransmits {}",
+                    "totals: SYNs {} (retransmissions included)  connections queued {}  \
+                     accepted {}  SYNs answered with a cookie {}  SYN-ACKs retransmitted {}",
                     l.syns_received, l.queued, l.accepted, l.syncookies_sent, l.synack_retransmits
                 )),
                 TextLine::raw(format!(
-                    "drops: accept queue full {}  SYN queue full {}  final-ACK overflow {}  other {}",
+                    "dropped: SYNs, accept queue full {}  SYNs, SYN queue full {}  final \
+                     ACKs {}  other {}",
                     l.drops[DropReason::AcceptQueueFull],
                     l.drops[DropReason::SynQueueFull],
                     l.drops[DropReason::FinalAckOverflow],
@@ -499,15 +508,15 @@ fn draw_detail(frame: &mut Frame, app: &App, area: Rect) {
                     seconds(r.wait_p99)
                 )),
                 TextLine::raw(format!(
-                    "client impact: delayed {}/s ({}/s waited > {long} s)  abandoned {}/s  \
-                     (last refresh)",
+                    "client impact: connections delayed {}/s ({}/s waited > {long} s)  \
+                     attempts abandoned {}/s  (last refresh)",
                     rate(r.delayed_per_s),
                     rate(r.delayed_long_per_s),
                     rate(r.abandoned_per_s)
                 )),
                 TextLine::raw(format!(
-                    "impact totals: delayed {} (SYN drop {}, final-ACK overflow {}; {} waited \
-                     > {long} s)  abandoned {}",
+                    "impact totals: connections delayed {} (SYN drop {}, final-ACK overflow \
+                     {}; {} waited > {long} s)  attempts abandoned {}",
                     l.impact.delayed(),
                     l.impact.delayed_syn_drop,
                     l.impact.delayed_final_ack_overflow,
@@ -539,7 +548,7 @@ fn draw_detail(frame: &mut Frame, app: &App, area: Rect) {
 
 fn draw_help(frame: &mut Frame, area: Rect) {
     let w = 56.min(area.width);
-    let h = 14.min(area.height);
+    let h = 20.min(area.height);
     let popup = Rect::new(
         area.x + (area.width - w) / 2,
         area.y + (area.height - h) / 2,
@@ -556,9 +565,16 @@ fn draw_help(frame: &mut Frame, area: Rect) {
         ("?, h", "this help"),
         ("q, esc", "quit"),
         ("", ""),
+        // What each rate counts: segments, connections or connection attempts.
+        ("DROPS/s", "SYNs + final ACKs dropped (not"),
+        ("", "connections: a retried SYN counts"),
+        ("", "again); by reason in ACC/SYN/ACK/OTH"),
         ("DLY/ABN/s", "connections queued after a drop /"),
         ("", "attempts with a drop not queued"),
         ("", "within the horizon, per second"),
+        ("COOKIE/s", "SYNs answered with a syncookie"),
+        ("RTX/s", "SYN-ACKs retransmitted"),
+        ("SYNQ", "SYN-queue peak: pending handshakes"),
     ];
     let text: Vec<TextLine> = keys
         .iter()
@@ -732,7 +748,9 @@ mod tests {
             "{first}"
         );
         assert!(
-            screen.iter().any(|l| l.contains("drops/s 0.0.0.0:80")),
+            screen
+                .iter()
+                .any(|l| l.contains("SYNs + final ACKs dropped/s 0.0.0.0:80")),
             "{screen:#?}"
         );
     }
@@ -859,10 +877,12 @@ mod tests {
         app.on_key(KeyCode::Char('d'));
         let screen = render(&app, 120, 30);
         for line in [
-            "client impact: delayed 12/s (10/s waited > 0.5 s)  abandoned 3.0/s  (last refresh)",
-            "impact totals: delayed 12 (SYN drop 10, final-ACK overflow 2; 10 waited > 0.5 s)  \
-             abandoned 3",
-            "impact in the last 5.0 min: delayed 4 (3 waited > 0.5 s)  abandoned 1",
+            "client impact: connections delayed 12/s (10/s waited > 0.5 s)  attempts \
+             abandoned 3.0/s  (last refresh)",
+            "impact totals: connections delayed 12 (SYN drop 10, final-ACK overflow 2; 10 \
+             waited > 0.5 s)  attempts abandoned 3",
+            "impact in the last 5.0 min: connections delayed 4 (3 waited > 0.5 s)  attempts \
+             abandoned 1",
         ] {
             assert!(
                 screen.iter().any(|l| l.contains(line)),
@@ -875,6 +895,8 @@ mod tests {
             "DLY/ABN/s     connections queued after a drop /",
             "attempts with a drop not queued",
             "within the horizon, per second",
+            "DROPS/s       SYNs + final ACKs dropped (not",
+            "COOKIE/s      SYNs answered with a syncookie",
         ] {
             assert!(
                 screen.iter().any(|l| l.contains(line)),
