@@ -4,7 +4,11 @@
 //! name each listener, its program, the backlog that program asks for, the program's own
 //! setting and the sysctl; a Go server (Go asks for somaxconn itself) gets no clamp
 //! finding; `top --once` and the JSON API say what is known. For the programs whose figure
-//! is compiled in (Node.js, sshd), the kernel itself shows what they ask for.
+//! is compiled in (Node.js, sshd), the kernel itself shows what they ask for. A second test
+//! does the same for MariaDB, PostgreSQL, PHP-FPM, gunicorn, Python and a JVM, whose
+//! figures are derived from their configuration (or are a runtime's default), then raises
+//! somaxconn under three of them: doctor says each must call listen() again, and after a
+//! restart the kernel grants the derived figures.
 
 use std::{
     os::unix::process::CommandExt as _,

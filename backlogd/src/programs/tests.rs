@@ -64,6 +64,18 @@ fn every_row_has_a_test_below() {
 }
 
 #[test]
+fn every_row_is_in_docs_programs_md() {
+    let doc = include_str!("../../../docs/programs.md");
+    for p in PROGRAMS {
+        assert!(
+            doc.lines().any(|l| l.starts_with(&format!("| {} ", p.id))),
+            "docs/programs.md has no row for {}",
+            p.id
+        );
+    }
+}
+
+#[test]
 fn nginx_reads_the_listen_directive_for_the_port_through_includes() {
     let root = Root::new("nginx");
     root.file(
