@@ -476,8 +476,10 @@ pub fn mariadb(process: &Process, _port: u16) -> Found {
         }
     };
     for file in files {
-        // Each file starts outside any group; `at` is `file:line`.
-        let mut groups: Vec<(String, bool)> = Vec::new();
+        // Whether each file is in a group mariadbd reads: an included file starts
+        // outside any group, and the file that included it carries on in its own.
+        // `at` is `file:line`.
+        let mut in_group: std::collections::HashMap<String, bool> = Default::default();
         for (at, line) in lines_with_includes(process, &file, None, &include) {
             let path = at
                 .rsplit_once(':')
@@ -487,13 +489,11 @@ pub fn mariadb(process: &Process, _port: u16) -> Found {
                 continue;
             }
             if let Some(name) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
-                let wanted = mariadb_group(name.trim());
-                groups.retain(|(f, _)| *f != path);
-                groups.push((path, wanted));
+                in_group.insert(path, mariadb_group(name.trim()));
                 continue;
             }
-            let in_group = groups.iter().any(|(f, wanted)| *f == path && *wanted);
-            if let Some((name, value)) = line.split_once('=').filter(|_| in_group) {
+            let read = in_group.get(&path).copied().unwrap_or(false);
+            if let Some((name, value)) = line.split_once('=').filter(|_| read) {
                 settings.push((
                     mariadb_option(name),
                     value.trim().to_owned(),

@@ -404,6 +404,12 @@ fn mariadb_reads_back_log_from_its_groups_includes_and_command_line_else_max_con
         asks(&identify(&mariadb, 3306)),
         Some(("mariadb", Asks::Backlog(700)))
     );
+    // An included file starts outside any group: a setting before its first is ignored.
+    root.file("/etc/mysql/mariadb.conf.d/70-loose.cnf", "back_log = 5\n");
+    assert_eq!(
+        asks(&identify(&mariadb, 3306)),
+        Some(("mariadb", Asks::Backlog(700)))
+    );
     let flagged = root.process(
         "/usr/sbin/mariadbd",
         &["/usr/sbin/mariadbd", "--back_log", "1200"],
