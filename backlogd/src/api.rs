@@ -226,6 +226,18 @@ impl Request {
             }) => Request::Somaxconn {
                 program: program.clone(),
             },
+            // A runtime's default holds only if the code passed none: granted exactly
+            // somaxconn, it asked for at least that, which the default is consistent with;
+            // granted less, the code may well have asked for that itself.
+            Some(Known {
+                program,
+                asks: Asks::CodeDefault(backlog),
+                source,
+            }) if at_cap && *backlog > l.granted => Request::Program {
+                program: program.clone(),
+                backlog: *backlog,
+                source: source.clone(),
+            },
             _ if at_cap => Request::AtLeast { backlog: l.granted },
             _ => Request::Unknown,
         }

@@ -4,7 +4,11 @@
 //! name each listener, its program, the backlog that program asks for, the program's own
 //! setting and the sysctl; a Go server (Go asks for somaxconn itself) gets no clamp
 //! finding; `top --once` and the JSON API say what is known. For the programs whose figure
-//! is compiled in (Node.js, sshd), the kernel itself shows what they ask for.
+//! is compiled in (Node.js, sshd), the kernel itself shows what they ask for. A second test
+//! does the same for MariaDB, PostgreSQL, PHP-FPM, gunicorn, Python and a JVM, whose
+//! figures are derived from their configuration (or are a runtime's default), then raises
+//! somaxconn under three of them: doctor says each must call listen() again, and after a
+//! restart the kernel grants the derived figures.
 
 use std::{
     os::unix::process::CommandExt as _,
@@ -319,6 +323,11 @@ fn require(test: &str, tools: &[(&str, &[&str], &str)]) -> bool {
 
 /// The listener of `server` in the daemon's snapshot, if the daemon has it.
 fn try_snapshot_of(daemon: &Daemon, server: &Server) -> Option<serde_json::Value> {
+    listener_at(daemon, &server.ns, server.port)
+}
+
+/// The listener on `port` in `ns` in the daemon's snapshot, if the daemon has it.
+fn listener_at(daemon: &Daemon, ns: &Netns, port: u16) -> Option<serde_json::Value> {
     let (status, body) = daemon.get("/api/v1/snapshot");
     assert_eq!(status, 200, "{body}");
     let snapshot: serde_json::Value = serde_json::from_str(&body).expect("snapshot JSON");
@@ -327,8 +336,7 @@ fn try_snapshot_of(daemon: &Daemon, server: &Server) -> Option<serde_json::Value
         .unwrap()
         .iter()
         .find(|l| {
-            l["netns"].as_u64() == Some(server.ns.inode())
-                && l["port"].as_u64() == Some(u64::from(server.port))
+            l["netns"].as_u64() == Some(ns.inode()) && l["port"].as_u64() == Some(u64::from(port))
         })
         .cloned()
 }
@@ -564,4 +572,397 @@ fn a_queue_that_filled_before_the_daemon_started_shows_from_the_first_scrape() {
         ev.contains("accept queue peak 9 of capacity 8 connections (now 9)"),
         "{ev}"
     );
+}
+
+/// Owner of `path` set to the system user `user` (mariadbd and postgres refuse to run
+/// as root, and write their data directories as themselves).
+fn chown_to(path: &std::path::Path, user: &str) {
+    let out = Command::new("chown")
+        .args(["-R", &format!("{user}:{user}")])
+        .arg(path)
+        .output()
+        .expect("chown");
+    assert!(out.status.success(), "chown {user}: {out:?}");
+}
+
+/// MariaDB from its own option file: max_connections 300 and no back_log, so it asks for
+/// min(900, 50 + 300/5) = 110. An empty data directory is enough to listen (no
+/// mariadb-install-db: grant tables skipped), and InnoDB is kept small.
+fn mariadb(somaxconn: u32, port: u16) -> Server {
+    let dir = TempDir::new(&format!("dayone-mariadb-{port}"));
+    let d = dir.path().display().to_string();
+    std::fs::create_dir_all(dir.path().join("data")).expect("data directory");
+    let cnf = dir.write(
+        "my.cnf",
+        &format!(
+            "[mysqld]\nuser = mysql\ndatadir = {d}/data\nsocket = {d}/mysqld.sock\n\
+             pid-file = {d}/mysqld.pid\nbind-address = 127.0.0.1\nport = {port}\n\
+             skip-grant-tables\ninnodb_buffer_pool_size = 8M\ninnodb_log_file_size = 4M\n\
+             max_connections = 300\n"
+        ),
+    );
+    chown_to(dir.path(), "mysql");
+    let args = [format!("--defaults-file={}", cnf.display())];
+    Server::start_at(somaxconn, port, "/usr/sbin/mariadbd", &args, dir)
+}
+
+/// PostgreSQL 15's postmaster as the postgres user on a fresh cluster, with
+/// max_connections 20 (`-N`) and max_wal_senders 2: it asks for 2 * (20 + 3 + 1 + 8 + 2)
+/// = 68.
+fn postgres(somaxconn: u32, port: u16) -> Server {
+    let dir = TempDir::new(&format!("dayone-postgres-{port}"));
+    let d = dir.path().display().to_string();
+    chown_to(dir.path(), "postgres");
+    let as_postgres = ["--reuid=postgres", "--regid=postgres", "--init-groups"];
+    let out = Command::new("setpriv")
+        .args(as_postgres)
+        .arg(format!("{POSTGRES_BIN}/initdb"))
+        .args(["-D", &format!("{d}/data"), "-A", "trust", "-U", "postgres"])
+        .args(["--no-sync", "--no-instructions"])
+        .output()
+        .expect("initdb");
+    assert!(out.status.success(), "initdb: {out:?}");
+    let args: Vec<String> = as_postgres
+        .iter()
+        .map(|a| a.to_string())
+        .chain([format!("{POSTGRES_BIN}/postgres")])
+        .chain(
+            [
+                "-D",
+                &format!("{d}/data"),
+                "-p",
+                &port.to_string(),
+                "-N",
+                "20",
+                "-c",
+                "max_wal_senders=2",
+                "-c",
+                "listen_addresses=127.0.0.1",
+                "-c",
+                &format!("unix_socket_directories={d}"),
+                "-c",
+                "shared_buffers=1MB",
+            ]
+            .map(str::to_owned),
+        )
+        .collect();
+    Server::start_at(somaxconn, port, "setpriv", &args, dir)
+}
+
+/// Debian's PostgreSQL 15 binaries.
+const POSTGRES_BIN: &str = "/usr/lib/postgresql/15/bin";
+
+/// PHP-FPM with two pools: `plain` (127.0.0.1:`port`) sets no listen.backlog, so it asks
+/// for net.core.somaxconn; `big` (`port` + 1) sets 300. Waits for `big`.
+fn php_fpm(port: u16) -> Server {
+    let dir = TempDir::new(&format!("dayone-php-fpm-{port}"));
+    let d = dir.path().display().to_string();
+    std::fs::create_dir_all(dir.path().join("pool.d")).expect("pool.d");
+    dir.write(
+        "pool.d/pools.conf",
+        &format!(
+            "[plain]\nlisten = 127.0.0.1:{port}\npm = static\npm.max_children = 1\n\
+             [big]\nlisten = 127.0.0.1:{}\nlisten.backlog = 300\npm = static\n\
+             pm.max_children = 1\n",
+            port + 1
+        ),
+    );
+    let conf = dir.write(
+        "php-fpm.conf",
+        &format!(
+            "[global]\npid = {d}/php-fpm.pid\nerror_log = {d}/error.log\n\
+             include={d}/pool.d/*.conf\n"
+        ),
+    );
+    let args = [
+        "--nodaemonize".to_owned(),
+        "--allow-to-run-as-root".to_owned(),
+        "--fpm-config".to_owned(),
+        conf.display().to_string(),
+    ];
+    Server::start(port + 1, PHP_FPM, &args, dir)
+}
+
+const PHP_FPM: &str = "/usr/sbin/php-fpm8.2";
+
+/// gunicorn with `backlog = 1000` in its configuration file and a WSGI app of one line.
+fn gunicorn(port: u16) -> Server {
+    let dir = TempDir::new(&format!("dayone-gunicorn-{port}"));
+    dir.write(
+        "app.py",
+        "def app(environ, start):\n    start('200 OK', [])\n    return [b'']\n",
+    );
+    let conf = dir.write(
+        "gunicorn.conf.py",
+        &format!("bind = '127.0.0.1:{port}'\nworkers = 1\nbacklog = 1000\n"),
+    );
+    let args = [
+        "-c".to_owned(),
+        conf.display().to_string(),
+        "--chdir".to_owned(),
+        dir.path().display().to_string(),
+        "app:app".to_owned(),
+    ];
+    Server::start(port, "/usr/bin/gunicorn", &args, dir)
+}
+
+/// `python3 -m http.server`: a socketserver.TCPServer, request_queue_size 5.
+fn http_server(somaxconn: u32, port: u16) -> Server {
+    let dir = TempDir::new(&format!("dayone-python-{port}"));
+    let args = ["-m", "http.server", "-b", "127.0.0.1", &port.to_string()].map(str::to_owned);
+    Server::start_at(somaxconn, port, "/usr/bin/python3", &args, dir)
+}
+
+/// A JVM running code that binds a plain java.net.ServerSocket without a backlog (the
+/// source-file launcher compiles it in memory).
+fn jvm(somaxconn: u32, port: u16) -> Server {
+    let dir = TempDir::new(&format!("dayone-java-{port}"));
+    let src = dir.write(
+        "Listen.java",
+        "import java.net.*;\n\npublic class Listen {\n    public static void main(String[] a) \
+         throws Exception {\n        ServerSocket s = new ServerSocket();\n        \
+         s.bind(new InetSocketAddress(\"127.0.0.1\", Integer.parseInt(a[0])));\n        \
+         while (true) s.accept().close();\n    }\n}\n",
+    );
+    let args = [
+        "-Djava.net.preferIPv4Stack=true".to_owned(),
+        "-Xshare:auto".to_owned(),
+        "-XX:TieredStopAtLevel=1".to_owned(),
+        src.display().to_string(),
+        port.to_string(),
+    ];
+    Server::start_at(somaxconn, port, "java", &args, dir)
+}
+
+/// Waits until the daemon's snapshot has `ns`'s net.core.somaxconn at `value` (a rescan
+/// reads it again).
+fn wait_somaxconn(daemon: &Daemon, ns: &Netns, value: u64) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let snapshot = daemon.api_snapshot();
+        let now = snapshot["namespaces"]
+            .as_array()
+            .and_then(|all| all.iter().find(|n| n["netns"].as_u64() == Some(ns.inode())))
+            .and_then(|n| n["somaxconn"].as_u64());
+        if now == Some(value) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "netns {}'s somaxconn not {value} in the snapshot within 10 s: {now:?}",
+            ns.inode()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Waits until the daemon has seen `server`'s new listen() call (after a restart).
+fn wait_seen(daemon: &Daemon, server: &Server) -> serde_json::Value {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(l) = try_snapshot_of(daemon, server).filter(|l| l["request"]["known"] == "seen")
+        {
+            return l;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{}'s new listen() not seen within 10 s",
+            server.program
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn databases_php_python_and_java_started_before_the_daemon_and_somaxconn_raised_after() {
+    let test = "databases_php_python_and_java_started_before_the_daemon_and_somaxconn_raised_after";
+    if !require(
+        test,
+        &[
+            ("/usr/sbin/mariadbd", &["--version"], "mariadb-server"),
+            (
+                &format!("{POSTGRES_BIN}/postgres"),
+                &["--version"],
+                "postgresql-15",
+            ),
+            (PHP_FPM, &["--version"], "php8.2-fpm"),
+            ("/usr/bin/gunicorn", &["--version"], "gunicorn"),
+            ("/usr/bin/python3", &["--version"], "python3"),
+            ("javac", &["-version"], "openjdk-17-jdk-headless"),
+        ],
+    ) {
+        return;
+    }
+    // (server, program id, what it asks for, what doctor's summary says it asks for, a
+    // fragment of its own setting's name), each at a somaxconn below its figure.
+    let servers: Vec<(Server, &str, u32, &str)> = vec![
+        (
+            mariadb(64, 13306),
+            "mariadb",
+            110,
+            "`back_log` in the [mysqld]",
+        ),
+        (
+            postgres(64, 15432),
+            "postgres",
+            68,
+            "max_connections in postgresql.conf",
+        ),
+        (
+            php_fpm(19000),
+            "php-fpm",
+            300,
+            "`listen.backlog` in the pool's section",
+        ),
+        (
+            gunicorn(18000),
+            "gunicorn",
+            1000,
+            "`backlog = N` in its configuration file",
+        ),
+        (
+            http_server(4, 18001),
+            "python",
+            5,
+            "socketserver's request_queue_size is 5",
+        ),
+        (jvm(32, 18002), "java", 50, "without one a JVM asks for 50"),
+    ];
+    // Rescans read each namespace's sysctls again: every second here, so that the raise
+    // below shows at once.
+    let daemon = Daemon::start_with(&["--rescan-interval", "1"]);
+    let doctor = Doctor::run(&daemon, &["--fail-on", "critical"]);
+    for (server, program, asks, knob) in &servers {
+        let found = doctor.about(&server.ns);
+        assert_eq!(
+            kinds(&found),
+            set(&["backlog_clamped"]),
+            "{program}: {found:#?}"
+        );
+        let f = found[0];
+        assert_eq!(f["severity"], "warning", "{program}: {f:#?}");
+        let summary = f["summary"].as_str().unwrap();
+        let unless = if *program == "java" {
+            " (if its code passes none)"
+        } else {
+            ""
+        };
+        assert!(
+            summary.ends_with(&format!(
+                "asks for backlog {asks}{unless} on 127.0.0.1:{}, the kernel granted {}",
+                server.port, server.somaxconn
+            )),
+            "{program}: {summary}"
+        );
+        let ev = evidence(f);
+        assert!(ev.contains(&format!("{program} asks for {asks}: ")), "{ev}");
+        let remedy = f["remedy"].as_str().unwrap();
+        assert!(remedy.contains(knob), "{program}: {remedy}");
+        let l = snapshot_of(&daemon, server);
+        assert_eq!(l["request"]["known"], "program", "{l}");
+        assert_eq!(l["request"]["program"], *program, "{l}");
+        assert_eq!(l["request"]["backlog"], *asks, "{l}");
+    }
+    // Where the figures came from: the files and the command line.
+    let ev = |i: usize| evidence(doctor.about(&servers[i].0.ns)[0]);
+    assert!(ev(0).contains("with max_connections 300 ("), "{}", ev(0));
+    assert!(ev(0).contains("my.cnf:"), "{}", ev(0));
+    assert!(ev(1).contains("its command line (-N 20)"), "{}", ev(1));
+    assert!(
+        ev(2).contains("listen.backlog = 300 (pool [big])"),
+        "{}",
+        ev(2)
+    );
+    assert!(
+        ev(3).contains("gunicorn.conf.py:3: backlog = 1000"),
+        "{}",
+        ev(3)
+    );
+    // PHP-FPM's other pool asks for somaxconn (listen.backlog unset: -1): the kernel gave
+    // it 128, and the JSON API says so.
+    let l = listener_at(&daemon, &servers[2].0.ns, 19000).expect("php-fpm's pool plain");
+    assert_eq!(l["request"]["known"], "somaxconn", "{l}");
+    assert_eq!(l["request"]["program"], "php-fpm", "{l}");
+    assert_eq!(l["granted"], 128, "{l}");
+
+    // somaxconn raised after they listened, in three of the namespaces: each listener
+    // keeps what it was granted and doctor says it must listen again.
+    for (server, ..) in &servers[..3] {
+        server.ns.sysctl("net.core.somaxconn", "4096");
+    }
+    for (server, ..) in &servers[..3] {
+        wait_somaxconn(&daemon, &server.ns, 4096);
+    }
+    let raised = Doctor::run(&daemon, &[]);
+    for (server, program, asks, _) in &servers[..3] {
+        let found = raised.about(&server.ns);
+        let ev = found
+            .iter()
+            .map(|f| evidence(f))
+            .collect::<Vec<_>>()
+            .join("\n");
+        assert!(
+            ev.contains(&format!(
+                "net.core.somaxconn is 4096 now, above the {} granted: it was raised after",
+                server.somaxconn
+            )),
+            "{program}: {found:#?}"
+        );
+        let clamp = found
+            .iter()
+            .find(|f| {
+                f["summary"]
+                    .as_str()
+                    .unwrap()
+                    .contains(&format!("backlog {asks} "))
+            })
+            .unwrap_or_else(|| panic!("{program}: {found:#?}"));
+        assert!(
+            clamp["remedy"].as_str().unwrap().starts_with(&format!(
+                "net.core.somaxconn is already 4096 in that namespace, so {asks} fits now: \
+                 restart"
+            )),
+            "{program}: {clamp:#?}"
+        );
+    }
+    // PHP-FPM's pool that asks for somaxconn itself now holds less than it asks for.
+    let php = raised.about(&servers[2].0.ns);
+    let plain = php
+        .iter()
+        .find(|f| {
+            f["summary"]
+                .as_str()
+                .unwrap()
+                .contains("asks for net.core.somaxconn on 127.0.0.1:19000")
+        })
+        .unwrap_or_else(|| panic!("{php:#?}"));
+    assert!(
+        plain["summary"]
+            .as_str()
+            .unwrap()
+            .ends_with("it must call listen() again to get 4096"),
+        "{plain:#?}"
+    );
+    // Restarted, MariaDB and PostgreSQL listen again: the kernel grants what their rows
+    // say they ask for, now that somaxconn allows it, and doctor has nothing to say.
+    let mut servers = servers;
+    for (server, program, asks, _) in &mut servers[..2] {
+        server.restart();
+        assert_eq!(
+            server.granted(),
+            Some(*asks),
+            "{program} at somaxconn 4096: the kernel granted what it asked for (ss Send-Q)"
+        );
+        let l = wait_seen(&daemon, server);
+        assert_eq!(l["requested"], *asks, "{program}: {l}");
+    }
+    let after = Doctor::run(&daemon, &[]);
+    for (server, program, _, _) in &servers[..2] {
+        assert_eq!(
+            kinds(&after.about(&server.ns)),
+            set(&[]),
+            "{program}: {:#?}",
+            after.about(&server.ns)
+        );
+    }
 }

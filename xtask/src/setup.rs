@@ -19,9 +19,11 @@ use anyhow::{Context as _, Result, bail};
 /// (depmod/modprobe resolve the guest's module dependencies) and xz-utils (Debian's modules
 /// are .ko.xz); `bpftrace` (the benchmark's comparison with a hand-written script, and the
 /// stress suite's other tracer); procps (`pgrep` finds nginx's workers); `iperf3` (the
-/// stress suite's background traffic); redis-server, memcached, apache2, haproxy, nodejs and
-/// openssh-server (servers started before the daemon, whose backlog requests backlogd must
-/// know: tests/tests/day_one.rs, which runs sshd itself in a namespace of its own; no
+/// stress suite's background traffic); redis-server, memcached, apache2, haproxy, nodejs,
+/// openssh-server, mariadb-server, postgresql-15, php8.2-fpm, gunicorn and
+/// openjdk-17-jdk-headless (servers started before the daemon, whose backlog requests
+/// backlogd must know: tests/tests/day_one.rs, which runs each itself in a namespace of
+/// its own, a JVM through the JDK's source launcher; no
 /// policy-rc.d is set here, so whether the package's own service starts on install is the
 /// machine's: this machine kind's image carries a policy-rc.d that denies it);
 /// mmdebstrap and e2fsprogs (`mke2fs -d`) build the systemd guest's root file system;
@@ -60,6 +62,11 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "haproxy",
     "nodejs",
     "openssh-server",
+    "mariadb-server",
+    "postgresql-15",
+    "php8.2-fpm",
+    "gunicorn",
+    "openjdk-17-jdk-headless",
     "mmdebstrap",
     "e2fsprogs",
     "lintian",

@@ -63,29 +63,87 @@ pub fn clamped(l: &ListenerSnapshot, cx: &Context<'_>) -> Option<Finding> {
             source,
         } => {
             let wanted = Some(*backlog).filter(|&w| w > granted)?;
+            // A runtime's figure (a JVM's 50) holds only if the code passed none.
+            let unless = match l.listener.program.as_ref().map(|k| k.asks) {
+                Some(programs::Asks::CodeDefault(_)) => " (if its code passes none)",
+                _ => "",
+            };
+            let mut evidence = vec![
+                format!("{id} asks for {backlog}: {source}"),
+                format!(
+                    "sk_max_ack_backlog {granted} (it listened before backlogd started: \
+                     the request is {id}'s, not a seen listen() call)"
+                ),
+                somaxconn_line(l, ns),
+            ];
+            evidence.extend(raised(l, ns));
             Some(Finding {
                 severity: Severity::Warning,
                 kind: FindingKind::BacklogClamped,
                 subject: subject(l),
                 summary: format!(
-                    "{comm} asks for backlog {backlog} on {}, the kernel granted {granted}",
+                    "{comm} asks for backlog {backlog}{unless} on {}, the kernel granted \
+                     {granted}",
                     at()
                 ),
-                evidence: vec![
-                    format!("{id} asks for {backlog}: {source}"),
-                    format!(
-                        "sk_max_ack_backlog {granted} (it listened before backlogd started: \
-                         the request is {id}'s, not a seen listen() call)"
-                    ),
-                    somaxconn_line(l, ns),
-                ],
+                evidence,
                 remedy: remedy(wanted, l, ns, program(l)),
                 client_impact: None,
                 recent_client_impact: None,
             })
         }
-        Request::AtLeast { .. } | Request::Somaxconn { .. } | Request::Unknown => None,
+        // It asks for somaxconn, which was what it got when it listened: a namespace whose
+        // somaxconn is above that now was raised since, and the socket kept the old one.
+        Request::Somaxconn { program: id } => {
+            let now = ns.map(|n| n.sysctls.somaxconn).filter(|&n| n > granted)?;
+            let source = l
+                .listener
+                .program
+                .as_ref()
+                .map_or("", |k| k.source.as_str());
+            let mut evidence = vec![
+                format!("{id} asks for net.core.somaxconn: {source}"),
+                format!("sk_max_ack_backlog {granted}"),
+                somaxconn_line(l, ns),
+            ];
+            evidence.extend(raised(l, ns));
+            Some(Finding {
+                severity: Severity::Warning,
+                kind: FindingKind::BacklogClamped,
+                subject: subject(l),
+                summary: format!(
+                    "{comm} asks for net.core.somaxconn on {}, {now} now, and holds the \
+                     {granted} it was granted before it was raised: it must call listen() \
+                     again to get {now}",
+                    at()
+                ),
+                evidence,
+                remedy: format!(
+                    "net.core.somaxconn was raised to {now} after {comm} listened: {}{}",
+                    reopen(l, program(l)),
+                    program(l).map_or(String::new(), |p| format!(
+                        ". {}'s own setting: {}",
+                        p.id, p.knob
+                    ))
+                ),
+                client_impact: None,
+                recent_client_impact: None,
+            })
+        }
+        Request::AtLeast { .. } | Request::Unknown => None,
     }
+}
+
+/// The evidence that the namespace's somaxconn was raised after `l` listened: it is
+/// above what the kernel granted, and a socket keeps the backlog granted at listen().
+fn raised(l: &ListenerSnapshot, ns: Option<&NamespaceSnapshot>) -> Option<String> {
+    let granted = l.listener.granted;
+    let now = ns.map(|n| n.sysctls.somaxconn).filter(|&n| n > granted)?;
+    Some(format!(
+        "net.core.somaxconn is {now} now, above the {granted} granted: it was raised after \
+         {} called listen(), which must be called again to get more",
+        l.listener.comm
+    ))
 }
 
 /// `backlog_maybe_clamped`: listening before backlogd, granted exactly somaxconn, its
@@ -135,6 +193,36 @@ pub fn maybe_clamped(l: &ListenerSnapshot, cx: &Context<'_>) -> Option<Finding> 
     })
 }
 
+/// What makes `l`'s owner call listen() again, so that a changed somaxconn takes effect:
+/// its own kind of restart.
+fn reopen(l: &ListenerSnapshot, program: Option<&programs::Program>) -> String {
+    let comm = &l.listener.comm;
+    let pod = pod(l);
+    let container = l.listener.names.as_ref().and_then(|n| n.container.as_ref());
+    let keeps = "a socket keeps the backlog it was granted when it was opened";
+    match (&pod, container) {
+        (Some(pod), _) => format!(
+            "recreate {pod} (`kubectl rollout restart` its workload; a container restart \
+             keeps the pod's namespace and so its sysctls): {keeps}"
+        ),
+        (None, Some(c)) => format!("recreate the {} container ({comm}): {keeps}", c.runtime),
+        (None, None) => match program.and_then(|p| p.relisten) {
+            Some(how) => format!("{how}: {keeps}"),
+            None => format!("restart {comm}: {keeps}"),
+        },
+    }
+}
+
+/// The pod `l` runs in, as `pod NAMESPACE/NAME` (or its uid).
+fn pod(l: &ListenerSnapshot) -> Option<String> {
+    let n = l.listener.names.as_ref()?;
+    match (&n.pod_namespace, &n.pod_name, &n.pod_uid) {
+        (Some(ns), Some(name), _) => Some(format!("pod {ns}/{name}")),
+        (_, _, Some(uid)) => Some(format!("pod {uid}")),
+        _ => None,
+    }
+}
+
 /// What to change so that `l` gets `wanted`: the sysctl where it applies (the host's, or
 /// the container's namespace), the restart that makes it take effect, and the program's
 /// own setting.
@@ -144,24 +232,9 @@ fn remedy(
     ns: Option<&NamespaceSnapshot>,
     program: Option<&programs::Program>,
 ) -> String {
-    let comm = &l.listener.comm;
-    let names = l.listener.names.as_ref();
-    let pod = names.and_then(|n| match (&n.pod_namespace, &n.pod_name, &n.pod_uid) {
-        (Some(ns), Some(name), _) => Some(format!("pod {ns}/{name}")),
-        (_, _, Some(uid)) => Some(format!("pod {uid}")),
-        _ => None,
-    });
-    let container = names.and_then(|n| n.container.as_ref());
-    let keeps = "a socket keeps the backlog it was granted when it was opened";
-    // What makes the change take effect: the owner's own kind of restart.
-    let reopen = match (&pod, container) {
-        (Some(pod), _) => format!(
-            "recreate {pod} (`kubectl rollout restart` its workload; a container restart \
-             keeps the pod's namespace and so its sysctls): {keeps}"
-        ),
-        (None, Some(c)) => format!("recreate the {} container ({comm}): {keeps}", c.runtime),
-        (None, None) => format!("restart {comm}: {keeps}"),
-    };
+    let pod = pod(l);
+    let container = l.listener.names.as_ref().and_then(|n| n.container.as_ref());
+    let reopen = reopen(l, program);
     let mut out = match ns {
         Some(n) if n.sysctls.somaxconn >= wanted => format!(
             "net.core.somaxconn is already {} in that namespace, so {wanted} fits now: {reopen}",

@@ -735,3 +735,124 @@ fn the_subject_names_the_unit_container_or_pod_of_the_owner() {
         subject(&l)
     );
 }
+
+/// somaxconn raised after the program listened: granted < somaxconn now, and the program
+/// asks for more than it holds. Every kind of known request says it must listen again.
+#[test]
+fn backlog_clamped_when_somaxconn_was_raised_after_the_program_listened() {
+    let diagnose_at = |program, comm: &str, somaxconn| {
+        let l = owned_by(listener(1, 80, comm, None, 128), somaxconn, program);
+        diagnose(&snapshot(vec![l], vec![namespace(NETNS, somaxconn)]))
+    };
+    // It asks for somaxconn itself: 128 when it listened, 4096 now.
+    for (program, comm) in [
+        (known("go", Asks::Somaxconn, "go's default"), "api"),
+        (
+            known("php-fpm", Asks::Somaxconn, "php-fpm's default"),
+            "php-fpm8.2",
+        ),
+    ] {
+        let f = only(diagnose_at(program, comm, 4096), "backlog_clamped");
+        assert_eq!(f.severity, Severity::Warning);
+        assert_eq!(
+            f.summary,
+            format!(
+                "{comm} asks for net.core.somaxconn on 0.0.0.0:80, 4096 now, and holds the \
+                 128 it was granted before it was raised: it must call listen() again to \
+                 get 4096"
+            )
+        );
+        assert!(
+            f.evidence.iter().any(|e| e.starts_with(
+                "net.core.somaxconn is 4096 now, above the 128 granted: it was raised after"
+            )),
+            "{f:#?}"
+        );
+        assert!(
+            f.remedy.starts_with(&format!(
+                "net.core.somaxconn was raised to 4096 after {comm} listened: restart {comm}"
+            )),
+            "{}",
+            f.remedy
+        );
+    }
+    // systemd holds its sockets: the .socket unit is what listens again.
+    let f = only(
+        diagnose_at(
+            known("systemd", Asks::Somaxconn, "systemd's default"),
+            "systemd",
+            4096,
+        ),
+        "backlog_clamped",
+    );
+    assert!(
+        f.remedy.contains("then start the .socket unit"),
+        "{}",
+        f.remedy
+    );
+    assert!(!f.remedy.contains("restart systemd"), "{}", f.remedy);
+    // A fixed figure: the raise shows in the evidence, the remedy is the restart alone;
+    // nginx's reload does not listen again.
+    let f = only(
+        diagnose_at(
+            known("nginx", Asks::Backlog(511), "nginx's default"),
+            "nginx",
+            1024,
+        ),
+        "backlog_clamped",
+    );
+    assert!(
+        f.evidence
+            .iter()
+            .any(|e| e.starts_with("net.core.somaxconn is 1024 now, above the 128 granted")),
+        "{f:#?}"
+    );
+    assert!(
+        f.remedy.starts_with(
+            "net.core.somaxconn is already 1024 in that namespace, so 511 fits now: restart \
+             nginx (a reload keeps the listening socket"
+        ),
+        "{}",
+        f.remedy
+    );
+    // Not raised: nothing for somaxconn's askers, and no raise in a fixed figure's evidence.
+    assert!(diagnose_at(known("go", Asks::Somaxconn, ""), "api", 128).is_empty());
+    let f = only(
+        diagnose_at(known("nginx", Asks::Backlog(511), ""), "nginx", 128),
+        "backlog_clamped",
+    );
+    assert!(!f.evidence.iter().any(|e| e.contains("raised")), "{f:#?}");
+}
+
+/// A runtime's default (a JVM's 50) is claimed only where the kernel granted exactly
+/// somaxconn; granted less, the code may have asked for that itself.
+#[test]
+fn backlog_clamped_from_a_runtime_default_only_at_somaxconn() {
+    let jvm = known(
+        "java",
+        Asks::CodeDefault(50),
+        "java's default, if its code passes no backlog",
+    );
+    let at = |granted, somaxconn| {
+        let l = owned_by(
+            listener(1, 8080, "java", None, granted),
+            somaxconn,
+            jvm.clone(),
+        );
+        diagnose(&snapshot(vec![l], vec![namespace(NETNS, somaxconn)]))
+    };
+    let f = only(at(32, 32), "backlog_clamped");
+    assert_eq!(
+        f.summary,
+        "java asks for backlog 50 (if its code passes none) on 0.0.0.0:8080, the kernel \
+         granted 32"
+    );
+    assert!(
+        f.remedy.contains("without one a JVM asks for 50"),
+        "{}",
+        f.remedy
+    );
+    assert!(at(32, 4096).is_empty());
+    // At somaxconn above 50: the code asked for at least that itself.
+    only(at(128, 128), "backlog_maybe_clamped");
+}

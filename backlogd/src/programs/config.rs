@@ -3,7 +3,15 @@
 //! backlog (and the includes that lead to them); anything it cannot follow leaves the
 //! program's default in place, which the finding then says.
 
-use super::process::Process;
+use super::{asks::Asks, process::Process};
+
+/// A figure a reader found, with where.
+type Found = Option<(Asks, String)>;
+
+/// A fixed figure found at `at`.
+fn backlog(n: u32, at: String) -> Found {
+    Some((Asks::Backlog(n), at))
+}
 
 /// The command line as words. Servers that retitle themselves (nginx's "nginx: master
 /// process /usr/sbin/nginx -c FILE", redis) leave it as one string with spaces.
@@ -90,7 +98,7 @@ fn addr_port_is(addr: &str, port: u16) -> bool {
 /// nginx: `listen ADDR[:PORT] ... backlog=N;` in nginx.conf (`-c`, else
 /// /etc/nginx/nginx.conf) and what it includes; a `listen` for the port without
 /// `backlog=` asks for the default.
-pub fn nginx(process: &Process, port: u16) -> Option<(u32, String)> {
+pub fn nginx(process: &Process, port: u16) -> Found {
     let args = words(process);
     let conf = arg_after(&args, "-c").unwrap_or("/etc/nginx/nginx.conf");
     // Relative includes are relative to the directory of nginx.conf (its conf prefix).
@@ -115,7 +123,7 @@ pub fn nginx(process: &Process, port: u16) -> Option<(u32, String)> {
                 continue;
             }
             if let Some(n) = words.find_map(|w| w.strip_prefix("backlog=")?.parse().ok()) {
-                return Some((n, format!("{at}: {}", statement.trim())));
+                return backlog(n, format!("{at}: {}", statement.trim()));
             }
         }
     }
@@ -124,10 +132,10 @@ pub fn nginx(process: &Process, port: u16) -> Option<(u32, String)> {
 
 /// redis: `--tcp-backlog N` on the command line, else `tcp-backlog N` in the config file
 /// it was started with (its first argument) and the files that includes.
-pub fn redis(process: &Process, _port: u16) -> Option<(u32, String)> {
+pub fn redis(process: &Process, _port: u16) -> Found {
     let args = words(process);
     if let Some(n) = flag(&args, "--tcp-backlog", "--tcp-backlog") {
-        return Some((n, "its command line (--tcp-backlog)".to_owned()));
+        return backlog(n, "its command line (--tcp-backlog)".to_owned());
     }
     let conf = args.get(1).filter(|a| !a.starts_with('-'))?;
     let include = |line: &str| Some(line.strip_prefix("include ")?.trim().to_owned());
@@ -137,13 +145,13 @@ pub fn redis(process: &Process, _port: u16) -> Option<(u32, String)> {
         .rev()
         .find_map(|(at, line)| {
             let n = line.strip_prefix("tcp-backlog")?.trim().parse().ok()?;
-            Some((n, format!("{at}: {line}")))
+            backlog(n, format!("{at}: {line}"))
         })
 }
 
 /// Apache: `ListenBacklog N` in its configuration (`-f`, relative to the server root
 /// `-d`, else Debian's /etc/apache2/apache2.conf) and what that includes.
-pub fn apache(process: &Process, _port: u16) -> Option<(u32, String)> {
+pub fn apache(process: &Process, _port: u16) -> Found {
     let args = words(process);
     let root = arg_after(&args, "-d").unwrap_or("/etc/apache2");
     let conf = arg_after(&args, "-f").unwrap_or("apache2.conf");
@@ -162,14 +170,18 @@ pub fn apache(process: &Process, _port: u16) -> Option<(u32, String)> {
             if !words.next()?.eq_ignore_ascii_case("ListenBacklog") {
                 return None;
             }
-            Some((words.next()?.parse().ok()?, format!("{at}: {line}")))
+            backlog(words.next()?.parse().ok()?, format!("{at}: {line}"))
         })
 }
 
 /// HAProxy: what it passes to listen() for the section binding `port`: the `bind` line's
 /// `backlog`, else the section's `backlog`, else the defaults', else the section's (or
 /// the defaults') `maxconn`. Configuration from each `-f FILE`.
-pub fn haproxy(process: &Process, port: u16) -> Option<(u32, String)> {
+pub fn haproxy(process: &Process, port: u16) -> Found {
+    haproxy_backlog(process, port).map(|(n, at)| (Asks::Backlog(n), at))
+}
+
+fn haproxy_backlog(process: &Process, port: u16) -> Option<(u32, String)> {
     #[derive(Default)]
     struct Section {
         binds_port: bool,
@@ -259,8 +271,9 @@ pub fn haproxy(process: &Process, port: u16) -> Option<(u32, String)> {
 }
 
 /// memcached: `-b N` / `--listen-backlog=N` on its command line.
-pub fn memcached(process: &Process, _port: u16) -> Option<(u32, String)> {
-    flag(&words(process), "-b", "--listen-backlog").map(|n| (n, "its command line (-b)".to_owned()))
+pub fn memcached(process: &Process, _port: u16) -> Found {
+    let n = flag(&words(process), "-b", "--listen-backlog")?;
+    backlog(n, "its command line (-b)".to_owned())
 }
 
 /// Where the system manager finds unit files, highest precedence first
@@ -287,7 +300,7 @@ const SYSTEM_UNIT_DIRS: &[&str] = &[
 /// higher-precedence directory hiding the same name lower down). A unit without
 /// `Backlog=` asks for the most the kernel allows: the default. The user manager
 /// (`systemd --user`) is not read.
-pub fn systemd(process: &Process, port: u16) -> Option<(u32, String)> {
+pub fn systemd(process: &Process, port: u16) -> Found {
     if process.cmdline.iter().any(|a| a == "--user") {
         return None;
     }
@@ -300,6 +313,7 @@ pub fn systemd(process: &Process, port: u16) -> Option<(u32, String)> {
                 std::iter::once((path, text)).chain(dropins.into_iter().map(|(_, p, t)| (p, t)));
             socket_backlog(files, port)
         })
+        .map(|(n, at)| (Asks::Backlog(n), at))
 }
 
 /// The files matching `pattern` (relative to a unit directory) on the system manager's
@@ -361,4 +375,464 @@ fn socket_backlog(
         .iter()
         .any(|l| !l.starts_with(['/', '@']) && !l.starts_with("vsock:") && addr_port_is(l, port));
     backlog.filter(|_| on_port)
+}
+
+/// Option-file groups mariadbd reads (`load_default_groups` in 10.11's
+/// mysqld_default_groups.h), the versioned ones (`mysqld-10.11`) included.
+fn mariadb_group(name: &str) -> bool {
+    let versioned = |prefix: &str| {
+        name.strip_prefix(prefix)
+            .is_some_and(|v| !v.is_empty() && v.chars().all(|c| c.is_ascii_digit() || c == '.'))
+    };
+    [
+        "mysqld",
+        "server",
+        "mariadb",
+        "mariadbd",
+        "client-server",
+        "galera",
+    ]
+    .contains(&name)
+        || ["mysqld-", "mariadb-", "mariadbd-"]
+            .into_iter()
+            .any(versioned)
+}
+
+/// An option's name as MariaDB compares them: `-` and `_` alike, a `loose-` prefix
+/// dropped.
+fn mariadb_option(name: &str) -> String {
+    let name = name.trim().to_ascii_lowercase().replace('-', "_");
+    name.strip_prefix("loose_")
+        .map_or(name.clone(), str::to_owned)
+}
+
+/// A number as MariaDB's option parser reads it (`151`, `1K`).
+fn mariadb_number(value: &str) -> Option<u32> {
+    let value = value.trim().trim_matches(['"', '\'']);
+    let (digits, unit) = match value.char_indices().last()? {
+        (i, c) if c.is_ascii_alphabetic() => (&value[..i], c.to_ascii_lowercase()),
+        _ => (value, ' '),
+    };
+    let n: u64 = digits.parse().ok()?;
+    let scale = match unit {
+        ' ' => 1,
+        'k' => 1 << 10,
+        'm' => 1 << 20,
+        'g' => 1 << 30,
+        _ => return None,
+    };
+    u32::try_from(n.checked_mul(scale)?).ok()
+}
+
+/// MariaDB: `back_log` from its option files (the groups mariadbd reads, through
+/// `!include`/`!includedir`) and its command line, the command line last; unset (or 0),
+/// mariadbd computes it from `max_connections` (10.11's mysqld.cc: min(900, 50 +
+/// max_connections / 5)). Files: `--defaults-file` alone, else /etc/my.cnf,
+/// /etc/mysql/my.cnf and `--defaults-extra-file`; none with `--no-defaults`.
+/// (~/.my.cnf is not read.)
+pub fn mariadb(process: &Process, _port: u16) -> Found {
+    // (option, value, where), in the order mariadbd applies them.
+    let mut settings: Vec<(String, String, String)> = Vec::new();
+    let mut command_line = Vec::new();
+    let (mut only, mut extra, mut none) = (None, None, false);
+    let mut args = process.cmdline.iter().skip(1).peekable();
+    while let Some(a) = args.next() {
+        let Some(long) = a.strip_prefix("--") else {
+            continue;
+        };
+        let (name, value) = match long.split_once('=') {
+            Some((n, v)) => (mariadb_option(n), Some(v.to_owned())),
+            None => (mariadb_option(long), None),
+        };
+        match name.as_str() {
+            "no_defaults" => none = true,
+            "defaults_file" => only = value,
+            "defaults_extra_file" => extra = value,
+            "back_log" | "max_connections" => {
+                // Both take a required argument: `--back-log=N` or `--back-log N`.
+                let value = value.or_else(|| args.next().cloned());
+                if let Some(v) = value {
+                    let at = format!("its command line (--{long})");
+                    command_line.push((name, v, at));
+                }
+            }
+            _ => {}
+        }
+    }
+    let files: Vec<String> = match (none, only) {
+        (true, _) => Vec::new(),
+        (false, Some(file)) => vec![file],
+        (false, None) => ["/etc/my.cnf", "/etc/mysql/my.cnf"]
+            .map(str::to_owned)
+            .into_iter()
+            .chain(extra)
+            .collect(),
+    };
+    let include = |line: &str| {
+        if let Some(dir) = line.strip_prefix("!includedir") {
+            Some(format!("{}/*.cnf", dir.trim()))
+        } else {
+            line.strip_prefix("!include").map(|f| f.trim().to_owned())
+        }
+    };
+    for file in files {
+        // Whether each file is in a group mariadbd reads: an included file starts
+        // outside any group, and the file that included it carries on in its own.
+        // `at` is `file:line`.
+        let mut in_group: std::collections::HashMap<String, bool> = Default::default();
+        for (at, line) in lines_with_includes(process, &file, None, &include) {
+            let path = at
+                .rsplit_once(':')
+                .map_or(at.as_str(), |(f, _)| f)
+                .to_owned();
+            if line.starts_with(';') {
+                continue;
+            }
+            if let Some(name) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+                in_group.insert(path, mariadb_group(name.trim()));
+                continue;
+            }
+            let read = in_group.get(&path).copied().unwrap_or(false);
+            if let Some((name, value)) = line.split_once('=').filter(|_| read) {
+                settings.push((
+                    mariadb_option(name),
+                    value.trim().to_owned(),
+                    format!("{at}: {line}"),
+                ));
+            }
+        }
+    }
+    settings.extend(command_line);
+    let last = |option: &str| {
+        settings
+            .iter()
+            .rev()
+            .find(|(o, _, _)| o == option)
+            .and_then(|(_, v, at)| Some((mariadb_number(v)?, at.clone())))
+    };
+    match last("back_log") {
+        Some((n, at)) if n > 0 => backlog(n, at),
+        _ => {
+            let (connections, at) = last("max_connections")?;
+            backlog(
+                (50 + connections / 5).min(900),
+                format!(
+                    "back_log unset: min(900, 50 + max_connections/5) with max_connections \
+                     {connections} ({at})"
+                ),
+            )
+        }
+    }
+}
+
+/// What PostgreSQL 15's postmaster passes to listen() (StreamServerPort in
+/// src/backend/libpq/pqcomm.c): `2 * MaxBackends`, at most PG_SOMAXCONN (10000), where
+/// MaxBackends = max_connections + autovacuum_max_workers + 1 (the launcher) +
+/// max_worker_processes + max_wal_senders (InitializeMaxBackends, postinit.c). The
+/// settings, with 15's defaults.
+const POSTGRES_TERMS: [(&str, u32); 4] = [
+    ("max_connections", 100),
+    ("autovacuum_max_workers", 3),
+    ("max_worker_processes", 8),
+    ("max_wal_senders", 10),
+];
+
+/// Settings of a postgresql.conf (and what it includes) as (name, value, where).
+fn postgres_file(process: &Process, file: &str) -> Vec<(String, String, String)> {
+    let dir = file.rsplit_once('/').map(|(d, _)| d.to_owned());
+    let quoted = |v: &str| v.trim().trim_matches('\'').to_owned();
+    let include = |line: &str| {
+        let (word, rest) = line.split_once(char::is_whitespace)?;
+        match word {
+            "include" | "include_if_exists" => Some(quoted(rest)),
+            "include_dir" => Some(format!("{}/*.conf", quoted(rest))),
+            _ => None,
+        }
+    };
+    lines_with_includes(process, file, dir.as_deref(), &include)
+        .into_iter()
+        .filter_map(|(at, line)| {
+            let (name, value) = match line.split_once('=') {
+                Some((n, v)) => (n.trim(), v),
+                None => line.split_once(char::is_whitespace)?,
+            };
+            Some((
+                name.to_ascii_lowercase(),
+                quoted(value),
+                format!("{at}: {line}"),
+            ))
+        })
+        .collect()
+}
+
+/// PostgreSQL: the postmaster's listen() backlog from the settings that make up
+/// MaxBackends ([`POSTGRES_TERMS`]), read as the postmaster reads them: its
+/// configuration file (`-c config_file=`, else postgresql.conf in the `-D` directory)
+/// with its includes, then postgresql.auto.conf in the data directory (ALTER SYSTEM),
+/// then the command line (`-c name=value`, `--name=value`, `-N` for max_connections).
+/// PGDATA in its environment is not read.
+pub fn postgres(process: &Process, _port: u16) -> Found {
+    let mut command_line: Vec<(String, String, String)> = Vec::new();
+    let mut dir = None;
+    let mut args = process.cmdline.iter().skip(1);
+    while let Some(a) = args.next() {
+        let (setting, shown) = match a.as_str() {
+            "-D" => {
+                dir = args.next().cloned();
+                continue;
+            }
+            "-N" | "-c" => {
+                let Some(value) = args.next() else { break };
+                let setting = if a == "-N" {
+                    format!("max_connections={value}")
+                } else {
+                    value.clone()
+                };
+                (setting, format!("{a} {value}"))
+            }
+            _ => match a.strip_prefix("--") {
+                Some(setting) => (setting.replace('-', "_"), a.clone()),
+                None => continue,
+            },
+        };
+        if let Some((name, value)) = setting.split_once('=') {
+            let at = format!("its command line ({shown})");
+            command_line.push((name.to_ascii_lowercase(), value.to_owned(), at));
+        }
+    }
+    let given = |name: &str, from: &[(String, String, String)]| {
+        from.iter()
+            .rev()
+            .find(|(n, _, _)| n == name)
+            .map(|(_, v, _)| v.clone())
+    };
+    let conf = given("config_file", &command_line)
+        .or_else(|| Some(format!("{}/postgresql.conf", dir.as_deref()?)));
+    let mut settings = conf.map_or_else(Vec::new, |c| postgres_file(process, &c));
+    // The data directory: the command line's or the file's data_directory, else -D.
+    let data = given("data_directory", &command_line)
+        .or_else(|| given("data_directory", &settings))
+        .or(dir);
+    if let Some(data) = data {
+        settings.extend(postgres_file(
+            process,
+            &format!("{data}/postgresql.auto.conf"),
+        ));
+    }
+    settings.extend(command_line);
+    // (name, value, where it was set), the last setting of each winning.
+    let terms: Vec<(&str, u32, Option<&str>)> = POSTGRES_TERMS
+        .iter()
+        .map(|&(name, default)| {
+            let found = settings
+                .iter()
+                .rev()
+                .find(|(n, _, _)| n == name)
+                .and_then(|(_, v, at)| Some((v.parse().ok()?, at.as_str())));
+            (
+                name,
+                found.map_or(default, |(v, _)| v),
+                found.map(|(_, at)| at),
+            )
+        })
+        .collect();
+    let set: Vec<&str> = terms.iter().filter_map(|t| t.2).collect();
+    if set.is_empty() {
+        return None;
+    }
+    let backends = 1 + terms.iter().map(|t| t.1).sum::<u32>();
+    let figures: Vec<String> = terms.iter().map(|(n, v, _)| format!("{n} {v}")).collect();
+    backlog(
+        backends.saturating_mul(2).min(10000),
+        format!(
+            "2 x ({} + 1), at most 10000; {}",
+            figures.join(" + "),
+            set.join("; ")
+        ),
+    )
+}
+
+/// The php-fpm.conf a PHP-FPM process was started with: the master's title
+/// (`php-fpm: master process (FILE)`), `--fpm-config`/`-y`, or, for a worker (`php-fpm:
+/// pool www`), its master's; else Debian's path for the executable's version, else
+/// PHP's own default.
+fn php_fpm_conf(process: &Process) -> String {
+    let own = |p: &Process| {
+        let title = p.cmdline.join(" ");
+        if let Some((_, rest)) = title.split_once("master process (") {
+            return rest.rsplit_once(')').map(|(f, _)| f.to_owned());
+        }
+        let args = words(p);
+        arg_after(&args, "--fpm-config")
+            .or_else(|| arg_after(&args, "-y"))
+            .map(str::to_owned)
+            .or_else(|| {
+                args.iter()
+                    .find_map(|a| a.strip_prefix("--fpm-config=").map(str::to_owned))
+            })
+    };
+    let version = process.exe_name().and_then(|n| {
+        let v = n.strip_prefix("php-fpm")?;
+        (!v.is_empty()).then(|| format!("/etc/php/{v}/fpm/php-fpm.conf"))
+    });
+    own(process)
+        .or_else(|| {
+            let parent = process.parent()?;
+            (parent.exe_name() == process.exe_name())
+                .then(|| own(&parent))
+                .flatten()
+        })
+        .or(version)
+        .unwrap_or_else(|| "/usr/local/etc/php-fpm.conf".to_owned())
+}
+
+/// PHP-FPM: `listen.backlog` of the pool whose `listen` is on the port, in php-fpm.conf
+/// and the pool files it includes (`include=`). A pool without it passes
+/// FPM_BACKLOG_DEFAULT, -1 on Linux, as does `listen.backlog = -1`: the kernel gives a
+/// negative backlog net.core.somaxconn.
+pub fn php_fpm(process: &Process, port: u16) -> Found {
+    #[derive(Default)]
+    struct Pool {
+        name: String,
+        on_port: bool,
+        backlog: Option<(i64, String)>,
+    }
+    let conf = php_fpm_conf(process);
+    let include = |line: &str| {
+        let (key, value) = line.split_once('=')?;
+        (key.trim() == "include").then(|| value.trim().trim_matches('"').to_owned())
+    };
+    let mut pools: Vec<Pool> = Vec::new();
+    for (at, line) in lines_with_includes(process, &conf, None, &include) {
+        if line.starts_with(';') {
+            continue;
+        }
+        if let Some(name) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+            pools.push(Pool {
+                name: name.trim().to_owned(),
+                ..Pool::default()
+            });
+            continue;
+        }
+        let (Some(pool), Some((key, value))) = (pools.last_mut(), line.split_once('=')) else {
+            continue;
+        };
+        let value = value.trim().trim_matches('"');
+        match key.trim() {
+            "listen" => pool.on_port = addr_port_is(value, port),
+            "listen.backlog" => pool.backlog = value.parse().ok().map(|n| (n, at)),
+            _ => {}
+        }
+    }
+    let pool = pools
+        .into_iter()
+        .rev()
+        .find(|p| p.on_port && p.name != "global")?;
+    let (n, at) = pool.backlog?;
+    let at = format!("{at}: listen.backlog = {n} (pool [{}])", pool.name);
+    match u32::try_from(n) {
+        Ok(n) => backlog(n, at),
+        Err(_) => Some((Asks::Somaxconn, at)),
+    }
+}
+
+/// gunicorn: `--backlog N` on its command line, else `backlog = N` in its configuration
+/// file (`-c FILE`/`--config FILE`, else ./gunicorn.conf.py in its working directory).
+/// GUNICORN_CMD_ARGS in its environment is not read.
+pub fn gunicorn(process: &Process, _port: u16) -> Found {
+    let args = words(process);
+    if let Some(n) = flag(&args, "--backlog", "--backlog") {
+        return backlog(n, "its command line (--backlog)".to_owned());
+    }
+    let conf = arg_after(&args, "-c")
+        .or_else(|| arg_after(&args, "--config"))
+        .or_else(|| args.iter().find_map(|a| a.strip_prefix("--config=")))
+        .unwrap_or("gunicorn.conf.py");
+    // `python:module` configurations are imported, not read here.
+    let conf = conf.strip_prefix("file:").unwrap_or(conf);
+    let text = process.read(conf, None)?;
+    // A top-level assignment (not inside a function or a condition); the last one wins.
+    let lines: Vec<&str> = text.lines().collect();
+    lines.iter().enumerate().rev().find_map(|(n, line)| {
+        let (name, value) = line.split('#').next()?.split_once('=')?;
+        if name.trim_end() != "backlog" {
+            return None;
+        }
+        backlog(
+            value.trim().parse().ok()?,
+            format!("{conf}:{}: {}", n + 1, line.trim()),
+        )
+    })
+}
+
+/// Python: what is known from the command line alone: `python -m http.server` (a
+/// socketserver.TCPServer, whose request_queue_size is 5). Any other code's figure is
+/// its own.
+pub fn python(process: &Process, _port: u16) -> Found {
+    let module = arg_after(&process.cmdline, "-m")?;
+    (module == "http.server").then(|| {
+        (
+            Asks::Backlog(5),
+            "python -m http.server: socketserver.TCPServer's request_queue_size".to_owned(),
+        )
+    })
+}
+
+/// The value of `name="..."` in an XML start tag's text.
+fn xml_attribute<'a>(tag: &'a str, name: &str) -> Option<&'a str> {
+    let mut rest = tag;
+    loop {
+        let i = rest.find(name)?;
+        let before = rest[..i].chars().last();
+        rest = &rest[i + name.len()..];
+        if before.is_some_and(char::is_whitespace)
+            && let Some(v) = rest.trim_start().strip_prefix('=')
+        {
+            let v = v.trim_start();
+            let quote = v.chars().next().filter(|c| *c == '"' || *c == '\'')?;
+            return v[1..].split(quote).next();
+        }
+    }
+}
+
+/// Tomcat: `acceptCount` (or its older name `backlog`) of the `<Connector>` on the port
+/// in conf/server.xml under `-Dcatalina.base` (else `-Dcatalina.home`). Commented-out
+/// connectors (server.xml ships several) are skipped.
+pub fn tomcat(process: &Process, port: u16) -> Found {
+    let dir = |key: &str| {
+        process
+            .cmdline
+            .iter()
+            .find_map(|a| a.strip_prefix(key).map(str::to_owned))
+    };
+    let base = dir("-Dcatalina.base=").or_else(|| dir("-Dcatalina.home="))?;
+    let conf = format!("{base}/conf/server.xml");
+    let mut text = process.read(&conf, None)?;
+    // Blank out comments, keeping their newlines for the line numbers.
+    while let Some(start) = text.find("<!--") {
+        let end = text[start..]
+            .find("-->")
+            .map_or(text.len(), |e| start + e + 3);
+        let blank: String = text[start..end]
+            .chars()
+            .map(|c| if c == '\n' { '\n' } else { ' ' })
+            .collect();
+        text.replace_range(start..end, &blank);
+    }
+    let mut from = 0;
+    while let Some(i) = text[from..].find("<Connector") {
+        let start = from + i;
+        let end = text[start..].find('>').map_or(text.len(), |e| start + e);
+        let tag = &text[start..end];
+        from = end;
+        if xml_attribute(tag, "port").and_then(|p| p.parse().ok()) != Some(port) {
+            continue;
+        }
+        let line = text[..start].lines().count() + 1;
+        let found = ["acceptCount", "backlog"]
+            .into_iter()
+            .find_map(|key| Some((key, xml_attribute(tag, key)?.parse().ok()?)));
+        return found.and_then(|(key, n)| backlog(n, format!("{conf}:{line}: {key}=\"{n}\"")));
+    }
+    None
 }

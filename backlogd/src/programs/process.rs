@@ -91,6 +91,19 @@ impl Process {
         out
     }
 
+    /// The process that started this one (PHP-FPM's master, for a worker holding the
+    /// pool's socket); None in tests (pid 0) and once it is gone.
+    pub fn parent(&self) -> Option<Self> {
+        if self.pid == 0 {
+            return None;
+        }
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid)).ok()?;
+        // "PID (comm) STATE PPID ...": comm may hold spaces and parentheses.
+        let after = stat.rsplit_once(')')?.1;
+        let ppid = after.split_whitespace().nth(1)?.parse().ok()?;
+        (ppid > 1).then(|| Self::of(ppid)).flatten()
+    }
+
     /// Whether the executable is a Go program: Go's linker always writes a
     /// `.go.buildinfo` section (since Go 1.13), stripped binaries included.
     pub fn is_go(&self) -> bool {
@@ -139,4 +152,46 @@ pub fn has_go_buildinfo(path: &Path) -> bool {
     };
     elf.sections()
         .any(|s| s.name().is_ok_and(|n| n == ".go.buildinfo"))
+}
+
+/// Whether `name` is `stem` followed by a version (`python3.11`, `php-fpm8.2`) or nothing.
+fn versioned(name: &str, stem: &str) -> bool {
+    name.strip_prefix(stem)
+        .is_some_and(|v| v.chars().all(|c| c.is_ascii_digit() || c == '.'))
+}
+
+/// A Python interpreter: `python`, `python3`, `python3.11`.
+pub fn is_python(process: &Process) -> bool {
+    process.exe_name().is_some_and(|n| versioned(&n, "python"))
+}
+
+/// PHP-FPM under its versioned name (Debian's `php-fpm8.2`).
+pub fn is_php_fpm(process: &Process) -> bool {
+    process.exe_name().is_some_and(|n| versioned(&n, "php-fpm"))
+}
+
+/// gunicorn run by its interpreter: `python3 -m gunicorn`, `python3 /usr/bin/gunicorn`,
+/// or retitled by setproctitle (`gunicorn: master [app]`).
+pub fn is_gunicorn(process: &Process) -> bool {
+    let script = |a: &String| a.rsplit('/').next() == Some("gunicorn");
+    match process.cmdline.as_slice() {
+        [title] => title.starts_with("gunicorn:"),
+        [_, rest @ ..] if is_python(process) => {
+            rest.iter()
+                .zip(rest.iter().skip(1))
+                .any(|(a, b)| a == "-m" && b == "gunicorn")
+                || rest.first().is_some_and(script)
+        }
+        _ => false,
+    }
+}
+
+/// Tomcat: a JVM whose main class is Tomcat's bootstrap (catalina.sh and the Debian unit
+/// both start it so).
+pub fn is_tomcat(process: &Process) -> bool {
+    process.exe_name().as_deref() == Some("java")
+        && process
+            .cmdline
+            .iter()
+            .any(|a| a == "org.apache.catalina.startup.Bootstrap")
 }

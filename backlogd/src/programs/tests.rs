@@ -56,8 +56,20 @@ fn every_row_has_a_test_below() {
     let here = include_str!("tests.rs");
     for p in PROGRAMS {
         assert!(
-            here.contains(&format!("fn {}_", p.id)),
+            here.contains(&format!("fn {}_", p.id.replace('-', "_"))),
             "no test for the {} row",
+            p.id
+        );
+    }
+}
+
+#[test]
+fn every_row_is_in_docs_programs_md() {
+    let doc = include_str!("../../../docs/programs.md");
+    for p in PROGRAMS {
+        assert!(
+            doc.lines().any(|l| l.starts_with(&format!("| {} ", p.id))),
+            "docs/programs.md has no row for {}",
             p.id
         );
     }
@@ -359,4 +371,338 @@ fn an_unknown_program_is_not_guessed_from_its_port() {
     // A deleted executable (after an upgrade) keeps its name.
     let old = root.process("/usr/sbin/nginx (deleted)", &["nginx"]);
     assert_eq!(old.exe_name().as_deref(), Some("nginx"));
+}
+
+#[test]
+fn mariadb_reads_back_log_from_its_groups_includes_and_command_line_else_max_connections() {
+    let root = Root::new("mariadb");
+    root.file(
+        "/etc/mysql/my.cnf",
+        "[client-server]\nsocket = /run/mysqld/mysqld.sock\n\
+         !includedir /etc/mysql/mariadb.conf.d/\n",
+    )
+    .file(
+        "/etc/mysql/mariadb.conf.d/50-server.cnf",
+        "[server]\n[mysqld]\nbind-address = 127.0.0.1\n#back_log = 1\n\
+         max_connections = 300\n[mysqldump]\nback_log = 2\n",
+    );
+    let mariadb = root.process("/usr/sbin/mariadbd", &["/usr/sbin/mariadbd"]);
+    // No back_log: 50 + 300/5.
+    let k = identify(&mariadb, 3306).unwrap();
+    assert_eq!(k.asks, Asks::Backlog(110));
+    assert_eq!(
+        k.source,
+        "back_log unset: min(900, 50 + max_connections/5) with max_connections 300 \
+         (/etc/mysql/mariadb.conf.d/50-server.cnf:5: max_connections = 300)"
+    );
+    // A later file and a versioned group set back_log; the command line wins over both.
+    root.file(
+        "/etc/mysql/mariadb.conf.d/60-backlog.cnf",
+        "[mariadb-10.11]\nback-log=700\n",
+    );
+    assert_eq!(
+        asks(&identify(&mariadb, 3306)),
+        Some(("mariadb", Asks::Backlog(700)))
+    );
+    // An included file starts outside any group: a setting before its first is ignored.
+    root.file("/etc/mysql/mariadb.conf.d/70-loose.cnf", "back_log = 5\n");
+    assert_eq!(
+        asks(&identify(&mariadb, 3306)),
+        Some(("mariadb", Asks::Backlog(700)))
+    );
+    let flagged = root.process(
+        "/usr/sbin/mariadbd",
+        &["/usr/sbin/mariadbd", "--back_log", "1200"],
+    );
+    let k = identify(&flagged, 3306).unwrap();
+    assert_eq!(
+        (k.asks, k.source.as_str()),
+        (Asks::Backlog(1200), "its command line (--back_log)")
+    );
+    // back_log=0 asks for the computed figure, capped at 900.
+    let big = root.process(
+        "/usr/sbin/mariadbd",
+        &["mariadbd", "--back-log=0", "--max-connections=10000"],
+    );
+    assert_eq!(
+        asks(&identify(&big, 3306)),
+        Some(("mariadb", Asks::Backlog(900)))
+    );
+    // --defaults-file reads that file alone; --no-defaults none: MariaDB's 80.
+    root.file("/srv/my.cnf", "[mysqld]\nmax_connections=1K\n");
+    let only = root.process(
+        "/usr/sbin/mariadbd",
+        &["mariadbd", "--defaults-file=/srv/my.cnf"],
+    );
+    assert_eq!(
+        asks(&identify(&only, 3306)),
+        Some(("mariadb", Asks::Backlog(50 + 1024 / 5)))
+    );
+    let none = root.process("/usr/sbin/mariadbd", &["mariadbd", "--no-defaults"]);
+    assert_eq!(
+        asks(&identify(&none, 3306)),
+        Some(("mariadb", Asks::Backlog(80)))
+    );
+    // A server whose executable is mysqld is MySQL's (or an old MariaDB), not this row.
+    let mysql = root.process("/usr/sbin/mysqld", &["/usr/sbin/mysqld"]);
+    assert_eq!(identify(&mysql, 3306), None);
+}
+
+#[test]
+fn postgres_asks_for_twice_max_backends_from_its_conf_auto_conf_and_command_line() {
+    let root = Root::new("postgres");
+    // Debian: -D names the configuration directory, whose file names the data directory.
+    root.file(
+        "/etc/postgresql/15/main/postgresql.conf",
+        "data_directory = '/var/lib/postgresql/15/main'\n\
+         max_connections = 100\t\t\t# (change requires restart)\n\
+         include_dir 'conf.d'\n",
+    )
+    .file(
+        "/etc/postgresql/15/main/conf.d/workers.conf",
+        "max_worker_processes 16\n",
+    )
+    .file(
+        "/var/lib/postgresql/15/main/postgresql.auto.conf",
+        "max_connections = '200'\n",
+    );
+    let pg = root.process(
+        "/usr/lib/postgresql/15/bin/postgres",
+        &[
+            "/usr/lib/postgresql/15/bin/postgres",
+            "-D",
+            "/var/lib/postgresql/15/main",
+            "-c",
+            "config_file=/etc/postgresql/15/main/postgresql.conf",
+        ],
+    );
+    // 2 * (200 + 3 + 1 + 16 + 10)
+    let k = identify(&pg, 5432).unwrap();
+    assert_eq!(k.asks, Asks::Backlog(460));
+    assert!(
+        k.source.starts_with(
+            "2 x (max_connections 200 + autovacuum_max_workers 3 + max_worker_processes 16 \
+             + max_wal_senders 10 + 1), at most 10000; \
+             /var/lib/postgresql/15/main/postgresql.auto.conf:1"
+        ),
+        "{}",
+        k.source
+    );
+    // The command line comes last; the cap is PG_SOMAXCONN.
+    let flagged = root.process(
+        "/usr/lib/postgresql/15/bin/postgres",
+        &[
+            "postgres",
+            "-D",
+            "/var/lib/postgresql/15/main",
+            "-c",
+            "config_file=/etc/postgresql/15/main/postgresql.conf",
+            "-N",
+            "20",
+            "--max-wal-senders=2",
+        ],
+    );
+    assert_eq!(
+        asks(&identify(&flagged, 5432)),
+        Some(("postgres", Asks::Backlog(2 * (20 + 3 + 1 + 16 + 2))))
+    );
+    let huge = root.process("/usr/local/bin/postgres", &["postgres", "-N", "9000"]);
+    assert_eq!(
+        asks(&identify(&huge, 5432)),
+        Some(("postgres", Asks::Backlog(10000)))
+    );
+    // Nothing set anywhere: 15's defaults, 2 * (100 + 3 + 1 + 8 + 10).
+    let bare = root.process("/usr/local/bin/postgres", &["postgres", "-D", "/nowhere"]);
+    assert_eq!(
+        asks(&identify(&bare, 5432)),
+        Some(("postgres", Asks::Backlog(244)))
+    );
+}
+
+#[test]
+fn php_fpm_reads_listen_backlog_of_the_pool_on_the_port_and_minus_one_is_somaxconn() {
+    let root = Root::new("php-fpm");
+    root.file(
+        "/etc/php/8.2/fpm/php-fpm.conf",
+        "[global]\npid = /run/php/php8.2-fpm.pid\ninclude=/etc/php/8.2/fpm/pool.d/*.conf\n",
+    )
+    .file(
+        "/etc/php/8.2/fpm/pool.d/www.conf",
+        "[www]\nlisten = /run/php/php8.2-fpm.sock\n;listen.backlog = 511\n",
+    )
+    .file(
+        "/etc/php/8.2/fpm/pool.d/api.conf",
+        "[api]\nlisten = 127.0.0.1:9000\nlisten.backlog = 1024\n\
+         [admin]\nlisten = 9001\nlisten.backlog = -1\n[plain]\nlisten = [::]:9002\n",
+    );
+    // The master's title names its configuration.
+    let master = root.process(
+        "/usr/sbin/php-fpm8.2",
+        &["php-fpm: master process (/etc/php/8.2/fpm/php-fpm.conf)"],
+    );
+    let k = identify(&master, 9000).unwrap();
+    assert_eq!(k.program, "php-fpm");
+    assert_eq!(
+        (k.asks, k.source.as_str()),
+        (
+            Asks::Backlog(1024),
+            "/etc/php/8.2/fpm/pool.d/api.conf:3: listen.backlog = 1024 (pool [api])"
+        )
+    );
+    assert_eq!(identify(&master, 9001).unwrap().asks, Asks::Somaxconn);
+    // No listen.backlog: FPM_BACKLOG_DEFAULT, -1 on Linux.
+    assert_eq!(
+        asks(&identify(&master, 9002)),
+        Some(("php-fpm", Asks::Somaxconn))
+    );
+    // A worker's title names its pool only: Debian's path for its version.
+    let worker = root.process("/usr/sbin/php-fpm8.2", &["php-fpm: pool api"]);
+    assert_eq!(
+        asks(&identify(&worker, 9000)),
+        Some(("php-fpm", Asks::Backlog(1024)))
+    );
+    let flagged = root.process(
+        "/usr/sbin/php-fpm",
+        &[
+            "php-fpm",
+            "--nodaemonize",
+            "-y",
+            "/etc/php/8.2/fpm/php-fpm.conf",
+        ],
+    );
+    assert_eq!(
+        asks(&identify(&flagged, 9000)),
+        Some(("php-fpm", Asks::Backlog(1024)))
+    );
+}
+
+#[test]
+fn gunicorn_reads_backlog_from_its_command_line_then_its_config_file() {
+    let root = Root::new("gunicorn");
+    root.file(
+        "/srv/app/gunicorn.conf.py",
+        "bind = '0.0.0.0:8000'\nbacklog = 4096  # burst\n",
+    );
+    // Run through its script: comm is the script's name, exe the interpreter.
+    let mut g = root.process(
+        "/usr/bin/python3.11",
+        &[
+            "/usr/bin/python3",
+            "/usr/bin/gunicorn",
+            "--backlog",
+            "64",
+            "app:app",
+        ],
+    );
+    g.comm = "gunicorn".to_owned();
+    let k = identify(&g, 8000).unwrap();
+    assert_eq!(
+        (k.program.as_str(), k.asks, k.source.as_str()),
+        (
+            "gunicorn",
+            Asks::Backlog(64),
+            "its command line (--backlog)"
+        )
+    );
+    // python -m gunicorn, with ./gunicorn.conf.py in its working directory.
+    let mut m = root.process(
+        "/usr/bin/python3.11",
+        &["python3", "-m", "gunicorn", "app:app"],
+    );
+    m.cwd = root.0.join("srv/app");
+    let k = identify(&m, 8000).unwrap();
+    assert_eq!(
+        (k.program.as_str(), k.asks, k.source.as_str()),
+        (
+            "gunicorn",
+            Asks::Backlog(4096),
+            "gunicorn.conf.py:2: backlog = 4096  # burst"
+        )
+    );
+    let titled = root.process("/usr/bin/python3.11", &["gunicorn: master [app:app]"]);
+    assert_eq!(
+        asks(&identify(&titled, 8000)),
+        Some(("gunicorn", Asks::Backlog(2048)))
+    );
+}
+
+#[test]
+fn python_is_recognised_by_its_interpreter_and_http_server_asks_for_5() {
+    let root = Root::new("python");
+    let server = root.process(
+        "/usr/bin/python3.11",
+        &["/usr/bin/python3", "-m", "http.server", "8000"],
+    );
+    assert_eq!(
+        asks(&identify(&server, 8000)),
+        Some(("python", Asks::Backlog(5)))
+    );
+    // Unknown code: its figure is its own; the knob says the runtime's defaults.
+    let mut app = root.process("/usr/local/bin/python3.12", &["python3", "serve.py"]);
+    app.comm = "serve.py".to_owned();
+    assert_eq!(
+        asks(&identify(&app, 8000)),
+        Some(("python", Asks::Configured))
+    );
+    assert!(
+        by_id("python")
+            .unwrap()
+            .knob
+            .contains("asyncio's create_server 100")
+    );
+    let not = root.process("/usr/bin/pythonista", &["pythonista"]);
+    assert_eq!(identify(&not, 8000), None);
+}
+
+#[test]
+fn tomcat_reads_accept_count_of_the_connector_on_the_port() {
+    let root = Root::new("tomcat");
+    root.file(
+        "/var/lib/tomcat10/conf/server.xml",
+        "<Server port=\"-1\">\n  <Service name=\"Catalina\">\n\
+         <!-- <Connector port=\"8080\" acceptCount=\"1\" /> -->\n\
+         <Connector port=\"8080\" protocol=\"HTTP/1.1\"\n   connectionTimeout=\"20000\"\n\
+            acceptCount=\"500\" />\n\
+         <Connector port=\"8443\" protocol=\"HTTP/1.1\" />\n\
+         </Service>\n</Server>\n",
+    );
+    let args = [
+        "/usr/lib/jvm/default-java/bin/java",
+        "-Dcatalina.base=/var/lib/tomcat10",
+        "-Dcatalina.home=/usr/share/tomcat10",
+        "org.apache.catalina.startup.Bootstrap",
+        "start",
+    ];
+    let tomcat = root.process("/usr/lib/jvm/java-17-openjdk-amd64/bin/java", &args);
+    let k = identify(&tomcat, 8080).unwrap();
+    assert_eq!(
+        (k.program.as_str(), k.asks, k.source.as_str()),
+        (
+            "tomcat",
+            Asks::Backlog(500),
+            "/var/lib/tomcat10/conf/server.xml:4: acceptCount=\"500\""
+        )
+    );
+    assert_eq!(
+        asks(&identify(&tomcat, 8443)),
+        Some(("tomcat", Asks::Backlog(100)))
+    );
+}
+
+#[test]
+fn java_asks_for_50_if_its_code_passes_none() {
+    let root = Root::new("java");
+    let jvm = root.process(
+        "/usr/lib/jvm/java-17-openjdk-amd64/bin/java",
+        &["java", "-jar", "app.jar"],
+    );
+    let k = identify(&jvm, 8080).unwrap();
+    assert_eq!(
+        (k.program.as_str(), k.asks, k.source.as_str()),
+        (
+            "java",
+            Asks::CodeDefault(50),
+            "java's default, if its code passes no backlog"
+        )
+    );
 }
