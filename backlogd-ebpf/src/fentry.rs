@@ -142,8 +142,8 @@ pub fn conn_request_enter(ctx: FEntryContext) -> i32 {
 }
 
 #[fexit(function = "tcp_conn_request")]
-pub fn conn_request_exit(_ctx: FExitContext) -> i32 {
-    let _ = syn::call_exit(SYN, 0);
+pub fn conn_request_exit(ctx: FExitContext) -> i32 {
+    let _ = arg_btf(ctx.arg(3)).and_then(|skb| syn::call_exit_with(SYN, 0, |_| skb));
     0
 }
 
@@ -168,7 +168,10 @@ fn check_req(ctx: &FEntryContext) -> Result<()> {
 /// Returns the child once `inet_csk_complete_hashdance` queued it for accept.
 #[fexit(function = "tcp_check_req")]
 pub fn check_req_exit(ctx: FExitContext) -> i32 {
-    let _ = ret_ptr(&ctx, fexit_ret::CHECK_REQ).and_then(|child| syn::call_exit(ACK, child));
+    let _ = ret_ptr(&ctx, fexit_ret::CHECK_REQ).and_then(|child| {
+        let skb = arg_btf(ctx.arg(1))?;
+        syn::call_exit_with(ACK, child, |_| skb)
+    });
     0
 }
 
@@ -183,7 +186,10 @@ pub fn cookie_sock_enter(ctx: FEntryContext) -> i32 {
 /// Returns the child once it is on the accept queue.
 #[fexit(function = "tcp_get_cookie_sock")]
 pub fn cookie_sock_exit(ctx: FExitContext) -> i32 {
-    let _ = ret_ptr(&ctx, fexit_ret::COOKIE_SOCK).and_then(|child| syn::call_exit(ACK, child));
+    let _ = ret_ptr(&ctx, fexit_ret::COOKIE_SOCK).and_then(|child| {
+        let skb = arg_btf(ctx.arg(1))?;
+        syn::call_exit_with(ACK, child, |_| skb)
+    });
     0
 }
 

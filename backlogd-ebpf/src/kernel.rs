@@ -61,6 +61,8 @@ pub mod errno {
     pub const EAGAIN: i32 = -11;
     /// A null or unreadable kernel pointer.
     pub const EFAULT: i32 = -14;
+    /// A map update with `BPF_NOEXIST` found the key.
+    pub const EEXIST: i32 = -17;
     /// Input the program does not handle.
     pub const EINVAL: i32 = -22;
 }

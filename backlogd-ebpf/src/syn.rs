@@ -82,7 +82,7 @@ fn try_listener_ingress(ctx: &SkBuffContext) -> Result<()> {
         // SAFETY: as above.
         unsafe { (*slot).skb = 0 };
         // Its skb may be freed by now: no header reads.
-        let _ = settle(&previous, false);
+        let _ = settle::<KPtr>(&previous, None);
     }
     // A segment that is neither a SYN nor an ACK (RST, an IPv6 extension header chain)
     // still gets a window, so whatever the kernel drops on its account is counted.
@@ -179,7 +179,7 @@ pub(crate) fn call_enter_listener<K: Kmem>(sk: K, skb: u64, kind: u32) -> Result
         if stale.skb != 0 {
             stale.skb = 0;
             // The call returned long ago: its skb may be freed.
-            let _ = settle(stale, false);
+            let _ = settle::<KPtr>(stale, None);
         }
     }
     let stash = open_window(sk, skb, socket_inode(sk)?, kind)?;
@@ -192,28 +192,34 @@ pub(crate) fn call_enter_listener<K: Kmem>(sk: K, skb: u64, kind: u32) -> Result
 /// child on the accept queue (`inet_csk_complete_hashdance` / `tcp_get_cookie_sock`).
 #[inline(always)]
 pub(crate) fn call_exit(kind: u32, ret: u64) -> Result<()> {
+    call_exit_with(kind, ret, |taken| KPtr(taken.skb))
+}
+
+/// [`call_exit`], the segment as `skb` gives it from the window: an fexit program passes
+/// its own typed argument, whose fields it reads by direct load.
+#[inline(always)]
+pub(crate) fn call_exit_with<K: Kmem>(
+    kind: u32,
+    ret: u64,
+    skb: impl FnOnce(&SynStash) -> K,
+) -> Result<()> {
     let stash = window(call_windows()?, kind);
     if stash.skb == 0 {
         return Ok(());
     }
     let taken = *stash;
     stash.skb = 0;
+    // The skb is alive until the caller of the hooked function frees it.
+    let skb = skb(&taken);
     if kind == segment_kind::ACK && ret != 0 && ret != taken.sk {
-        // The skb is alive until the caller of the hooked function frees it.
-        let _ = impact::completed(
-            KPtr(taken.sk),
-            taken.ino,
-            taken.net,
-            KPtr(taken.skb),
-            KPtr(ret),
-        );
+        let _ = impact::completed(KPtr(taken.sk), taken.ino, taken.net, skb, KPtr(ret));
         // A call that returns a child made no listen drop, so there are no deltas to
         // read: every drop on this path (`syn_recv_sock`'s overflow and failure exits,
         // a request another CPU completed first, a listener that stopped listening)
         // returns NULL.
         return crate::accept::enqueued(KPtr(taken.sk), taken.ino, KPtr(ret));
     }
-    settle(&taken, true)
+    settle(&taken, Some(skb))
 }
 
 /// Function-hook modes: an ICMP error arrived for pending request `req`
@@ -385,13 +391,14 @@ fn released(skb: u64) -> Result<()> {
     let taken = *stash;
     stash.skb = 0;
     // The release tracepoints fire before the skb is freed.
-    settle(&taken, true)
+    settle(&taken, Some(KPtr(taken.skb)))
 }
 
 /// Attributes the counter deltas since `stash` to its listener. `alive`: the stash's skb
-/// is not freed yet, so a dropped segment's attempt can be read from its headers.
+/// if it is not freed yet, so that a dropped segment's attempt can be read from its
+/// headers.
 #[inline(always)]
-fn settle(stash: &SynStash, alive: bool) -> Result<()> {
+fn settle<K: Kmem>(stash: &SynStash, alive: Option<K>) -> Result<()> {
     let mut now = [0u64; mib::COUNT];
     read_mib(KPtr(stash.mib_at), stash.kind, &mut now)?;
     let d = |i: usize| now[i].wrapping_sub(stash.mib[i]);
@@ -409,8 +416,11 @@ fn settle(stash: &SynStash, alive: bool) -> Result<()> {
         let _ = listener::observe_queues(KPtr(stash.sk), stash.ino, listener::now());
     }
     let kind = stash.kind;
-    if drops != 0 && alive && (kind == segment_kind::SYN || kind == segment_kind::ACK) {
-        let _ = impact::dropped(KPtr(stash.sk), stash.ino, stash.net, KPtr(stash.skb), kind);
+    if let Some(skb) = alive
+        && drops != 0
+        && (kind == segment_kind::SYN || kind == segment_kind::ACK)
+    {
+        let _ = impact::dropped(KPtr(stash.sk), stash.ino, stash.net, skb, kind);
     }
     if kind != segment_kind::SYN && overflows | drops | qfull | cookies == 0 {
         return Ok(());
