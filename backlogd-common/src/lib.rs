@@ -454,6 +454,9 @@ pub struct KernelOffsets {
     pub socket_file: u32,
     pub file_inode: u32,
     pub inode_ino: u32,
+    /// `TCP_SKB_CB(skb)->tcp_flags`: `struct sk_buff`'s `cb` plus `struct tcp_skb_cb`'s
+    /// `tcp_flags`, which `tcp_v{4,6}_rcv` fill in before `tcp_check_req`.
+    pub skb_tcp_flags: u32,
     /// fexit programs: the u64 slot of the context that holds the traced function's
     /// return value, by [`fexit_ret`] index. A trampoline passes the function's arguments
     /// first and its return value next, and the number of arguments differs between

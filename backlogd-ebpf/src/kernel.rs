@@ -47,6 +47,7 @@ static OFFSETS: KernelOffsets = KernelOffsets {
     socket_file: 0,
     file_inode: 0,
     inode_ino: 0,
+    skb_tcp_flags: 0,
     ret_slot: [0; fexit_ret::COUNT],
 };
 
