@@ -231,8 +231,9 @@ impl KernelBtf {
             socket_file: f("socket", "file", 8)?,
             file_inode: f("file", "f_inode", 8)?,
             inode_ino: f("inode", "i_ino", 8)?,
-            // A u8 on older kernels, a u16 on newer ones (6.18; the AccECN flag is bit 8): the programs read the
-            // first byte, which holds FIN to CWR on little-endian machines.
+            // A u8 on older kernels, a u16 on newer ones (6.18; the AccECN flag is bit 8):
+            // the programs read the first byte, which holds FIN to CWR on little-endian
+            // machines.
             skb_tcp_flags: self.offset_of("sk_buff", "cb", None)?
                 + f("tcp_skb_cb", "tcp_flags", 1).or_else(|_| f("tcp_skb_cb", "tcp_flags", 2))?,
             // Which functions is the hook table's business: the loader fills these in
