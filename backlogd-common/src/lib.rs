@@ -280,6 +280,9 @@ pub struct SynStash {
     /// [`segment_kind`].
     pub kind: u32,
     pub _pad: u32,
+    /// Address of this CPU's copy of the netns's `linux_mib` counters: the window closes on
+    /// the CPU it opened on, so the exit reads the counters without finding them again.
+    pub mib_at: u64,
     /// This CPU's values of the netns MIB counters in [`mib`] order, before processing.
     pub mib: [u64; 4],
 }
@@ -445,6 +448,15 @@ pub struct KernelOffsets {
     pub skb_network_header: u32,
     /// `offsetof(struct tcp_sock, rcv_nxt)`: a new child's is its client's ISN + 1.
     pub tcp_rcv_nxt: u32,
+    /// `struct socket`'s `file`, `struct file`'s `f_inode`, `struct inode`'s `i_ino`: the
+    /// socket inode by direct loads (fentry mode), where `socket_ino` lies outside the
+    /// `struct socket` the verifier knows.
+    pub socket_file: u32,
+    pub file_inode: u32,
+    pub inode_ino: u32,
+    /// `TCP_SKB_CB(skb)->tcp_flags`: `struct sk_buff`'s `cb` plus `struct tcp_skb_cb`'s
+    /// `tcp_flags`, which `tcp_v{4,6}_rcv` fill in before `tcp_check_req`.
+    pub skb_tcp_flags: u32,
     /// fexit programs: the u64 slot of the context that holds the traced function's
     /// return value, by [`fexit_ret`] index. A trampoline passes the function's arguments
     /// first and its return value next, and the number of arguments differs between

@@ -50,7 +50,8 @@ pub mod map {
 
 /// Programs, by hook family (`backlogd-ebpf/src/<family>.rs`).
 pub mod program {
-    // listen.rs: every mode.
+    // listen.rs: listeners closing in kprobe and tracepoint modes (fentry mode:
+    // `LISTEN_STOP_ENTER`).
     pub const LISTENER_STATE: &str = "listener_state";
     // syn.rs: SYN-ACK retransmits (every mode) and tracepoint mode's SYN path.
     pub const SYNACK_RETRANSMIT: &str = "synack_retransmit";
@@ -71,6 +72,7 @@ pub mod program {
     pub const REQSK_QUEUE_ADD_EXIT: &str = "reqsk_queue_add_exit";
     pub const INET_CSK_ACCEPT_EXIT: &str = "inet_csk_accept_exit";
     pub const LISTEN_SYSCALL_EXIT: &str = "listen_syscall_exit";
+    pub const LISTEN_STOP_ENTER: &str = "listen_stop_enter";
     // kprobe.rs.
     pub const CONN_REQUEST_KPROBE: &str = "conn_request_kprobe";
     pub const CONN_REQUEST_KRETPROBE: &str = "conn_request_kretprobe";
@@ -92,7 +94,7 @@ pub mod program {
     }
 
     /// Every program of the object.
-    pub const ALL: [&str; 26] = [
+    pub const ALL: [&str; 27] = [
         LISTENER_STATE,
         SYNACK_RETRANSMIT,
         LISTENER_INGRESS,
@@ -110,6 +112,7 @@ pub mod program {
         REQSK_QUEUE_ADD_EXIT,
         INET_CSK_ACCEPT_EXIT,
         LISTEN_SYSCALL_EXIT,
+        LISTEN_STOP_ENTER,
         CONN_REQUEST_KPROBE,
         CONN_REQUEST_KRETPROBE,
         CHECK_REQ_KPROBE,
@@ -192,7 +195,12 @@ pub mod figure {
         p::LISTENER_STATE,
     ];
     const ACCEPTS: &[&str] = &[p::INET_CSK_ACCEPT_EXIT, p::SYSCALL_EXIT];
-    const LISTENS: &[&str] = &[p::LISTEN_SYSCALL_EXIT, p::SYSCALL_EXIT, p::LISTENER_STATE];
+    const LISTENS: &[&str] = &[
+        p::LISTEN_SYSCALL_EXIT,
+        p::SYSCALL_EXIT,
+        p::LISTENER_STATE,
+        p::LISTEN_STOP_ENTER,
+    ];
 
     /// Every figure with the program groups that feed it.
     pub const FED_BY: &[(&str, &[&[&str]])] = &[

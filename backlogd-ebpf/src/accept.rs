@@ -12,11 +12,11 @@
 //! fentry mode [`accepted`] from `inet_csk_accept`'s return, which also sees io_uring
 //! accepts and runs nothing per other syscall.
 
-use aya_ebpf::{helpers::bpf_ktime_get_ns, macros::map, maps::LruHashMap};
+use aya_ebpf::{macros::map, maps::LruHashMap};
 use backlogd_common::ACCEPT_WAIT_BUCKETS;
 
 use crate::{
-    kernel::{KPtr, Result, is_tcp_listener, offset, socket_inode, socket_of_fd},
+    kernel::{KPtr, Kmem, Result, is_tcp_listener, offset, socket_inode, socket_of_fd},
     listener,
 };
 
@@ -24,17 +24,13 @@ use crate::{
 #[map]
 static QUEUED_AT: LruHashMap<u64, u64> = LruHashMap::with_max_entries(65536, 0);
 
-/// `child` (when known) was appended to listener `sk`'s accept queue just now.
+/// `child` was appended to the accept queue of listener `sk` (inode `ino`) just now.
 #[inline(always)]
-pub(crate) fn enqueued(sk: KPtr, child: Option<KPtr>) -> Result<()> {
-    let ino = socket_inode(sk)?;
-    if let Some(child) = child {
-        // SAFETY: the helper takes no arguments.
-        let now = unsafe { bpf_ktime_get_ns() };
-        let _ = QUEUED_AT.insert(child.0, now, 0);
-    }
+pub(crate) fn enqueued(sk: KPtr, ino: u64, child: KPtr) -> Result<()> {
+    let now = listener::now();
+    let _ = QUEUED_AT.insert(child.0, now, 0);
     listener::update(sk, ino, |s| s.queued += 1);
-    listener::observe_queues(sk, ino)
+    listener::observe_queues(sk, ino, now)
 }
 
 /// accept() on listener fd `fd` returned fd `child`.
@@ -47,17 +43,16 @@ pub(crate) fn accept_returned(fd: u64, child: u64) -> Result<()> {
 
 /// `accept()` on `listener` returned `child`.
 #[inline(always)]
-pub(crate) fn accepted(listener: KPtr, child: KPtr) -> Result<()> {
+pub(crate) fn accepted<K: Kmem>(listener: K, child: KPtr) -> Result<()> {
     if !is_tcp_listener(listener)? {
         return Ok(());
     }
     let ino = socket_inode(listener)?;
-    // SAFETY: the helper takes no arguments.
-    let now = unsafe { bpf_ktime_get_ns() };
+    let now = listener::now();
     // SAFETY: a plain u64 value.
     let waited = (unsafe { QUEUED_AT.get(child.0) }).map(|&t| now.saturating_sub(t));
     let _ = QUEUED_AT.remove(child.0);
-    listener::update(listener, ino, |s| {
+    listener::update(listener.probed(), ino, |s| {
         s.accepted += 1;
         if let Some(ns) = waited {
             s.accept_wait_sum_ns += ns;
@@ -67,7 +62,7 @@ pub(crate) fn accepted(listener: KPtr, child: KPtr) -> Result<()> {
             }
         }
     });
-    listener::observe_queues(listener, ino)
+    listener::observe_queues(listener, ino, now)
 }
 
 /// Index of the first bucket whose bound (2^i µs) exceeds `us`.

@@ -18,6 +18,7 @@
 //! - the final-ACK functions' return, and `inet_csk_reqsk_queue_add`'s for Fast Open: a
 //!   connection queued for accept.
 //! - `inet_csk_accept` return: a connection accepted, and how long it waited.
+//! - `inet_csk_listen_stop` entry: a listener closing ([`listen::listener_closed`]).
 //! - the listen(2) syscall's return (`__x64_sys_listen`): the backlog asked for and the one
 //!   granted. An fexit there, not the `sys_exit` tracepoint the other modes use: any
 //!   syscall tracepoint sends every syscall of every task through the kernel's slow path
@@ -38,7 +39,7 @@ use backlogd_common::{
 
 use crate::{
     accept,
-    kernel::{KPtr, Result, errno, launder, ret_slot},
+    kernel::{BtfPtr, KPtr, Result, errno, launder, ret_slot},
     listen, syn,
 };
 
@@ -111,6 +112,17 @@ fn ctx_slot<const N: usize>(ctx: *mut c_void) -> u64 {
     value
 }
 
+/// Argument `n` of the traced function as the verifier types it (a `BtfPtr`), for the
+/// hot path: shared code reads its fields by direct load.
+#[inline(always)]
+fn arg_btf(arg: *const u8) -> Result<BtfPtr> {
+    if arg.is_null() {
+        Err(errno::EFAULT)
+    } else {
+        Ok(BtfPtr::new(arg))
+    }
+}
+
 /// A pointer-typed return value as a plain address (see [`arg_ptr`]); NULL is `0`.
 #[inline(always)]
 fn ret_ptr(ctx: &FExitContext, which: usize) -> Result<u64> {
@@ -125,13 +137,13 @@ fn ret_ptr(ctx: &FExitContext, which: usize) -> Result<u64> {
 /// `int tcp_conn_request(rsk_ops, af_ops, struct sock *sk, struct sk_buff *skb)`
 #[fentry(function = "tcp_conn_request")]
 pub fn conn_request_enter(ctx: FEntryContext) -> i32 {
-    let _ = arg_ptr(ctx.arg(2)).and_then(|sk| syn::call_enter(sk, ctx.arg(3), SYN));
+    let _ = arg_btf(ctx.arg(2)).and_then(|sk| syn::call_enter(sk, ctx.arg(3), SYN));
     0
 }
 
 #[fexit(function = "tcp_conn_request")]
-pub fn conn_request_exit(_ctx: FExitContext) -> i32 {
-    let _ = syn::call_exit(SYN, 0);
+pub fn conn_request_exit(ctx: FExitContext) -> i32 {
+    let _ = arg_btf(ctx.arg(3)).and_then(|skb| syn::call_exit_with(SYN, 0, |_| skb));
     0
 }
 
@@ -145,15 +157,21 @@ pub fn check_req_enter(ctx: FEntryContext) -> i32 {
 }
 
 fn check_req(ctx: &FEntryContext) -> Result<()> {
-    let (sk, skb) = (arg_ptr(ctx.arg(0))?, arg_ptr(ctx.arg(1))?);
-    let _ = syn::pending_request_segment(sk, skb);
-    syn::call_enter(sk, skb.0, ACK)
+    let (sk, skb) = (arg_btf(ctx.arg(0))?, arg_btf(ctx.arg(1))?);
+    if !syn::is_listening(sk)? {
+        return Ok(()); // a Fast Open child's own segment
+    }
+    let _ = syn::pending_request_segment_listener(sk, skb);
+    syn::call_enter_listener(sk, skb.addr(), ACK)
 }
 
 /// Returns the child once `inet_csk_complete_hashdance` queued it for accept.
 #[fexit(function = "tcp_check_req")]
 pub fn check_req_exit(ctx: FExitContext) -> i32 {
-    let _ = ret_ptr(&ctx, fexit_ret::CHECK_REQ).and_then(|child| syn::call_exit(ACK, child));
+    let _ = ret_ptr(&ctx, fexit_ret::CHECK_REQ).and_then(|child| {
+        let skb = arg_btf(ctx.arg(1))?;
+        syn::call_exit_with(ACK, child, |_| skb)
+    });
     0
 }
 
@@ -161,14 +179,17 @@ pub fn check_req_exit(ctx: FExitContext) -> i32 {
 /// of a syncookie handshake creates its child here, where it can overflow, too.
 #[fentry(function = "tcp_get_cookie_sock")]
 pub fn cookie_sock_enter(ctx: FEntryContext) -> i32 {
-    let _ = arg_ptr(ctx.arg(0)).and_then(|sk| syn::call_enter(sk, ctx.arg(1), ACK));
+    let _ = arg_btf(ctx.arg(0)).and_then(|sk| syn::call_enter(sk, ctx.arg(1), ACK));
     0
 }
 
 /// Returns the child once it is on the accept queue.
 #[fexit(function = "tcp_get_cookie_sock")]
 pub fn cookie_sock_exit(ctx: FExitContext) -> i32 {
-    let _ = ret_ptr(&ctx, fexit_ret::COOKIE_SOCK).and_then(|child| syn::call_exit(ACK, child));
+    let _ = ret_ptr(&ctx, fexit_ret::COOKIE_SOCK).and_then(|child| {
+        let skb = arg_btf(ctx.arg(1))?;
+        syn::call_exit_with(ACK, child, |_| skb)
+    });
     0
 }
 
@@ -199,10 +220,13 @@ pub fn reqsk_queue_add_exit(ctx: FExitContext) -> i32 {
 
 fn try_reqsk_queue_add_exit(ctx: &FExitContext) -> Result<()> {
     let child = ret_ptr(ctx, fexit_ret::REQSK_QUEUE_ADD)?;
-    if child == 0 || !syn::in_conn_request() {
+    let Some((sk, ino)) = syn::in_conn_request() else {
+        return Ok(());
+    };
+    if child == 0 {
         return Ok(());
     }
-    accept::enqueued(arg_ptr(ctx.arg(0))?, Some(KPtr(child)))
+    accept::enqueued(sk, ino, KPtr(child))
 }
 
 /// `struct sock *inet_csk_accept(struct sock *sk, ...)`: the accepted child or NULL. (The
@@ -218,7 +242,19 @@ fn try_accept_exit(ctx: &FExitContext) -> Result<()> {
     if child == 0 {
         return Ok(());
     }
-    accept::accepted(arg_ptr(ctx.arg(0))?, KPtr(child))
+    accept::accepted(arg_btf(ctx.arg(0))?, KPtr(child))
+}
+
+/// `void inet_csk_listen_stop(struct sock *sk)`: a listener closing. Every way out of
+/// LISTEN passes here (`__tcp_close`, `tcp_disconnect` for shutdown(SHUT_RD) and
+/// connect(AF_UNSPEC), `tcp_abort` for `ss -K`), after the state became CLOSE and while
+/// the socket still has its `struct socket`. The one LISTEN -> CLOSE it misses, a
+/// listen(2) whose port binding failed, never produced a LISTEN event. The other modes
+/// take `inet_sock_set_state` instead, which runs six times per handshake.
+#[fentry(function = "inet_csk_listen_stop")]
+pub fn listen_stop_enter(ctx: FEntryContext) -> i32 {
+    let _ = arg_ptr(ctx.arg(0)).and_then(listen::listener_closed);
+    0
 }
 
 /// `long __x64_sys_listen(const struct pt_regs *regs)` (arm64: `__arm64_sys_listen`): the

@@ -39,7 +39,7 @@ use backlogd_common::{
 };
 
 use crate::{
-    kernel::{KPtr, Result, errno, offset},
+    kernel::{KPtr, Kmem, Result, errno, offset},
     listener,
 };
 
@@ -82,8 +82,8 @@ fn now_ns() -> u64 {
 /// The attempt `skb` (a segment from a client, still alive) belongs to, and its sequence
 /// number. The IP version comes from the packet, not the listener's family.
 #[inline(always)]
-fn segment(net: u64, skb: KPtr) -> Result<(AttemptKey, u32)> {
-    let head: u64 = skb.read(offset(|o| &o.skb_head))?;
+fn segment<K: Kmem>(net: u64, skb: K) -> Result<(AttemptKey, u32)> {
+    let head = skb.number(offset(|o| &o.skb_head))?;
     let network: u16 = skb.read(offset(|o| &o.skb_network_header))?;
     let transport: u16 = skb.read(offset(|o| &o.skb_transport_header))?;
     let ip = KPtr(head + u64::from(network));
@@ -91,17 +91,19 @@ fn segment(net: u64, skb: KPtr) -> Result<(AttemptKey, u32)> {
         net,
         ..AttemptKey::default()
     };
-    let first: u8 = ip.read(0)?;
-    key.version = first >> 4;
+    // The first 20 bytes hold an IPv4 header's version and both addresses, and an IPv6
+    // header's version: one read for the common case.
+    let start: [u8; 20] = ip.read(0)?;
+    key.version = start[0] >> 4;
     match key.version {
         4 => {
-            let addrs: [u8; 8] = ip.read(12)?;
-            key.client[..4].copy_from_slice(&addrs[..4]);
-            key.server[..4].copy_from_slice(&addrs[4..]);
+            key.client[..4].copy_from_slice(&start[12..16]);
+            key.server[..4].copy_from_slice(&start[16..20]);
         }
         6 => {
-            key.client = ip.read(8)?;
-            key.server = ip.read(24)?;
+            let addrs: [[u8; 16]; 2] = ip.read(8)?;
+            key.client = addrs[0];
+            key.server = addrs[1];
         }
         _ => return Err(errno::EINVAL),
     }
@@ -116,7 +118,7 @@ fn segment(net: u64, skb: KPtr) -> Result<(AttemptKey, u32)> {
 /// the final ACK) that is still alive. A BPF-to-BPF call: its key and value stay out of
 /// the callers' stack frames.
 #[inline(never)]
-pub(crate) fn dropped(sk: KPtr, ino: u64, net: u64, skb: KPtr, kind: u32) -> i32 {
+pub(crate) fn dropped<K: Kmem>(sk: KPtr, ino: u64, net: u64, skb: K, kind: u32) -> i32 {
     match record_drop(sk, ino, net, skb, kind) {
         Ok(()) => 0,
         Err(e) => e,
@@ -124,7 +126,7 @@ pub(crate) fn dropped(sk: KPtr, ino: u64, net: u64, skb: KPtr, kind: u32) -> i32
 }
 
 #[inline(always)]
-fn record_drop(sk: KPtr, ino: u64, net: u64, skb: KPtr, kind: u32) -> Result<()> {
+fn record_drop<K: Kmem>(sk: KPtr, ino: u64, net: u64, skb: K, kind: u32) -> Result<()> {
     let (key, seq) = segment(net, skb)?;
     let now = now_ns();
     let (why, isn) = if kind == segment_kind::SYN {
@@ -142,41 +144,41 @@ fn record_drop(sk: KPtr, ino: u64, net: u64, skb: KPtr, kind: u32) -> Result<()>
         drops: 1,
         _pad: 0,
     };
-    match ATTEMPTS.get_ptr_mut(&key) {
-        Some(entry) => {
-            // SAFETY: a value of the map; only this attempt's segments (processed one
-            // at a time, seconds apart) and the daemon's sweep touch it.
-            let entry = unsafe { &mut *entry };
-            // Later segments of the same attempt: a retransmitted SYN (same ISN), or a
-            // segment after the handshake's SYN got through (its ACK, its data: within
-            // a receive window of ISN + 1). A final ACK far from the entry's ISN is a new
-            // attempt whose SYN was not dropped.
-            let same = if kind == segment_kind::SYN {
-                entry.cause == cause::SYN_DROP && entry.isn == isn
-            } else {
-                seq.wrapping_sub(entry.isn.wrapping_add(1)) < ACK_WINDOW
-            };
-            if same {
-                entry.drops = entry.drops.saturating_add(1);
-            } else {
-                // A new attempt on the 4-tuple (the client bound its port): the one
-                // before it never completed. It is counted on this listener, which has
-                // the same address and port as the one that dropped it.
-                *entry = fresh;
-                listener::update(sk, ino, |s| s.abandoned += 1);
-            }
-        }
-        None => {
-            if ATTEMPTS
-                .insert(&key, &fresh, u64::from(BPF_NOEXIST))
-                .is_err()
-            {
+    // Insert first: nearly every dropped segment is its attempt's first (a retransmission
+    // comes a second later), and an insert that finds the key costs less than a lookup
+    // before every insert.
+    if let Err(e) = ATTEMPTS.insert(&key, &fresh, u64::from(BPF_NOEXIST)) {
+        let entry = match ATTEMPTS.get_ptr_mut(&key) {
+            Some(entry) if e == errno::EEXIST => entry,
+            // The map is full, or the daemon's sweep removed the entry just now.
+            _ => {
                 if let Some(lost) = ATTEMPTS_UNTRACKED.get_ptr_mut(0) {
                     // SAFETY: this CPU's counter.
                     unsafe { *lost += 1 };
                 }
                 return Ok(());
             }
+        };
+        // SAFETY: a value of the map; only this attempt's segments (processed one at a
+        // time, seconds apart) and the daemon's sweep touch it.
+        let entry = unsafe { &mut *entry };
+        // Later segments of the same attempt: a retransmitted SYN (same ISN), or a
+        // segment after the handshake's SYN got through (its ACK, its data: within a
+        // receive window of ISN + 1). A final ACK far from the entry's ISN is a new
+        // attempt whose SYN was not dropped.
+        let same = if kind == segment_kind::SYN {
+            entry.cause == cause::SYN_DROP && entry.isn == isn
+        } else {
+            seq.wrapping_sub(entry.isn.wrapping_add(1)) < ACK_WINDOW
+        };
+        if same {
+            entry.drops = entry.drops.saturating_add(1);
+        } else {
+            // A new attempt on the 4-tuple (the client bound its port): the one before
+            // it never completed. It is counted on this listener, which has the same
+            // address and port as the one that dropped it.
+            *entry = fresh;
+            listener::update(sk, ino, |s| s.abandoned += 1);
         }
     }
     if let Some(last) = LAST_DROP.get_ptr_mut(0) {
@@ -196,7 +198,7 @@ fn record_drop(sk: KPtr, ino: u64, net: u64, skb: KPtr, kind: u32) -> Result<()>
 /// `skb` (alive). If the attempt had a segment dropped, count it delayed. A BPF-to-BPF
 /// call, as [`dropped`].
 #[inline(never)]
-pub(crate) fn completed(sk: KPtr, ino: u64, net: u64, skb: KPtr, child: KPtr) -> i32 {
+pub(crate) fn completed<K: Kmem>(sk: KPtr, ino: u64, net: u64, skb: K, child: KPtr) -> i32 {
     match match_completion(sk, ino, net, skb, child) {
         Ok(()) => 0,
         Err(e) => e,
@@ -204,7 +206,7 @@ pub(crate) fn completed(sk: KPtr, ino: u64, net: u64, skb: KPtr, child: KPtr) ->
 }
 
 #[inline(always)]
-fn match_completion(sk: KPtr, ino: u64, net: u64, skb: KPtr, child: KPtr) -> Result<()> {
+fn match_completion<K: Kmem>(sk: KPtr, ino: u64, net: u64, skb: K, child: KPtr) -> Result<()> {
     let last = LAST_DROP.get(0).copied().unwrap_or(0);
     let now = now_ns();
     let horizon = horizon_ns();

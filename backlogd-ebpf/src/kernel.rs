@@ -44,6 +44,10 @@ static OFFSETS: KernelOffsets = KernelOffsets {
     compat_mask: 0,
     skb_network_header: 0,
     tcp_rcv_nxt: 0,
+    socket_file: 0,
+    file_inode: 0,
+    inode_ino: 0,
+    skb_tcp_flags: 0,
     ret_slot: [0; fexit_ret::COUNT],
 };
 
@@ -58,6 +62,8 @@ pub mod errno {
     pub const EAGAIN: i32 = -11;
     /// A null or unreadable kernel pointer.
     pub const EFAULT: i32 = -14;
+    /// A map update with `BPF_NOEXIST` found the key.
+    pub const EEXIST: i32 = -17;
     /// Input the program does not handle.
     pub const EINVAL: i32 = -22;
 }
@@ -73,6 +79,103 @@ pub fn offset(select: fn(&KernelOffsets) -> &u32) -> usize {
 #[inline(always)]
 pub fn number(select: fn(&KernelOffsets) -> &u32) -> u32 {
     offset(select) as u32
+}
+
+/// Kernel memory read at `OFFSETS` offsets, two ways: [`KPtr`] through
+/// `bpf_probe_read_kernel` (any address: kprobe arguments, addresses kept in maps) and
+/// [`BtfPtr`] by direct load (a fentry/fexit argument, whose type the verifier knows).
+/// On the handshake path the helper call costs ~80 instructions per read, a direct load
+/// a handful, so code shared by the modes is generic over this and each mode passes the
+/// cheapest pointer it has.
+pub trait Kmem: Copy {
+    /// The address, to key maps by and to keep in a window.
+    fn addr(self) -> u64;
+    /// Reads a `T` at `self + off`.
+    fn read<T: Copy>(self, off: usize) -> Result<T>;
+    /// Follows a pointer field at `self + off`; a NULL field is an error.
+    fn deref(self, off: usize) -> Result<Self>;
+    /// A pointer field at `self + off` as a plain number, for address arithmetic.
+    fn number(self, off: usize) -> Result<u64>;
+    /// The socket inode of the `struct sock` at `self`.
+    fn socket_inode(self) -> Result<u64>;
+    /// The same address, read through the helper from here on.
+    #[inline(always)]
+    fn probed(self) -> KPtr {
+        KPtr(self.addr())
+    }
+}
+
+impl Kmem for KPtr {
+    #[inline(always)]
+    fn addr(self) -> u64 {
+        self.0
+    }
+
+    #[inline(always)]
+    fn read<T: Copy>(self, off: usize) -> Result<T> {
+        KPtr::read(self, off)
+    }
+
+    #[inline(always)]
+    fn deref(self, off: usize) -> Result<Self> {
+        KPtr::deref(self, off)
+    }
+
+    #[inline(always)]
+    fn number(self, off: usize) -> Result<u64> {
+        KPtr::read(self, off)
+    }
+
+    /// `sk->sk_socket` and the inode that follows it (`struct socket_alloc`).
+    #[inline(always)]
+    fn socket_inode(self) -> Result<u64> {
+        self.deref(offset(|o| &o.sk_socket))?
+            .read(offset(|o| &o.socket_ino))
+    }
+}
+
+impl Kmem for BtfPtr {
+    #[inline(always)]
+    fn addr(self) -> u64 {
+        self.0 as u64
+    }
+
+    #[inline(always)]
+    fn read<T: Copy>(self, off: usize) -> Result<T> {
+        Ok(self.load(off))
+    }
+
+    #[inline(always)]
+    fn deref(self, off: usize) -> Result<Self> {
+        let p: *const u8 = self.load(off);
+        if p.is_null() {
+            Err(errno::EFAULT)
+        } else {
+            Ok(BtfPtr(p))
+        }
+    }
+
+    /// The verifier types a loaded pointer field as a pointer, and refuses to add an
+    /// unbounded number to one: launder it.
+    #[inline(always)]
+    fn number(self, off: usize) -> Result<u64> {
+        launder(self.load::<*const u8>(off))
+    }
+
+    /// The inode `struct socket_alloc` puts after the `struct socket` lies outside the
+    /// type the verifier knows, so the direct way goes through the socket's file:
+    /// `sk->sk_socket->file->f_inode->i_ino`, the same inode (`sock_alloc_file`). A
+    /// socket without a file (a kernel socket) takes the helper's way.
+    #[inline(always)]
+    fn socket_inode(self) -> Result<u64> {
+        let socket = self.deref(offset(|o| &o.sk_socket))?;
+        match socket.deref(offset(|o| &o.socket_file)) {
+            Ok(file) => file
+                .deref(offset(|o| &o.file_inode))?
+                .read(offset(|o| &o.inode_ino)),
+            Err(_) => socket.probed().read(offset(|o| &o.socket_ino)),
+        }
+    }
 }
 
 /// A kernel address we only ever read through `bpf_probe_read_kernel`.
@@ -163,17 +266,16 @@ pub fn offset_at(select: fn(&KernelOffsets) -> &[u32; 4], i: usize) -> usize {
     (unsafe { core::ptr::read_volatile(&arr[i]) }) as usize
 }
 
-/// Socket inode of a `struct sock *`: `sk->sk_socket` + the inode that follows it.
+/// Socket inode of a `struct sock *` ([`Kmem::socket_inode`]).
 #[inline(always)]
-pub fn socket_inode(sk: KPtr) -> Result<u64> {
-    sk.deref(offset(|o| &o.sk_socket))?
-        .read(offset(|o| &o.socket_ino))
+pub fn socket_inode<K: Kmem>(sk: K) -> Result<u64> {
+    sk.socket_inode()
 }
 
 /// Whether `sk` is a listening TCP socket (IPv4 or IPv6). Unix stream listeners use the
 /// same state value and pass through accept() too.
 #[inline(always)]
-pub fn is_tcp_listener(sk: KPtr) -> Result<bool> {
+pub fn is_tcp_listener<K: Kmem>(sk: K) -> Result<bool> {
     let state: u8 = sk.read(offset(|o| &o.sk_state))?;
     if u32::from(state) != TCP_LISTEN {
         return Ok(false);

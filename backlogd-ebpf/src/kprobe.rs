@@ -113,8 +113,11 @@ fn try_reqsk_queue_add_ret(ctx: &RetProbeContext) -> Result<()> {
     let [sk, child] = unsafe { core::mem::take(&mut *slot) };
     let ret: u64 = ctx.ret();
     // Fast Open only, as in fentry mode (see fentry.rs).
-    if sk == 0 || ret == 0 || ret != child || !syn::in_conn_request() {
+    let Some((listener, ino)) = syn::in_conn_request() else {
+        return Ok(());
+    };
+    if sk != listener.0 || ret == 0 || ret != child {
         return Ok(());
     }
-    accept::enqueued(KPtr(sk), Some(KPtr(child)))
+    accept::enqueued(listener, ino, KPtr(child))
 }

@@ -9,10 +9,11 @@
 //! registers. A repeated `listen()` on a listener emits a new LISTEN event with the new
 //! figures.
 //!
-//! A listener going away shows up as `inet_sock_set_state` LISTEN -> CLOSE, taken as a raw
-//! tracepoint (it fires in process context on every connect() and close(); a classic
-//! tracepoint program there would make the kernel skip kprobe programs of SYNs arriving
-//! meanwhile, see `kprobe.rs`).
+//! A listener going away ([`listener_closed`]) shows up in fentry mode as
+//! `inet_csk_listen_stop`'s entry (`fentry::listen_stop_enter`), in the other modes as
+//! `inet_sock_set_state` LISTEN -> CLOSE, taken as a raw tracepoint (it fires in process
+//! context on every connect() and close(); a classic tracepoint program there would make
+//! the kernel skip kprobe programs of SYNs arriving meanwhile, see `kprobe.rs`).
 
 use aya_ebpf::{
     helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid},
@@ -105,7 +106,8 @@ fn listened(fd: u64, requested: i32, ret: i64) -> Result<()> {
     Ok(())
 }
 
-/// `TP_PROTO(const struct sock *sk, const int oldstate, const int newstate)`.
+/// `TP_PROTO(const struct sock *sk, const int oldstate, const int newstate)`. kprobe and
+/// tracepoint modes.
 #[raw_tracepoint(tracepoint = "inet_sock_set_state")]
 pub fn listener_state(ctx: RawTracePointContext) -> u32 {
     let sk = KPtr(ctx.arg(0));
@@ -128,7 +130,8 @@ fn is_tcp(sk: KPtr) -> bool {
     sk.read::<u16>(offset(|o| &o.sk_protocol)) == Ok(IPPROTO_TCP)
 }
 
-fn listener_closed(sk: KPtr) -> Result<()> {
+/// Listener `sk` is closing: its entries go, and the daemon hears of it.
+pub(crate) fn listener_closed(sk: KPtr) -> Result<()> {
     if sk.is_null() || !is_tcp(sk) {
         return Ok(());
     }

@@ -10,7 +10,7 @@ use aya_ebpf::{
 };
 use backlogd_common::{LISTENER_STATS_ENTRIES, ListenerStats, QueueState, map_full};
 
-use crate::kernel::{KPtr, Result, is_listener_with_inode, offset};
+use crate::kernel::{KPtr, Kmem, Result, is_listener_with_inode, offset};
 
 #[map]
 static LISTENER_STATS: PerCpuHashMap<u64, ListenerStats> =
@@ -88,14 +88,21 @@ fn count_map_full(slot: u32) {
     }
 }
 
-/// Records the listener's current queue lengths and raises its high-water marks.
+/// `bpf_ktime_get_ns()`: read once per program run and handed down.
 #[inline(always)]
-pub(crate) fn observe_queues(sk: KPtr, ino: u64) -> Result<()> {
-    let accept: u32 = sk.read(offset(|o| &o.sk_ack_backlog))?;
-    let syn: u32 = sk.read(offset(|o| &o.icsk_syn_qlen))?;
-    let epoch = QUEUE_EPOCH.get(0).copied().unwrap_or(0);
+pub(crate) fn now() -> u64 {
     // SAFETY: the helper takes no arguments.
-    let now = unsafe { bpf_ktime_get_ns() };
+    unsafe { bpf_ktime_get_ns() }
+}
+
+/// Records the listener's current queue lengths (`now`: the clock) and raises its
+/// high-water marks.
+#[inline(always)]
+pub(crate) fn observe_queues<K: Kmem>(sk: K, ino: u64, now: u64) -> Result<()> {
+    let accept: u32 = sk.read(offset(|o| &o.sk_ack_backlog))?;
+    // In `struct inet_connection_sock`, past the `struct sock` a typed pointer allows.
+    let syn: u32 = sk.probed().read(offset(|o| &o.icsk_syn_qlen))?;
+    let epoch = QUEUE_EPOCH.get(0).copied().unwrap_or(0);
     match LISTENER_QUEUES.get_ptr_mut(ino) {
         Some(q) => {
             // SAFETY: this CPU's copy of the entry; no other CPU writes it.
@@ -113,7 +120,7 @@ pub(crate) fn observe_queues(sk: KPtr, ino: u64) -> Result<()> {
         }
         None => {
             // As in `update`: no entry for a listener that has closed.
-            if !is_listener_with_inode(sk, ino) {
+            if !is_listener_with_inode(sk.probed(), ino) {
                 return Ok(());
             }
             let state = QueueState {

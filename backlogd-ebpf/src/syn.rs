@@ -35,16 +35,19 @@ use backlogd_common::{DropReason, SynStash, TCP_LISTEN, mib, segment_kind};
 
 use crate::{
     impact,
-    kernel::{KPtr, Result, cpu_area_offset, errno, launder, offset, offset_at, socket_inode},
+    kernel::{
+        KPtr, Kmem, Result, cpu_area_offset, errno, launder, offset, offset_at, socket_inode,
+    },
     listener,
 };
 
 #[map]
 static STASH: PerCpuArray<SynStash> = PerCpuArray::with_max_entries(1, 0);
 
-/// Function-hook modes: one open call per segment kind and CPU (index = kind - 1).
+/// Function-hook modes: one open call per segment kind on a CPU, indexed by kind - 1.
+/// One element holding all three, so a call finds every window with one lookup.
 #[map]
-static CALL_STASH: PerCpuArray<SynStash> = PerCpuArray::with_max_entries(3, 0);
+static CALL_STASH: PerCpuArray<[SynStash; 3]> = PerCpuArray::with_max_entries(1, 0);
 
 const TCP_FLAG_SYN: u8 = 0x02;
 const TCP_FLAG_RST: u8 = 0x04;
@@ -79,7 +82,7 @@ fn try_listener_ingress(ctx: &SkBuffContext) -> Result<()> {
         // SAFETY: as above.
         unsafe { (*slot).skb = 0 };
         // Its skb may be freed by now: no header reads.
-        let _ = settle(&previous, false);
+        let _ = settle::<KPtr>(&previous, None);
     }
     // A segment that is neither a SYN nor an ACK (RST, an IPv6 extension header chain)
     // still gets a window, so whatever the kernel drops on its account is counted.
@@ -119,7 +122,7 @@ pub(crate) fn child_cloned(child: KPtr) -> Result<()> {
         return Ok(());
     }
     if stash.kind == segment_kind::SYN {
-        crate::accept::enqueued(KPtr(stash.sk), Some(child))
+        crate::accept::enqueued(KPtr(stash.sk), stash.ino, child)
     } else {
         stash.child = child.0;
         Ok(())
@@ -143,7 +146,7 @@ pub(crate) fn handshake_completed(child: KPtr) -> Result<()> {
     stash.child = 0;
     // The ACK's skb is alive: this runs inside its processing.
     let _ = impact::completed(KPtr(stash.sk), stash.ino, stash.net, KPtr(stash.skb), child);
-    crate::accept::enqueued(KPtr(stash.sk), Some(child))
+    crate::accept::enqueued(KPtr(stash.sk), stash.ino, child)
 }
 
 /// Function-hook modes: the kernel starts processing `skb` on listener `sk` (`kind` SYN:
@@ -152,34 +155,36 @@ pub(crate) fn handshake_completed(child: KPtr) -> Result<()> {
 /// calls never interleave on a CPU; a call whose exit hook was missed (kretprobe) is
 /// settled at the next call of any kind, with deltas that are still that call's own.
 #[inline(always)]
-pub(crate) fn call_enter(sk: KPtr, skb: u64, kind: u32) -> Result<()> {
-    // No kind nests in another, so a window still open here, of any kind, is a call
-    // that has returned: settle it now, before this call moves the counters.
-    settle_stale(segment_kind::SYN);
-    settle_stale(segment_kind::ACK);
-    settle_stale(segment_kind::OTHER);
-    let slot = call_slot(kind)?;
-    let state: u8 = sk.read(offset(|o| &o.sk_state))?;
-    if u32::from(state) != TCP_LISTEN {
+pub(crate) fn call_enter<K: Kmem>(sk: K, skb: u64, kind: u32) -> Result<()> {
+    if !is_listening(sk)? {
         return Ok(()); // tcp_check_req on a Fast Open child
     }
-    let stash = open_window(sk, skb, socket_inode(sk)?, kind)?;
-    // SAFETY: as above.
-    unsafe { *slot = stash };
-    Ok(())
+    call_enter_listener(sk, skb, kind)
 }
 
-/// Settles this CPU's open window of `kind` if its exit hook never ran.
+/// Whether `sk` is in LISTEN.
 #[inline(always)]
-fn settle_stale(kind: u32) {
-    let Ok(slot) = call_slot(kind) else { return };
-    // SAFETY: this CPU's element of CALL_STASH (see call_enter for why nothing
-    // interleaves).
-    let stale = unsafe { core::mem::replace(&mut (*slot).skb, 0) };
-    if stale != 0 {
-        // SAFETY: as above. The call returned long ago: its skb may be freed.
-        let _ = settle(unsafe { &*slot }, false);
+pub(crate) fn is_listening<K: Kmem>(sk: K) -> Result<bool> {
+    let state: u8 = sk.read(offset(|o| &o.sk_state))?;
+    Ok(u32::from(state) == TCP_LISTEN)
+}
+
+/// [`call_enter`] for a caller that has seen `sk` in LISTEN.
+#[inline(always)]
+pub(crate) fn call_enter_listener<K: Kmem>(sk: K, skb: u64, kind: u32) -> Result<()> {
+    let windows = call_windows()?;
+    // No kind nests in another, so a window still open here, of any kind, is a call
+    // that has returned: settle it now, before this call moves the counters.
+    for stale in windows.iter_mut() {
+        if stale.skb != 0 {
+            stale.skb = 0;
+            // The call returned long ago: its skb may be freed.
+            let _ = settle::<KPtr>(stale, None);
+        }
     }
+    let stash = open_window(sk, skb, socket_inode(sk)?, kind)?;
+    *window(windows, kind) = stash;
+    Ok(())
 }
 
 /// Function-hook modes: the call [`call_enter`] opened for `kind` on this CPU returned
@@ -187,26 +192,34 @@ fn settle_stale(kind: u32) {
 /// child on the accept queue (`inet_csk_complete_hashdance` / `tcp_get_cookie_sock`).
 #[inline(always)]
 pub(crate) fn call_exit(kind: u32, ret: u64) -> Result<()> {
-    let slot = call_slot(kind)?;
-    // SAFETY: this CPU's element of CALL_STASH.
-    let stash = unsafe { &mut *slot };
+    call_exit_with(kind, ret, |taken| KPtr(taken.skb))
+}
+
+/// [`call_exit`], the segment as `skb` gives it from the window: an fexit program passes
+/// its own typed argument, whose fields it reads by direct load.
+#[inline(always)]
+pub(crate) fn call_exit_with<K: Kmem>(
+    kind: u32,
+    ret: u64,
+    skb: impl FnOnce(&SynStash) -> K,
+) -> Result<()> {
+    let stash = window(call_windows()?, kind);
     if stash.skb == 0 {
         return Ok(());
     }
     let taken = *stash;
     stash.skb = 0;
+    // The skb is alive until the caller of the hooked function frees it.
+    let skb = skb(&taken);
     if kind == segment_kind::ACK && ret != 0 && ret != taken.sk {
-        // The skb is alive until the caller of the hooked function frees it.
-        let _ = impact::completed(
-            KPtr(taken.sk),
-            taken.ino,
-            taken.net,
-            KPtr(taken.skb),
-            KPtr(ret),
-        );
-        let _ = crate::accept::enqueued(KPtr(taken.sk), Some(KPtr(ret)));
+        let _ = impact::completed(KPtr(taken.sk), taken.ino, taken.net, skb, KPtr(ret));
+        // A call that returns a child made no listen drop, so there are no deltas to
+        // read: every drop on this path (`syn_recv_sock`'s overflow and failure exits,
+        // a request another CPU completed first, a listener that stopped listening)
+        // returns NULL.
+        return crate::accept::enqueued(KPtr(taken.sk), taken.ino, KPtr(ret));
     }
-    settle(&taken, true)
+    settle(&taken, Some(skb))
 }
 
 /// Function-hook modes: an ICMP error arrived for pending request `req`
@@ -222,12 +235,12 @@ pub(crate) fn request_error_enter(req: KPtr) -> Result<()> {
     call_enter(listener, req.0, segment_kind::OTHER)
 }
 
-/// Whether this CPU is inside `tcp_conn_request` (where only a TCP Fast Open SYN queues a
-/// child for accept).
+/// The listener (address, inode) whose `tcp_conn_request` this CPU is inside, if any
+/// (where only a TCP Fast Open SYN queues a child for accept).
 #[inline(always)]
-pub(crate) fn in_conn_request() -> bool {
-    // SAFETY: this CPU's element of CALL_STASH.
-    call_slot(segment_kind::SYN).is_ok_and(|slot| unsafe { (*slot).skb } != 0)
+pub(crate) fn in_conn_request() -> Option<(KPtr, u64)> {
+    let w = window(call_windows().ok()?, segment_kind::SYN);
+    (w.skb != 0).then_some((KPtr(w.sk), w.ino))
 }
 
 /// Function-hook modes: `tcp_check_req` got a segment for a pending request of listener
@@ -235,43 +248,63 @@ pub(crate) fn in_conn_request() -> bool {
 /// kernel answers it from the SYN queue), but it did reach the listener and counts as
 /// received, as in tracepoint mode.
 #[inline(always)]
-pub(crate) fn pending_request_segment(sk: KPtr, skb: KPtr) -> Result<()> {
-    let state: u8 = sk.read(offset(|o| &o.sk_state))?;
-    if u32::from(state) != TCP_LISTEN {
+pub(crate) fn pending_request_segment<K: Kmem>(sk: K, skb: K) -> Result<()> {
+    if !is_listening(sk)? {
         return Ok(()); // a Fast Open child's own segment
     }
-    let head: u64 = skb.read(offset(|o| &o.skb_head))?;
-    let transport: u16 = skb.read(offset(|o| &o.skb_transport_header))?;
-    let flags: u8 = KPtr(head).read(usize::from(transport) + 13)?;
+    pending_request_segment_listener(sk, skb)
+}
+
+/// [`pending_request_segment`] for a caller that has seen `sk` in LISTEN.
+#[inline(always)]
+pub(crate) fn pending_request_segment_listener<K: Kmem>(sk: K, skb: K) -> Result<()> {
+    // From the control block `tcp_v{4,6}_fill_cb` filled in before this call: one read
+    // of the skb instead of three through its header.
+    let flags: u8 = skb.read(offset(|o| &o.skb_tcp_flags))?;
     if flags & (TCP_FLAG_SYN | TCP_FLAG_ACK | TCP_FLAG_RST) == TCP_FLAG_SYN {
-        listener::update(sk, socket_inode(sk)?, |s| s.syns += 1);
+        listener::update(sk.probed(), socket_inode(sk)?, |s| s.syns += 1);
     }
     Ok(())
 }
 
+/// This CPU's function-hook windows.
 #[inline(always)]
-fn call_slot(kind: u32) -> Result<*mut SynStash> {
-    CALL_STASH
-        .get_ptr_mut(kind.wrapping_sub(1))
-        .ok_or(errno::ENOENT)
+fn call_windows() -> Result<&'static mut [SynStash; 3]> {
+    let slot = CALL_STASH.get_ptr_mut(0).ok_or(errno::ENOENT)?;
+    // SAFETY: this CPU's element of CALL_STASH; calls run in softirq and never
+    // interleave on a CPU (see call_enter), so no other reference to it is live.
+    Ok(unsafe { &mut *slot })
+}
+
+/// The window of `kind` (constant indices: the verifier sees fixed offsets).
+#[inline(always)]
+fn window(windows: &mut [SynStash; 3], kind: u32) -> &mut SynStash {
+    let [syn, ack, other] = windows;
+    match kind {
+        segment_kind::SYN => syn,
+        segment_kind::ACK => ack,
+        _ => other,
+    }
 }
 
 /// A window on listener `sk` (inode `ino`) processing `skb`: this CPU's MIB counters now.
 /// A SYN counts as received.
 #[inline(always)]
-fn open_window(sk: KPtr, skb: u64, ino: u64, kind: u32) -> Result<SynStash> {
+fn open_window<K: Kmem>(sk: K, skb: u64, ino: u64, kind: u32) -> Result<SynStash> {
     let net = sk.deref(offset(|o| &o.sk_net))?;
+    let percpu = net.number(offset(|o| &o.net_mib_stats))?;
     let mut stash = SynStash {
-        sk: sk.0,
+        sk: sk.addr(),
         skb,
-        net: net.0,
+        net: net.addr(),
         ino,
         child: 0,
         kind,
         _pad: 0,
+        mib_at: percpu.wrapping_add(cpu_area_offset()?),
         mib: [0; mib::COUNT],
     };
-    read_mib(net, &mut stash.mib)?;
+    read_mib(KPtr(stash.mib_at), kind, &mut stash.mib)?;
     // The SYN is counted when its window is settled, with its outcome: one map update.
     Ok(stash)
 }
@@ -311,20 +344,24 @@ fn packet_bytes<const N: usize>(data: usize, end: usize, offset: usize) -> Resul
     Ok(unsafe { core::ptr::read_unaligned(at as *const [u8; N]) })
 }
 
-/// This CPU's values of the netns counters backlogd attributes.
+/// The netns counters backlogd attributes, from this CPU's copy at `here` (a window's
+/// `mib_at`).
 #[inline(always)]
-fn read_mib(net: KPtr, out: &mut [u64; mib::COUNT]) -> Result<()> {
-    let percpu: u64 = net.read(offset(|o| &o.net_mib_stats))?;
-    let here = KPtr(percpu.wrapping_add(cpu_area_offset()?));
+fn read_mib(here: KPtr, kind: u32, out: &mut [u64; mib::COUNT]) -> Result<()> {
     // Two adjacent pairs of enum linux_mib_field (ListenOverflows, ListenDrops) and
     // (TCPReqQFullDoCookies, TCPReqQFullDrop): two reads instead of four. (The loader
     // checks the adjacency in the kernel's BTF and refuses a kernel without it.)
     let listen: [u64; 2] = here.read(offset_at(|o| &o.mib_index, mib::LISTEN_OVERFLOWS))?;
-    let reqq: [u64; 2] = here.read(offset_at(|o| &o.mib_index, mib::REQQ_FULL_DO_COOKIES))?;
     out[mib::LISTEN_OVERFLOWS] = listen[0];
     out[mib::LISTEN_DROPS] = listen[1];
-    out[mib::REQQ_FULL_DO_COOKIES] = reqq[0];
-    out[mib::REQQ_FULL_DROP] = reqq[1];
+    // The TCPReqQFull pair moves only in `tcp_syn_flood_action`, which runs from
+    // `tcp_conn_request` alone: a final-ACK window (a pure ACK, which a listener never
+    // hands to `tcp_conn_request`) leaves both at zero, at entry and exit alike.
+    if kind != segment_kind::ACK {
+        let reqq: [u64; 2] = here.read(offset_at(|o| &o.mib_index, mib::REQQ_FULL_DO_COOKIES))?;
+        out[mib::REQQ_FULL_DO_COOKIES] = reqq[0];
+        out[mib::REQQ_FULL_DROP] = reqq[1];
+    }
     Ok(())
 }
 
@@ -354,15 +391,16 @@ fn released(skb: u64) -> Result<()> {
     let taken = *stash;
     stash.skb = 0;
     // The release tracepoints fire before the skb is freed.
-    settle(&taken, true)
+    settle(&taken, Some(KPtr(taken.skb)))
 }
 
 /// Attributes the counter deltas since `stash` to its listener. `alive`: the stash's skb
-/// is not freed yet, so a dropped segment's attempt can be read from its headers.
+/// if it is not freed yet, so that a dropped segment's attempt can be read from its
+/// headers.
 #[inline(always)]
-fn settle(stash: &SynStash, alive: bool) -> Result<()> {
+fn settle<K: Kmem>(stash: &SynStash, alive: Option<K>) -> Result<()> {
     let mut now = [0u64; mib::COUNT];
-    read_mib(KPtr(stash.net), &mut now)?;
+    read_mib(KPtr(stash.mib_at), stash.kind, &mut now)?;
     let d = |i: usize| now[i].wrapping_sub(stash.mib[i]);
     let (overflows, drops, qfull, cookies) = (
         d(mib::LISTEN_OVERFLOWS),
@@ -375,11 +413,14 @@ fn settle(stash: &SynStash, alive: bool) -> Result<()> {
     // segment changed neither queue (whatever filled them was observed when it was
     // processed, and accept() observes them too), so a flood of drops skips this.
     if drops | overflows | qfull == 0 {
-        let _ = listener::observe_queues(KPtr(stash.sk), stash.ino);
+        let _ = listener::observe_queues(KPtr(stash.sk), stash.ino, listener::now());
     }
     let kind = stash.kind;
-    if drops != 0 && alive && (kind == segment_kind::SYN || kind == segment_kind::ACK) {
-        let _ = impact::dropped(KPtr(stash.sk), stash.ino, stash.net, KPtr(stash.skb), kind);
+    if let Some(skb) = alive
+        && drops != 0
+        && (kind == segment_kind::SYN || kind == segment_kind::ACK)
+    {
+        let _ = impact::dropped(KPtr(stash.sk), stash.ino, stash.net, skb, kind);
     }
     if kind != segment_kind::SYN && overflows | drops | qfull | cookies == 0 {
         return Ok(());

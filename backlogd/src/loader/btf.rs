@@ -228,6 +228,14 @@ impl KernelBtf {
             compat_mask: COMPAT_FLAG.3,
             skb_network_header: f("sk_buff", "network_header", 2)?,
             tcp_rcv_nxt: f("tcp_sock", "rcv_nxt", 4)?,
+            socket_file: f("socket", "file", 8)?,
+            file_inode: f("file", "f_inode", 8)?,
+            inode_ino: f("inode", "i_ino", 8)?,
+            // A u8 on older kernels, a u16 on newer ones (6.18; the AccECN flag is bit 8):
+            // the programs read the first byte, which holds FIN to CWR on little-endian
+            // machines.
+            skb_tcp_flags: self.offset_of("sk_buff", "cb", None)?
+                + f("tcp_skb_cb", "tcp_flags", 1).or_else(|_| f("tcp_skb_cb", "tcp_flags", 2))?,
             // Which functions is the hook table's business: the loader fills these in
             // with `fexit_ret_slot`.
             ret_slot: [0; fexit_ret::COUNT],

@@ -2,18 +2,21 @@
 //! [`for_mode`]'s list in order (`attach.rs` knows how); why each hook was chosen is in
 //! the eBPF crate's module docs and docs/hook-modes.md.
 //!
-//! Listeners closing and SYN-ACK retransmits use tracepoints every kernel has, in every
-//! mode: `inet_sock_set_state` and `tcp_retransmit_synack` as raw tracepoints. listen(2),
-//! the SYN path and the accept queue depend on the mode:
+//! SYN-ACK retransmits use a tracepoint every kernel has, in every mode:
+//! `tcp_retransmit_synack` as a raw tracepoint. listen(2), listeners closing, the SYN path
+//! and the accept queue depend on the mode:
 //! - fentry: fentry/fexit on tcp_conn_request, tcp_check_req, tcp_get_cookie_sock,
-//!   tcp_req_err, inet_csk_reqsk_queue_add and inet_csk_accept, and an fexit on the
-//!   listen(2) syscall itself: no syscall tracepoint, so other syscalls keep the kernel's
-//!   fast path;
-//! - kprobe: kprobes/kretprobes on the same functions, and listen(2) and accept() at the
-//!   `sys_exit` tracepoint (tp_btf);
+//!   tcp_req_err, inet_csk_reqsk_queue_add and inet_csk_accept, an fexit on the listen(2)
+//!   syscall itself, and an fentry on inet_csk_listen_stop for a listener closing: no
+//!   syscall tracepoint, so other syscalls keep the kernel's fast path, and no program on
+//!   `inet_sock_set_state`, which fires six times per handshake;
+//! - kprobe: kprobes/kretprobes on the same functions, listen(2) and accept() at the
+//!   `sys_exit` tracepoint (tp_btf), listeners closing at `inet_sock_set_state` (raw
+//!   tracepoint: a kprobe on inet_csk_listen_stop would be subject to `bpf_prog_active`);
 //! - tracepoint: a cgroup_skb ingress program on the cgroup v2 root plus skb-release
 //!   tp_btf hooks (backlogd-ebpf/src/syn.rs), listen(2) and accept() at the `sys_exit`
-//!   tracepoint (tp_btf); the enqueue comes from `inet_sock_set_state` inside the listener's window.
+//!   tracepoint (tp_btf); the enqueue and listeners closing come from `inet_sock_set_state`
+//!   (raw tracepoint), the enqueue inside the listener's window.
 //!
 //! No classic tracepoint: a classic-tracepoint or kprobe program is skipped whenever the
 //! kernel's per-CPU guard `bpf_prog_active` is held on its CPU, by another such program or
@@ -68,17 +71,18 @@ impl Hook {
     }
 }
 
-/// Every mode: listeners closing, SYN-ACK retransmits.
-const COMMON: &[Hook] = &[
-    Hook::RawTracepoint {
-        program: p::LISTENER_STATE,
-        tracepoint: "inet_sock_set_state",
-    },
-    Hook::RawTracepoint {
-        program: p::SYNACK_RETRANSMIT,
-        tracepoint: "tcp_retransmit_synack",
-    },
-];
+/// Every mode: SYN-ACK retransmits.
+const COMMON: &[Hook] = &[Hook::RawTracepoint {
+    program: p::SYNACK_RETRANSMIT,
+    tracepoint: "tcp_retransmit_synack",
+}];
+
+/// kprobe and tracepoint modes: TCP state changes (listeners closing; in tracepoint mode
+/// also the enqueue, `syn::child_cloned` / `syn::handshake_completed`).
+const STATE_CHANGES: &[Hook] = &[Hook::RawTracepoint {
+    program: p::LISTENER_STATE,
+    tracepoint: "inet_sock_set_state",
+}];
 
 /// listen(2), accept() and accept4() returning, in kprobe and tracepoint modes: the
 /// `sys_exit` tracepoint as tp_btf, at the price of a run per syscall
@@ -153,6 +157,10 @@ const FENTRY: &[Hook] = &[
         program: p::INET_CSK_ACCEPT_EXIT,
         function: "inet_csk_accept",
     },
+    Hook::Fentry {
+        program: p::LISTEN_STOP_ENTER,
+        function: "inet_csk_listen_stop",
+    },
 ];
 
 const KPROBE: &[Hook] = &[
@@ -216,10 +224,12 @@ pub fn for_mode(mode: HookMode) -> Vec<Hook> {
     match mode {
         HookMode::Fentry => hooks.extend_from_slice(FENTRY),
         HookMode::Kprobe => {
+            hooks.extend_from_slice(STATE_CHANGES);
             hooks.extend_from_slice(SYSCALLS);
             hooks.extend_from_slice(KPROBE);
         }
         HookMode::Tracepoint => {
+            hooks.extend_from_slice(STATE_CHANGES);
             hooks.extend_from_slice(SYSCALLS);
             hooks.extend_from_slice(TRACEPOINT_SYN);
         }

@@ -73,9 +73,11 @@ pub fn run(opts: &Options) -> Result<()> {
         );
     }
     crate::cargo(&["build", "--release", "--package", "backlogd"])?;
+    // What was built, now: the tree may change while the guest runs (a long bench).
+    let built = described_commit();
     crate::cargo(&["build", "--release", "--package", "xtask"])?;
     if opts.kernel == "host" {
-        return on_host(opts, &modes);
+        return on_host(opts, &modes, &built);
     }
     let Some(spec) = vm::KERNELS.iter().find(|k| k.label == opts.kernel) else {
         let known: Vec<&str> = vm::KERNELS.iter().map(|k| k.label).collect();
@@ -135,7 +137,7 @@ pub fn run(opts: &Options) -> Result<()> {
     }
     let lines = cost_table::parse_console(&console);
     let clock = format!(
-        "backlogd {{commit}} on Debian's {} under `qemu-system-x86_64 -icount \
+        "backlogd {built} on Debian's {} under `qemu-system-x86_64 -icount \
          shift=0,sleep=off -accel tcg,thread=single -cpu max -smp 1` (the guest's clock counts \
          its instructions, user and kernel)",
         kernel.package
@@ -146,7 +148,7 @@ pub fn run(opts: &Options) -> Result<()> {
 
 /// `--guest host`: the guest side run here, mode after mode, in real time (in a network
 /// namespace of its own; `guest_loops::in_guest`).
-fn on_host(opts: &Options, modes: &[&str]) -> Result<()> {
+fn on_host(opts: &Options, modes: &[&str], built: &str) -> Result<()> {
     let started = Instant::now();
     let runs = 2 * opts.pairs.max(1) + 1;
     let mut console = String::new();
@@ -182,7 +184,7 @@ fn on_host(opts: &Options, modes: &[&str]) -> Result<()> {
     }
     let lines = cost_table::parse_console(&console);
     let clock = format!(
-        "backlogd {{commit}} on this host (kernel {}), in a network namespace of its own; \
+        "backlogd {built} on this host (kernel {}), in a network namespace of its own; \
          the clock is real time (ns), with whatever else ran on the machine",
         std::fs::read_to_string("/proc/sys/kernel/osrelease")
             .unwrap_or_default()
@@ -319,14 +321,20 @@ fn boot(vmlinuz: &std::path::Path, initrd: &std::path::Path, log: &std::path::Pa
     }
 }
 
-/// `clock`: what ran where, with `{commit}` for the commit.
-fn report(opts: &Options, clock: &str, lines: &[Line], notes: &[String], took: Duration) -> String {
-    let commit = output(
+/// The checkout's commit, `-dirty` with uncommitted changes.
+fn described_commit() -> String {
+    output(
         Command::new("git")
             .args(["describe", "--always", "--dirty"])
             .current_dir(crate::workspace_root()),
     )
-    .unwrap_or_default();
+    .unwrap_or_default()
+    .trim()
+    .to_owned()
+}
+
+/// `clock`: what ran where, and which commit's build.
+fn report(opts: &Options, clock: &str, lines: &[Line], notes: &[String], took: Duration) -> String {
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
         .and_then(|c| {
@@ -349,7 +357,7 @@ fn report(opts: &Options, clock: &str, lines: &[Line], notes: &[String], took: D
          loop starts after {} s of idle guest time. The whole boot took {:.0} s.\n\n",
         opts.kernel,
         if opts.quick { " --quick" } else { "" },
-        clock.replace("{commit}", commit.trim()),
+        clock,
         opts.pairs,
         guest_loops::SETTLE.as_secs_f64(),
         took.as_secs_f64()
