@@ -31,6 +31,25 @@ fn program(l: &ListenerSnapshot) -> Option<&'static programs::Program> {
         .and_then(|k| programs::by_id(&k.program))
 }
 
+/// A `backlog_clamped` warning about `l`.
+fn clamped_finding(
+    l: &ListenerSnapshot,
+    summary: String,
+    evidence: Vec<String>,
+    remedy: String,
+) -> Finding {
+    Finding {
+        severity: Severity::Warning,
+        kind: FindingKind::BacklogClamped,
+        subject: subject(l),
+        summary,
+        evidence,
+        remedy,
+        client_impact: None,
+        recent_client_impact: None,
+    }
+}
+
 /// `backlog_clamped`: granted less than it asked for (seen), or than its program asks for.
 pub fn clamped(l: &ListenerSnapshot, cx: &Context<'_>) -> Option<Finding> {
     let granted = l.listener.granted;
@@ -40,22 +59,18 @@ pub fn clamped(l: &ListenerSnapshot, cx: &Context<'_>) -> Option<Finding> {
     match &l.request {
         Request::Seen { backlog } => {
             let wanted = l.request.wanted().filter(|&w| w > granted)?;
-            Some(Finding {
-                severity: Severity::Warning,
-                kind: FindingKind::BacklogClamped,
-                subject: subject(l),
-                summary: format!(
+            Some(clamped_finding(
+                l,
+                format!(
                     "{comm} asked for backlog {backlog} on {}, the kernel granted {granted}",
                     at()
                 ),
-                evidence: vec![
+                vec![
                     format!("listen() backlog {backlog}, sk_max_ack_backlog {granted}"),
                     somaxconn_line(l, ns),
                 ],
-                remedy: remedy(wanted, l, ns, program(l)),
-                client_impact: None,
-                recent_client_impact: None,
-            })
+                remedy(wanted, l, ns, program(l)),
+            ))
         }
         Request::Program {
             program: id,
@@ -77,20 +92,16 @@ pub fn clamped(l: &ListenerSnapshot, cx: &Context<'_>) -> Option<Finding> {
                 somaxconn_line(l, ns),
             ];
             evidence.extend(raised(l, ns));
-            Some(Finding {
-                severity: Severity::Warning,
-                kind: FindingKind::BacklogClamped,
-                subject: subject(l),
-                summary: format!(
+            Some(clamped_finding(
+                l,
+                format!(
                     "{comm} asks for backlog {backlog}{unless} on {}, the kernel granted \
                      {granted}",
                     at()
                 ),
                 evidence,
-                remedy: remedy(wanted, l, ns, program(l)),
-                client_impact: None,
-                recent_client_impact: None,
-            })
+                remedy(wanted, l, ns, program(l)),
+            ))
         }
         // It asks for somaxconn, which was what it got when it listened: a namespace whose
         // somaxconn is above that now was raised since, and the socket kept the old one.
@@ -107,18 +118,16 @@ pub fn clamped(l: &ListenerSnapshot, cx: &Context<'_>) -> Option<Finding> {
                 somaxconn_line(l, ns),
             ];
             evidence.extend(raised(l, ns));
-            Some(Finding {
-                severity: Severity::Warning,
-                kind: FindingKind::BacklogClamped,
-                subject: subject(l),
-                summary: format!(
+            Some(clamped_finding(
+                l,
+                format!(
                     "{comm} asks for net.core.somaxconn on {}, {now} now, and holds the \
                      {granted} it was granted before it was raised: it must call listen() \
                      again to get {now}",
                     at()
                 ),
                 evidence,
-                remedy: format!(
+                format!(
                     "net.core.somaxconn was raised to {now} after {comm} listened: {}{}",
                     reopen(l, program(l)),
                     program(l).map_or(String::new(), |p| format!(
@@ -126,9 +135,7 @@ pub fn clamped(l: &ListenerSnapshot, cx: &Context<'_>) -> Option<Finding> {
                         p.id, p.knob
                     ))
                 ),
-                client_impact: None,
-                recent_client_impact: None,
-            })
+            ))
         }
         Request::AtLeast { .. } | Request::Unknown => None,
     }
