@@ -289,36 +289,22 @@ fn boot(vmlinuz: &std::path::Path, initrd: &std::path::Path, log: &std::path::Pa
         }
         Ok(())
     });
-    loop {
-        if let Some(status) = child.try_wait()? {
-            let _ = reader.join();
-            if !status.success() {
-                bail!("qemu exited with {status}");
-            }
-            return Ok(());
+    // The kernel not reaching its init within BOOT_LIMIT: a hang (`-smp 2` under -icount
+    // hangs bringing up the second CPU), reported with the console's last lines.
+    let hung = || {
+        if booted.load(Ordering::Relaxed) || started.elapsed() <= BOOT_LIMIT {
+            return None;
         }
-        let hung = !booted.load(Ordering::Relaxed) && started.elapsed() > BOOT_LIMIT;
-        if hung || started.elapsed() > GUEST_LIMIT {
-            let _ = child.kill();
-            let _ = child.wait();
-            let _ = reader.join();
-            let last = std::fs::read_to_string(log).unwrap_or_default();
-            let tail: Vec<&str> = last.lines().rev().take(5).collect();
-            if hung {
-                bail!(
-                    "the kernel did not boot to its init within {} s under -icount with one \
-                     vCPU (killed); last console lines: {}",
-                    BOOT_LIMIT.as_secs(),
-                    tail.into_iter().rev().collect::<Vec<_>>().join(" / ")
-                );
-            }
-            bail!(
-                "the guest did not power off within {} s and was killed",
-                GUEST_LIMIT.as_secs()
-            );
-        }
-        thread::sleep(Duration::from_millis(200));
-    }
+        let last = std::fs::read_to_string(log).unwrap_or_default();
+        let tail: Vec<&str> = last.lines().rev().take(5).collect();
+        Some(format!(
+            "the kernel did not boot to its init within {} s under -icount with one vCPU \
+             (killed); last console lines: {}",
+            BOOT_LIMIT.as_secs(),
+            tail.into_iter().rev().collect::<Vec<_>>().join(" / ")
+        ))
+    };
+    vm::wait_for_qemu(&mut child, reader, started + GUEST_LIMIT, GUEST_LIMIT, hung)
 }
 
 /// The checkout's commit, `-dirty` with uncommitted changes.

@@ -223,6 +223,7 @@ fn boot(rootfs: &rootfs::Rootfs, payload: &Path, log: &Path) -> Result<()> {
         reader,
         Instant::now() + GUEST_TIMEOUT,
         GUEST_TIMEOUT,
+        || None,
     )
 }
 

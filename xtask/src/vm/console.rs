@@ -179,16 +179,18 @@ pub(super) fn boot(kernel: &Kernel, initrd: &Path, log: &Path, limit: Duration) 
         }
         Ok(())
     });
-    wait_for_qemu(&mut child, reader, deadline, limit)
+    wait_for_qemu(&mut child, reader, deadline, limit, || None)
 }
 
-/// Waits for qemu to exit (the guest powers off), killing it at `deadline`; `reader` is
-/// the thread copying its console, joined either way.
+/// Waits for qemu to exit (the guest powers off), killing it at `deadline` or as soon as
+/// `hung` names a reason (checked every 200 ms; the error is that reason); `reader` is the
+/// thread copying its console, joined either way.
 pub(crate) fn wait_for_qemu(
     child: &mut std::process::Child,
     reader: std::thread::JoinHandle<std::io::Result<()>>,
     deadline: Instant,
     limit: Duration,
+    hung: impl Fn() -> Option<String>,
 ) -> Result<()> {
     loop {
         if let Some(status) = child.try_wait()? {
@@ -198,13 +200,17 @@ pub(crate) fn wait_for_qemu(
             }
             return Ok(());
         }
-        if Instant::now() > deadline {
+        let why = hung();
+        if why.is_some() || Instant::now() > deadline {
             let _ = child.kill();
             let _ = child.wait();
             let _ = reader.join();
             bail!(
-                "the guest did not power off within {} s and was killed",
-                limit.as_secs()
+                "{}",
+                why.unwrap_or_else(|| format!(
+                    "the guest did not power off within {} s and was killed",
+                    limit.as_secs()
+                ))
             );
         }
         std::thread::sleep(Duration::from_millis(200));
