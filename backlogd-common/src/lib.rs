@@ -279,7 +279,9 @@ pub struct SynStash {
     pub child: u64,
     /// [`segment_kind`].
     pub kind: u32,
-    pub _pad: u32,
+    /// Tracepoint mode: non-zero once a child queued in this window had the queues
+    /// observed, so the window's settle need not observe them again.
+    pub observed: u32,
     /// Address of this CPU's copy of the netns's `linux_mib` counters: the window closes on
     /// the CPU it opened on, so the exit reads the counters without finding them again.
     pub mib_at: u64,

@@ -122,6 +122,7 @@ pub(crate) fn child_cloned(child: KPtr) -> Result<()> {
         return Ok(());
     }
     if stash.kind == segment_kind::SYN {
+        stash.observed = 1;
         crate::accept::enqueued(KPtr(stash.sk), stash.ino, child)
     } else {
         stash.child = child.0;
@@ -144,6 +145,7 @@ pub(crate) fn handshake_completed(child: KPtr) -> Result<()> {
         return Ok(());
     }
     stash.child = 0;
+    stash.observed = 1;
     // The ACK's skb is alive: this runs inside its processing.
     let _ = impact::completed(KPtr(stash.sk), stash.ino, stash.net, KPtr(stash.skb), child);
     crate::accept::enqueued(KPtr(stash.sk), stash.ino, child)
@@ -300,7 +302,7 @@ fn open_window<K: Kmem>(sk: K, skb: u64, ino: u64, kind: u32) -> Result<SynStash
         ino,
         child: 0,
         kind,
-        _pad: 0,
+        observed: 0,
         mib_at: percpu.wrapping_add(cpu_area_offset()?),
         mib: [0; mib::COUNT],
     };
@@ -417,7 +419,9 @@ fn settle<K: Kmem>(stash: &SynStash, alive: Option<K>) -> Result<()> {
     // peak), a final ACK moved a child to the accept queue (accept-queue peak). A dropped
     // segment changed neither queue (whatever filled them was observed when it was
     // processed, and accept() observes them too), so a flood of drops skips this.
-    if drops | overflows | qfull == 0 {
+    // (Tracepoint mode: unless a child queued in the window had them observed already,
+    // after its queueing, which is the last change to the queues the segment makes.)
+    if drops | overflows | qfull == 0 && stash.observed == 0 {
         let _ = listener::observe_queues(KPtr(stash.sk), stash.ino, listener::now());
     }
     let kind = stash.kind;
