@@ -459,6 +459,10 @@ pub struct KernelOffsets {
     /// `TCP_SKB_CB(skb)->tcp_flags`: `struct sk_buff`'s `cb` plus `struct tcp_skb_cb`'s
     /// `tcp_flags`, which `tcp_v{4,6}_rcv` fill in before `tcp_check_req`.
     pub skb_tcp_flags: u32,
+    /// `struct inode`'s `i_mode` (a u16): the scan tells a socket's file by `S_IFSOCK`.
+    pub inode_mode: u32,
+    /// `struct task_struct`'s `tgid`: the process holding a listener the scan found.
+    pub task_tgid: u32,
     /// fexit programs: the u64 slot of the context that holds the traced function's
     /// return value, by [`fexit_ret`] index. A trampoline passes the function's arguments
     /// first and its return value next, and the number of arguments differs between
@@ -466,8 +470,36 @@ pub struct KernelOffsets {
     pub ret_slot: [u32; fexit_ret::COUNT],
 }
 
+/// One TCP listener as the scan iterator (`backlogd-ebpf/src/scan.rs`) found it, read
+/// from the kernel's socket at the moment of the pass: one record per file descriptor
+/// that holds it (a listener shared by several processes comes once per holder).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ScannedListener {
+    /// Socket inode, the key every other map uses.
+    pub ino: u64,
+    /// `net->ns.inum` of the listener's network namespace.
+    pub netns: u32,
+    /// Process (thread group) holding the descriptor.
+    pub tgid: u32,
+    /// `sk_ack_backlog`: connections waiting for accept().
+    pub accept_queue: u32,
+    /// `sk_max_ack_backlog`: the backlog the kernel granted.
+    pub accept_capacity: u32,
+    /// `icsk_accept_queue.qlen`: requests waiting for their handshake's final ACK.
+    pub syn_queue: u32,
+    /// `AF_INET` or `AF_INET6`.
+    pub family: u16,
+    /// Local port, host byte order.
+    pub port: u16,
+    /// Local address: 4 bytes and zeros for IPv4, 16 for IPv6.
+    pub addr: [u8; 16],
+}
+
 #[cfg(feature = "user")]
 mod user {
+    // SAFETY: as below.
+    unsafe impl aya::Pod for super::ScannedListener {}
     // SAFETY: plain-old-data: repr(C), integer fields only, explicit padding.
     unsafe impl aya::Pod for super::ListenerEvent {}
     // SAFETY: as above.

@@ -312,3 +312,12 @@ mod tests {
         assert!(!figure::feeds(program::SYN_CONSUMED, "no such figure"));
     }
 }
+
+/// The scan object (`backlogd-ebpf/src/scan.rs`): a second, map-free object, so that a
+/// daemon that adopted pinned programs, or any hook mode, can still load it.
+pub mod scan {
+    /// Its one program, an `iter/task_file` iterator.
+    pub const PROGRAM: &str = "listeners";
+    /// The kernel's iterator it walks with (`bpf_iter_<this>`).
+    pub const ITERATOR: &str = "task_file";
+}

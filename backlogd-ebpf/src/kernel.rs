@@ -48,6 +48,8 @@ static OFFSETS: KernelOffsets = KernelOffsets {
     file_inode: 0,
     inode_ino: 0,
     skb_tcp_flags: 0,
+    inode_mode: 0,
+    task_tgid: 0,
     ret_slot: [0; fexit_ret::COUNT],
 };
 

@@ -26,6 +26,10 @@ pub struct Snapshot {
     /// What the listeners' `recent_impact` covers (absent from older daemons).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub impact_window: Option<ImpactWindow>,
+    /// Seconds since the scan pass that read each listener's `queues.syn_depth`; absent
+    /// where no pass ran (a kernel without BPF iterators, an older daemon).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub syn_queue_read_age_seconds: Option<f64>,
     /// Listen sysctls of each namespace that has listeners.
     pub namespaces: Vec<NamespaceSnapshot>,
 }
@@ -514,6 +518,7 @@ pub mod fixtures {
             stats_full: 0,
             listeners,
             impact_window: None,
+            syn_queue_read_age_seconds: None,
             namespaces,
         }
     }

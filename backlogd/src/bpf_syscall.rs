@@ -18,7 +18,9 @@ use aya::Pod;
 const BPF_OBJ_PIN: libc::c_long = 6;
 const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
 const BPF_LINK_CREATE: libc::c_long = 28;
+const BPF_ITER_CREATE: libc::c_long = 33;
 const BPF_CGROUP_INET_INGRESS: u32 = 0;
+const BPF_TRACE_ITER: u32 = 28;
 
 /// `bpf(cmd, attr, sizeof attr)`: the return value, or the errno as an error.
 ///
@@ -67,6 +69,45 @@ pub fn link_cgroup_ingress(prog: BorrowedFd<'_>, cgroup: BorrowedFd<'_>) -> io::
     let fd = unsafe { bpf(BPF_LINK_CREATE, &mut attr) }?;
     // SAFETY: the kernel just returned this fd and nothing else owns it.
     Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// BPF_LINK_CREATE of an iterator link of `prog` (an `iter/` tracing program that takes
+/// no parameters, such as `task_file`): the link fd, from which
+/// [`iter_create`] opens each pass.
+pub fn link_iterator(prog: BorrowedFd<'_>) -> io::Result<OwnedFd> {
+    let mut attr = LinkCreateAttr {
+        prog_fd: prog.as_raw_fd() as u32,
+        attach_type: BPF_TRACE_ITER,
+        ..Default::default()
+    };
+    // SAFETY: as in `link_cgroup_ingress`; the zero tail is a NULL `iter_info` of length
+    // 0, what an iterator without parameters takes.
+    let fd = unsafe { bpf(BPF_LINK_CREATE, &mut attr) }?;
+    // SAFETY: the kernel just returned this fd and nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// The BPF_ITER_CREATE member of `union bpf_attr`.
+#[repr(C)]
+struct IterCreateAttr {
+    link_fd: u32,
+    flags: u32,
+}
+
+/// BPF_ITER_CREATE: a new pass of iterator link `link`, as a file whose reads run the
+/// program over the kernel's objects. No capability beyond bpf(2) access: the running
+/// daemon opens one per scan after it has dropped the loading ones.
+pub fn iter_create(link: BorrowedFd<'_>) -> io::Result<std::fs::File> {
+    let mut attr = IterCreateAttr {
+        link_fd: link.as_raw_fd() as u32,
+        flags: 0,
+    };
+    // SAFETY: IterCreateAttr is the BPF_ITER_CREATE member of bpf_attr; no pointers.
+    let fd = unsafe { bpf(BPF_ITER_CREATE, &mut attr) }?;
+    // SAFETY: the kernel just returned this fd and nothing else owns it.
+    Ok(std::fs::File::from(unsafe {
+        OwnedFd::from_raw_fd(fd as i32)
+    }))
 }
 
 /// The BPF_OBJ_* member of `union bpf_attr`.

@@ -58,6 +58,17 @@ pub struct QueueFigures {
     pub accept_max: u32,
     /// Highest SYN-queue length over the window: pending handshakes (request sockets).
     pub syn_max: u32,
+    /// SYN-queue length now, as the last scan pass read it (see [`QueueWindows::scanned_at`]
+    /// for when); `None` where no pass found the listener or none ran.
+    #[serde(default)]
+    pub syn_depth: Option<u32>,
+}
+
+/// When a scan pass ran (its end) and how long it took.
+#[derive(Debug, Clone, Copy)]
+pub struct ScanPass {
+    pub at: Instant,
+    pub took: Duration,
 }
 
 #[derive(Debug)]
@@ -66,6 +77,9 @@ pub struct QueueWindows {
     samples: HashMap<u64, VecDeque<(Instant, u32, u32)>>,
     /// The epoch the kernel side is tagging observations with now.
     epoch: u32,
+    /// The last scan pass: when it ran, how long it took, and each listener's SYN-queue
+    /// length then.
+    scan: Option<(ScanPass, HashMap<u64, u32>)>,
 }
 
 impl QueueWindows {
@@ -74,7 +88,24 @@ impl QueueWindows {
             window,
             samples: HashMap::new(),
             epoch: FIRST_EPOCH,
+            scan: None,
         }
+    }
+
+    /// A scan pass read these SYN-queue lengths (by socket inode). Each joins its
+    /// listener's newest sample, so the window's peak holds what the passes saw too.
+    pub fn record_scan(&mut self, syn: HashMap<u64, u32>, pass: ScanPass) {
+        for (ino, now) in &syn {
+            if let Some(newest) = self.samples.get_mut(ino).and_then(|q| q.back_mut()) {
+                newest.2 = newest.2.max(*now);
+            }
+        }
+        self.scan = Some((pass, syn));
+    }
+
+    /// The last scan pass, if one ran.
+    pub fn last_scan(&self) -> Option<ScanPass> {
+        self.scan.as_ref().map(|(pass, _)| *pass)
     }
 
     /// Changes the window (config reload); samples older than the new window age out at
@@ -142,10 +173,17 @@ impl QueueWindows {
             accept_max = accept_max.max(*a);
             syn_max = syn_max.max(*s);
         }
+        let syn_depth = self
+            .scan
+            .as_ref()
+            .and_then(|(_, syn)| syn.get(&ino).copied());
         QueueFigures {
             accept_depth: current.accept_depth.max(seed),
             accept_max,
-            syn_max,
+            // A queue the pass saw is part of the window too (one that filled before the
+            // daemon started, or between observations by timeouts alone, cannot grow).
+            syn_max: syn_max.max(syn_depth.unwrap_or(0)),
+            syn_depth,
         }
     }
 }
@@ -187,7 +225,8 @@ mod tests {
             QueueFigures {
                 accept_depth: 3,
                 accept_max: 7,
-                syn_max: 2
+                syn_max: 2,
+                syn_depth: None,
             }
         );
     }
@@ -207,6 +246,36 @@ mod tests {
         let f = w.figures(1, Some(observed), Some(9));
         assert_eq!((f.accept_depth, f.accept_max), (2, 5));
         assert_eq!(w.figures(1, None, None), QueueFigures::default());
+    }
+
+    #[test]
+    fn a_scanned_syn_queue_is_its_length_now_and_part_of_the_window() {
+        let mut w = QueueWindows::new(Duration::from_secs(15));
+        assert_eq!(w.figures(1, None, None).syn_depth, None, "no pass yet");
+        let observed = QueueState {
+            syn_hwm: 4,
+            observed_ns: 1,
+            ..Default::default()
+        };
+        w.record_scan([(1, 6), (2, 0)].into_iter().collect(), pass());
+        let f = w.figures(1, Some(observed), None);
+        assert_eq!((f.syn_depth, f.syn_max), (Some(6), 6));
+        assert_eq!(w.figures(2, None, None).syn_depth, Some(0));
+        assert_eq!(w.figures(3, None, None).syn_depth, None, "not in the pass");
+        assert!(w.last_scan().is_some());
+        // Sampled, then a pass: its length stays in the window after the next pass.
+        w.record(1, observed, Instant::now());
+        w.record_scan([(1, 9)].into_iter().collect(), pass());
+        w.record_scan([(1, 0)].into_iter().collect(), pass());
+        let f = w.figures(1, Some(observed), None);
+        assert_eq!((f.syn_depth, f.syn_max), (Some(0), 9));
+    }
+
+    fn pass() -> ScanPass {
+        ScanPass {
+            at: Instant::now(),
+            took: Duration::from_millis(1),
+        }
     }
 
     fn cpu(depth: u32, hwm: u32, syn: u32, epoch: u32, at: u64) -> QueueState {

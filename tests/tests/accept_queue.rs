@@ -1,5 +1,6 @@
 //! The accept queue: depth, peak, queued/accepted counts and accept wait, against the
-//! kernel's queue (sock_diag Recv-Q) and the application's own accept() calls.
+//! kernel's queue (sock_diag Recv-Q) and the application's own accept() calls; and the
+//! SYN queue's length now, against the SYN-RECV requests the kernel lists.
 
 use std::time::{Duration, Instant};
 
@@ -7,7 +8,7 @@ use backlogd_tests::{
     Daemon, Exact, Netns, Scrape,
     daemon::run_to_end,
     kernel::{tcp_ext, wait_for_rise},
-    sockets::{Listener, kernel_queue, pending_request_peers, wait_for_queue},
+    sockets::{Listener, connect_burst, kernel_queue, pending_request_peers, wait_for_queue},
     tempdir::TempDir,
 };
 
@@ -369,4 +370,94 @@ fn fast_open_children_are_queued_once_at_the_syn() {
             CLIENTS as u64,
         );
     exact.verify();
+}
+
+/// Waits for a scan pass that began after `since` (its age is younger than the time
+/// since then) and returns that scrape.
+fn scrape_after(daemon: &Daemon, since: Instant) -> Scrape {
+    daemon.wait_for("a scan pass after the kernel's figure was read", |s| {
+        let age = s.value("backlogd_syn_queue_read_age_seconds", &[])?;
+        (age < since.elapsed().as_secs_f64()).then(|| s.clone())
+    })
+}
+
+/// The SYN queue's length now: requests held at their final ACK (every pure ACK and data
+/// segment to the namespace dropped), read by the scan pass, against the SYN-RECV
+/// requests `ss` lists for the port, as the queue grows to 1, 5 and 20; then, the drops
+/// lifted and each client's first data completing its handshake, 0.
+fn syn_queue_now(bind: &str) {
+    let daemon = Daemon::start();
+    let ns = Netns::new();
+    // The held requests must outlive the test: SYN-ACK retransmits for minutes.
+    ns.sysctl("net.ipv4.tcp_synack_retries", "10");
+    let listener = Listener::open(&ns, bind, 64);
+    daemon.wait_for_listener(listener.inode);
+    let port = listener.addr.port();
+    let socket = listener.inode.to_string();
+    let syn_now = |scrape: &Scrape| {
+        scrape
+            .value("backlogd_listen_syn_queue_length", &[("socket", &socket)])
+            .unwrap_or_else(|| panic!("no SYN queue length for {socket}:\n{}", scrape.text))
+            as u64
+    };
+    ns.drop_incoming("ack");
+    let mut clients = Vec::new();
+    let mut exact = Exact::listener(&daemon, &ns, &listener);
+    for n in [1usize, 5, 20] {
+        clients.extend(connect_burst(&ns, listener.addr, n - clients.len()));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while pending_request_peers(&ns, port).len() != n {
+            assert!(Instant::now() < deadline, "{n} requests never pending");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let counted = Instant::now();
+        let scrape = scrape_after(&daemon, counted);
+        // Nothing completes or times out meanwhile: the kernel still lists n after.
+        let after = pending_request_peers(&ns, port).len();
+        exact
+            .evidence(
+                &format!("SYN-RECV requests (ss) before and after, {n} held"),
+                (n, after),
+            )
+            .eq(
+                &format!("SYN queue now vs SYN-RECV requests, {n} held"),
+                syn_now(&scrape),
+                after as u64,
+            );
+    }
+    ns.stop_dropping();
+    for c in &clients {
+        c.send(b"x").expect("a client's first data");
+    }
+    let queue = wait_for_queue(&ns, &listener, clients.len() as u64);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !pending_request_peers(&ns, port).is_empty() {
+        assert!(Instant::now() < deadline, "requests still pending");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let scrape = scrape_after(&daemon, Instant::now());
+    exact
+        .evidence("accept queue once the handshakes completed", &queue)
+        .eq(
+            "SYN queue now vs SYN-RECV requests, all completed",
+            syn_now(&scrape),
+            pending_request_peers(&ns, port).len() as u64,
+        )
+        .eq(
+            "SYN queue peak vs the most requests held",
+            value(&scrape, "backlogd_listen_syn_queue_max_length", &listener) as u64,
+            20,
+        );
+    drop(clients);
+    exact.verify();
+}
+
+#[test]
+fn syn_queue_length_now_equals_the_syn_recv_requests_ipv4() {
+    syn_queue_now("127.0.0.1:0");
+}
+
+#[test]
+fn syn_queue_length_now_equals_the_syn_recv_requests_ipv6() {
+    syn_queue_now("[::1]:0");
 }

@@ -87,6 +87,13 @@ pub fn run(config: RunConfig) -> anyhow::Result<()> {
         "probes attached: listener lifecycle via tracepoints; SYN path in {} mode",
         probes.mode.name()
     );
+    if let Err(reason) = &probes.scan {
+        tracing::warn!(
+            reason,
+            "no scan iterator: backlogd_listen_syn_queue_length (the SYN queues' length \
+             now) is not served; every other figure is"
+        );
+    }
     if config.drop_privileges {
         let kept = service::caps::drop_to_runtime_set()?;
         tracing::info!(
@@ -138,6 +145,7 @@ async fn serve(
         shared.clone(),
     ));
     let maps = Arc::new(Mutex::new(probes.maps));
+    let scan = probes.scan.ok();
     // Events are flowing, so a listener cannot slip between the scan and them; after this
     // first scan the table also holds what was listening before we started.
     rescans::rescan(&shared, &maps).await;
@@ -168,6 +176,7 @@ async fn serve(
         windows.clone(),
         live.recent.clone(),
         heartbeats.clone(),
+        scan,
         current.max_listeners,
         current.client_impact_horizon * 1_000_000_000,
     ));

@@ -80,10 +80,16 @@ pub fn syncookies(l: &ListenerSnapshot, _: &Context<'_>) -> Option<Finding> {
     })
 }
 
-/// The SYN queue's peak: pending handshakes (request sockets), one per connection attempt.
+/// The SYN queue's peak: pending handshakes (request sockets), one per connection
+/// attempt; and its length now where a scan pass read it.
 fn syn_queue_peak(l: &ListenerSnapshot) -> String {
+    let now = l
+        .queues
+        .syn_depth
+        .map(|n| format!(" ({n} now)"))
+        .unwrap_or_default();
     format!(
-        "SYN queue peak {} of limit {} pending handshakes",
+        "SYN queue peak {} of limit {} pending handshakes{now}",
         l.queues.syn_max, l.listener.granted
     )
 }

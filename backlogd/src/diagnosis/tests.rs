@@ -61,6 +61,7 @@ fn queues(depth: u32, accept_max: u32, syn_max: u32) -> QueueFigures {
         accept_depth: depth,
         accept_max,
         syn_max,
+        syn_depth: None,
     }
 }
 

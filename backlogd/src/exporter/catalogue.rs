@@ -182,6 +182,11 @@ catalogue! {
     ListenSynQueueMaxLength: "backlogd_listen_syn_queue_max_length", Gauge, Listener,
         "Highest SYN-queue length (pending handshakes) over the last --hwm-window seconds. \
          The SYN queue is full above backlogd_listen_backlog_granted.";
+    ListenSynQueueLength: "backlogd_listen_syn_queue_length", Gauge, Listener,
+        "Requests waiting for their handshake's final ACK now (icsk_accept_queue.qlen), \
+         read from the kernel's socket by a pass over every task's open files each second: \
+         as old as backlogd_syn_queue_read_age_seconds. Served for the listeners that pass \
+         found (held by a process of backlogd's PID namespace).";
     ListenAcceptWaitSeconds: "backlogd_listen_accept_wait_seconds", Histogram, Listener,
         "Time accepted connections waited on the accept queue, from handshake completion \
          to accept() returning.";
@@ -272,6 +277,12 @@ catalogue! {
     NetnsSynRetransmits: "backlogd_netns_syn_retransmits_total", Counter, Netns,
         "The network namespace's own TcpExt TCPSynRetrans counter (/proc/net/netstat), for \
          every namespace with listeners.";
+    SynQueueReadAge: "backlogd_syn_queue_read_age_seconds", Gauge, None,
+        "Seconds since the pass that read backlogd_listen_syn_queue_length (one a second). \
+         Absent where the kernel cannot run that pass (BPF iterators need Linux 5.8+).";
+    SynQueueReadDuration: "backlogd_syn_queue_read_duration_seconds", Gauge, None,
+        "Wall time of that pass: the kernel walking every task's open files (its CPU is \
+         the daemon's, as system time).";
     Listeners: "backlogd_listeners", Gauge, None,
         "Listening TCP sockets backlogd is tracking.";
     ListenerEventsLost: "backlogd_listener_events_lost_total", Counter, None,

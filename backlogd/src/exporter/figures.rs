@@ -10,7 +10,7 @@ use backlogd_common::ListenerStats;
 
 use crate::{
     api::{self, ListenerSnapshot, NamespaceSnapshot, Snapshot},
-    queues::QueueFigures,
+    queues::{QueueFigures, ScanPass},
     state::Live,
 };
 
@@ -38,6 +38,8 @@ pub struct Figures {
     pub stats: ByInode<ListenerStats>,
     /// Per-listener queue figures, by socket inode, for every listener of the table.
     pub queues: ByInode<QueueFigures>,
+    /// The scan pass that read the SYN queues' lengths now (`syn_depth`).
+    pub scan: Option<ScanPass>,
 }
 
 /// Reads the kernel maps and the high-water-mark windows once.
@@ -61,9 +63,10 @@ pub fn gather(live: &Live) -> Figures {
             maps.queue_states(epoch),
         )
     };
-    let queues = {
+    let (queues, scan) = {
         let windows = live.windows.lock().unwrap_or_else(|e| e.into_inner());
-        live.shared
+        let queues = live
+            .shared
             .listeners()
             .iter()
             .map(|l| {
@@ -73,7 +76,8 @@ pub fn gather(live: &Live) -> Figures {
                     windows.figures(l.inode, current, l.scanned_queue()),
                 )
             })
-            .collect()
+            .collect();
+        (queues, windows.last_scan())
     };
     Figures {
         events_lost,
@@ -81,6 +85,7 @@ pub fn gather(live: &Live) -> Figures {
         impact,
         stats,
         queues,
+        scan,
     }
 }
 
@@ -91,6 +96,7 @@ pub fn snapshot(live: &Live) -> Snapshot {
         stats_full,
         stats,
         queues,
+        scan,
         ..
     } = gather(live);
     // Before the table is locked: reading a namespace's sysctls may lock it too.
@@ -143,5 +149,6 @@ pub fn snapshot(live: &Live) -> Snapshot {
         stats_full,
         listeners,
         impact_window: recent.map(|r| r.window),
+        syn_queue_read_age_seconds: scan.map(|s| s.at.elapsed().as_secs_f64()),
     }
 }

@@ -236,6 +236,8 @@ impl KernelBtf {
             // machines.
             skb_tcp_flags: self.offset_of("sk_buff", "cb", None)?
                 + f("tcp_skb_cb", "tcp_flags", 1).or_else(|_| f("tcp_skb_cb", "tcp_flags", 2))?,
+            inode_mode: f("inode", "i_mode", 2)?,
+            task_tgid: f("task_struct", "tgid", 4)?,
             // Which functions is the hook table's business: the loader fills these in
             // with `fexit_ret_slot`.
             ret_slot: [0; fexit_ret::COUNT],

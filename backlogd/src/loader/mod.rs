@@ -11,6 +11,7 @@ mod hooks;
 pub mod modes;
 pub mod pins;
 pub mod privileges;
+pub mod scan;
 
 use std::path::{Path, PathBuf};
 
@@ -67,6 +68,8 @@ pub struct Probes {
     pub adopted: bool,
     /// The kernel state is pinned under pin_dir: it survives a restart of the daemon.
     pub pinned: bool,
+    /// The scan iterator, or why this kernel cannot have it.
+    pub scan: Result<scan::ScanIterator, String>,
 }
 
 /// Every loaded program that uses `stats`: backlogd's own, whether this process loaded
@@ -102,6 +105,20 @@ pub fn load(opts: &LoadOptions) -> Result<Probes, LoadError> {
         (modes::BtfFacts::of(&btf), offsets)
     };
     let kernel = KernelSupport::probe(facts);
+    // EbpfLoader::new() parses /sys/kernel/btf/vmlinux itself: drop each such parse at
+    // once and let the loaders use ours (which honours --btf) instead.
+    let mut loader = EbpfLoader::new();
+    loader.btf(None);
+    let mut scan_loader = EbpfLoader::new();
+    scan_loader.btf(None);
+    let kernel_btf = aya::Btf::parse_file(&opts.btf, aya::Endianness::default()).map_err(|e| {
+        BtfError::Unreadable {
+            path: opts.btf.clone(),
+            reason: e.to_string(),
+        }
+    })?;
+    let scan =
+        scan::ScanIterator::load(scan_loader, &kernel_btf, &offsets).map_err(|e| error_chain(&e));
     let pins = match &opts.pin_dir {
         // The maps' capacity is part of what a pinned state is: a daemon configured for
         // another one does not adopt it.
@@ -125,6 +142,7 @@ pub fn load(opts: &LoadOptions) -> Result<Probes, LoadError> {
         match adopt(pins, mode) {
             Ok(mut probes) => {
                 probes.kernel = kernel;
+                probes.scan = scan;
                 return Ok(probes);
             }
             Err(e) => {
@@ -139,16 +157,6 @@ pub fn load(opts: &LoadOptions) -> Result<Probes, LoadError> {
     }
     let mode = modes::choose(opts.hook_mode, kernel)?;
     tracing::debug!(?offsets, "kernel layout resolved");
-    // EbpfLoader::new() parses /sys/kernel/btf/vmlinux itself: drop that parse at once and
-    // let the loader use ours (which honours --btf) instead.
-    let mut loader = EbpfLoader::new();
-    loader.btf(None);
-    let kernel_btf = aya::Btf::parse_file(&opts.btf, aya::Endianness::default()).map_err(|e| {
-        BtfError::Unreadable {
-            path: opts.btf.clone(),
-            reason: e.to_string(),
-        }
-    })?;
     loader
         .btf(Some(&kernel_btf))
         .override_global(map::OFFSETS, &offsets, true)
@@ -181,6 +189,7 @@ pub fn load(opts: &LoadOptions) -> Result<Probes, LoadError> {
             Ok(mut probes) => {
                 probes.kernel = kernel;
                 probes.pinned = pins.is_some();
+                probes.scan = scan;
                 return Ok(probes);
             }
             Err(e) if attempts.peek().is_some() => {
@@ -274,6 +283,7 @@ fn adopt(pins: &PinDir, mode: HookMode) -> Result<Probes, LoadError> {
         kernel: KernelSupport::default(),
         adopted: true,
         pinned: true,
+        scan: Err(String::new()),
     };
     tracing::info!(
         mode = mode.name(),
@@ -344,6 +354,7 @@ fn load_mode(
         },
         adopted: false,
         pinned: false,
+        scan: Err(String::new()),
         mode,
         kernel: KernelSupport::default(),
         _ebpf: Some(ebpf),

@@ -5,6 +5,7 @@
 //! already listening when the daemon started, and repairs the table should an event ever
 //! be lost.
 
+pub mod iterator;
 pub mod netns;
 pub mod owners;
 pub mod sock_diag;

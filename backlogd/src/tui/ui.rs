@@ -170,7 +170,7 @@ impl Col {
             Col::Process => 16,
             Col::Backlog => 10,
             Col::Accept => 15,
-            Col::Synq => 5,
+            Col::Synq => 10,
             Col::Drops => 8,
             Col::Impact => 11,
             Col::Reasons => 18,
@@ -392,7 +392,7 @@ fn listener_cells(r: &Row) -> Cells {
                 plain
             },
         ),
-        (q.syn_max.to_string(), plain),
+        (syn_queue(q), plain),
         (rate(drops), if drops > 0.0 { alarm } else { plain }),
         (
             impact((delayed, abandoned)),
@@ -482,11 +482,14 @@ fn draw_detail(frame: &mut Frame, app: &App, area: Rect) {
                     }
                 )),
                 TextLine::raw(format!(
-                    "accept queue {}/{} connections (max {} in window)  SYN queue max {} \
-                     pending handshakes",
+                    "accept queue {}/{} connections (max {} in window)  SYN queue {} pending \
+                     handshakes (max {} in window)",
                     l.queues.accept_depth,
                     l.listener.granted,
                     l.queues.accept_max,
+                    l.queues
+                        .syn_depth
+                        .map_or_else(|| "-".to_owned(), |n| n.to_string()),
                     l.queues.syn_max
                 )),
                 TextLine::raw(format!(
@@ -574,7 +577,8 @@ fn draw_help(frame: &mut Frame, area: Rect) {
         ("", "within the horizon, per second"),
         ("COOKIE/s", "SYNs answered with a syncookie"),
         ("RTX/s", "SYN-ACKs retransmitted"),
-        ("SYNQ", "SYN-queue peak: pending handshakes"),
+        ("SYNQ", "pending handshakes now^peak"),
+        ("", "(^peak alone: no length now)"),
     ];
     let text: Vec<TextLine> = keys
         .iter()
@@ -587,13 +591,23 @@ fn draw_help(frame: &mut Frame, area: Rect) {
     );
 }
 
+/// The SYN-queue cell: its length now and its peak in the window (`^peak` alone where no
+/// scan pass found the listener).
+fn syn_queue(q: &crate::queues::QueueFigures) -> String {
+    match q.syn_depth {
+        // No space, unlike the accept queue's: the cell must fit beside it at 80 columns.
+        Some(now) => format!("{now}^{}", q.syn_max),
+        None => format!("^{}", q.syn_max),
+    }
+}
+
 /// The table as plain text, for `--once`.
 pub fn plain(app: &App) -> String {
     use std::fmt::Write as _;
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:<24} {:<18} {:>9} {:>13} {:>5} {:>8} {:>9} {:>9} {:>7} {:>13}  OWNER",
+        "{:<24} {:<18} {:>9} {:>13} {:>9} {:>8} {:>9} {:>9} {:>7} {:>13}  OWNER",
         "ADDRESS:PORT",
         "PROCESS",
         "BACKLOG",
@@ -610,7 +624,7 @@ pub fn plain(app: &App) -> String {
         let q = &r.l.queues;
         let _ = writeln!(
             out,
-            "{:<24} {:<18} {:>9} {:>13} {:>5} {:>8} {:>9} {:>9} {:>7} {:>13}  {}",
+            "{:<24} {:<18} {:>9} {:>13} {:>9} {:>8} {:>9} {:>9} {:>7} {:>13}  {}",
             format!("{}:{}", l.addr, l.port),
             format!("{}[{}]", l.comm, l.pid),
             format!(
@@ -620,7 +634,7 @@ pub fn plain(app: &App) -> String {
                 if r.clamped() { "!" } else { "" }
             ),
             format!("{}/{} ^{}", q.accept_depth, l.granted, q.accept_max),
-            q.syn_max,
+            syn_queue(q),
             rate(r.drops_total_per_s()),
             impact(r.impact_per_s()),
             rate(r.syncookies_per_s),
@@ -675,6 +689,7 @@ mod tests {
             accept_depth: 129,
             accept_max: 129,
             syn_max: 3,
+            syn_depth: Some(1),
         };
         busy[0].impact = fixtures::impact(10, 2, &[2, 9, 1], 3);
         busy[0].recent_impact = Some(fixtures::impact(4, 0, &[1, 3], 1));
@@ -793,7 +808,7 @@ mod tests {
         let screen = render(&app, 80, 24);
         assert_eq!(
             header_and_row(&screen, "0.0.0.0:80").1.trim_end(),
-            "0.0.0.0:80     nginx[101] 511/128 [####] 129/128 ^129 3    50      12/3.0"
+            "0.0.0.0:80     nginx[101] 511/128 [####] 129/128 ^129 1^3  50      12/3.0"
         );
         // With room, the other columns join in turn.
         let screen = render(&app, 120, 24);
@@ -805,7 +820,7 @@ mod tests {
         );
         assert_eq!(
             row.trim_end(),
-            "0.0.0.0:80     nginx[101] 511/128 [####] 129/128 ^129 3    50      12/3.0    \
+            "0.0.0.0:80     nginx[101] 511/128 [####] 129/128 ^129 1^3  50      12/3.0    \
              50/0/0/0        0        0     -/-"
         );
     }
@@ -818,6 +833,7 @@ mod tests {
             accept_depth: 4096,
             accept_max: 4097,
             syn_max: 4096,
+            syn_depth: Some(0),
         };
         let mut after = l.clone();
         after.impact = fixtures::impact(1000, 0, &[0, 1000], 0);
@@ -828,11 +844,11 @@ mod tests {
         let (header, row) = header_and_row(&screen, "255.255.255.255:65535");
         assert_eq!(
             header.trim_end(),
-            "ADDRESS:PORT          PROCESS   BACKLOG   ACCEPT QUEUE    SYNQ DROPS/s DLY/ABN/s"
+            "ADDRESS:PORT          PROCESS BACKLOG   ACCEPT QUEUE    SYNQ   DROPS/s DLY/ABN/s"
         );
         assert_eq!(
             row.trim_end(),
-            "255.255.255.255:65535 postgres- 4096/4096 4096/4096 ^4097 4096 0       1000/0"
+            "255.255.255.255:65535 postgre 4096/4096 4096/4096 ^4097 0^4096 0       1000/0"
         );
     }
 
@@ -860,12 +876,12 @@ mod tests {
         let mut lines = text.lines();
         assert_eq!(
             lines.next().unwrap(),
-            "ADDRESS:PORT             PROCESS              BACKLOG      ACCEPT Q  SYNQ  \
+            "ADDRESS:PORT             PROCESS              BACKLOG      ACCEPT Q      SYNQ  \
              DROPS/s DLY/ABN/s  COOKIE/s   RTX/s  WAIT p50/p99  OWNER"
         );
         assert_eq!(
             lines.next().unwrap(),
-            "0.0.0.0:80               nginx[101]          511/128!      0/128 ^0     0        \
+            "0.0.0.0:80               nginx[101]          511/128!      0/128 ^0        ^0        \
              0   6.0/3.0         0       0           -/-  "
         );
     }

@@ -10,6 +10,9 @@ pub(super) struct Scrapes {
     pub(super) metrics_series: usize,
     pub(super) snapshot_ms: Vec<f64>,
     pub(super) snapshot_bytes: usize,
+    /// Wall time of the daemon's scan passes (the SYN queues' lengths now), one per
+    /// scrape as the page reported its last; empty where the kernel has no such pass.
+    pub(super) scan_ms: Vec<f64>,
 }
 
 pub(super) fn scrapes(d: &Daemon, samples: usize) -> Result<Scrapes> {
@@ -19,11 +22,17 @@ pub(super) fn scrapes(d: &Daemon, samples: usize) -> Result<Scrapes> {
         metrics_series: 0,
         snapshot_ms: Vec::new(),
         snapshot_bytes: 0,
+        scan_ms: Vec::new(),
     };
     for _ in 0..samples {
         let (took, body) = d.get("/metrics")?;
         s.metrics_ms.push(took.as_secs_f64() * 1e3);
         s.metrics_bytes = body.len();
+        s.scan_ms.extend(
+            gauge(&body, "backlogd_syn_queue_read_duration_seconds").map(|secs| secs * 1e3),
+        );
+        // The next scrape should see another pass: one a second.
+        thread::sleep(Duration::from_millis(1000));
         s.metrics_series = body
             .lines()
             .filter(|l| !l.is_empty() && !l.starts_with('#'))
@@ -210,6 +219,15 @@ pub(super) fn scale(p: &Params, r: &mut Report) -> Result<()> {
                     p95(&s.scrapes.snapshot_ms)
                 ),
                 format!("{:.2}", s.scrapes.snapshot_bytes as f64 / 1e6),
+                if s.scrapes.scan_ms.is_empty() {
+                    "-".to_owned()
+                } else {
+                    format!(
+                        "{:.2} / {:.2}",
+                        median(&s.scrapes.scan_ms),
+                        p95(&s.scrapes.scan_ms)
+                    )
+                },
                 format!("{:.2}%", s.idle_cpu_pct),
                 format!("{:.1} / {:.1}", s.memory.rss_mib, s.memory.peak_mib),
             ]
@@ -222,6 +240,7 @@ pub(super) fn scale(p: &Params, r: &mut Report) -> Result<()> {
             "MB",
             "/api/v1/snapshot ms median / p95",
             "MB",
+            "scan pass ms median / p95",
             "daemon idle CPU",
             "RSS / peak MiB",
         ],

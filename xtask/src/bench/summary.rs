@@ -163,13 +163,15 @@ fn figures(t: &Targets) -> Vec<Figure> {
         Figure {
             key: "series_per_listener".into(),
             name: "series per listener (default config)".into(),
-            target: "≤ 20",
+            // 20 until issue 34 added the SYN queue's length now beside its peak: one
+            // series per listener more, by design.
+            target: "≤ 21",
             this: opt(t.series_per_listener, |n| format!("{n:.1}")),
             bpftrace: String::new(),
             without: String::new(),
             // As shown: the page difference also holds a few series that are not per
             // listener (the namespace's counters, the helper process's sums), 0.001 each.
-            verdict: verdict(t.series_per_listener.map(|n| (n * 10.0).round() <= 200.0)),
+            verdict: verdict(t.series_per_listener.map(|n| (n * 10.0).round() <= 210.0)),
             section: "scale",
         },
         Figure {

@@ -99,6 +99,14 @@ pub fn render(
             e.sample_with(metric.name(), &r.set, &[], value(*q));
         }
     }
+    // Only what a scan pass read: a listener it did not find has no length now.
+    let metric = Metric::ListenSynQueueLength;
+    metric.open(e);
+    for (r, (_, q)) in rows.iter().zip(&found) {
+        if let Some(now) = q.syn_depth {
+            e.sample_with(metric.name(), &r.set, &[], now);
+        }
+    }
 
     impact(e, rows, &found);
 

@@ -88,6 +88,9 @@ fn render_into(live: &Live, retired: &Mutex<Retired>, e: &mut Exposition<'_>) {
             impact_tracked: figures.impact.tracked,
             impact_sweeps: figures.impact.sweeps,
             impact_untracked: figures.impact.untracked,
+            scan: figures
+                .scan
+                .map(|s| (s.at.elapsed().as_secs_f64(), s.took.as_secs_f64())),
             orphans_removed: live
                 .shared
                 .orphans_removed

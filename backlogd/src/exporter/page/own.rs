@@ -15,6 +15,9 @@ pub struct Own {
     pub impact_tracked: u64,
     pub impact_sweeps: u64,
     pub impact_untracked: u64,
+    /// Seconds since the scan pass behind the SYN queues' lengths now, and how long it
+    /// took; `None`: no pass.
+    pub scan: Option<(f64, f64)>,
     /// Runs of the programs the kernel skipped, in all and per figure they feed
     /// (`names::figure`); `None` where the kernel does not report skipped runs.
     pub missed_runs: Option<(u64, Vec<(&'static str, u64)>)>,
@@ -36,6 +39,15 @@ pub fn render(e: &mut Exposition<'_>, own: &Own) {
     ] {
         metric.open(e);
         e.sample(metric.name(), &[], value);
+    }
+    if let Some((age, took)) = own.scan {
+        for (metric, value) in [
+            (Metric::SynQueueReadAge, age),
+            (Metric::SynQueueReadDuration, took),
+        ] {
+            metric.open(e);
+            e.sample(metric.name(), &[], value);
+        }
     }
     if let Some((missed, by_figure)) = &own.missed_runs {
         Metric::ProbeMissedRuns.open(e);

@@ -63,7 +63,19 @@ fn figures() -> Figures {
         stats_full: 0,
         impact: ImpactFigures::default(),
         stats: [(1, dropping), (2, waiting)].into_iter().collect(),
-        queues: [(1, QueueFigures::default())].into_iter().collect(),
+        queues: [(
+            1,
+            QueueFigures {
+                syn_depth: Some(2),
+                ..Default::default()
+            },
+        )]
+        .into_iter()
+        .collect(),
+        scan: Some(crate::queues::ScanPass {
+            at: std::time::Instant::now(),
+            took: std::time::Duration::from_millis(2),
+        }),
     }
 }
 
@@ -101,6 +113,7 @@ fn page() -> String {
             impact_tracked: 0,
             impact_sweeps: 0,
             impact_untracked: 0,
+            scan: Some((0.5, 0.002)),
             missed_runs: Some((0, vec![("drops", 0)])),
             mode: HookMode::Tracepoint,
             kernel: KernelSupport::default(),

@@ -1,0 +1,127 @@
+//! The kernel's own view of its listeners, read in one pass: an `iter/task_file`
+//! iterator visits every open file of every task (in the reader's PID namespace, all
+//! network namespaces) and writes one [`ScannedListener`] per TCP listener it meets,
+//! with the queue lengths as they are at that instant. It is the only place the SYN
+//! queue's current length (`icsk_accept_queue.qlen`) can be read without an event: the
+//! hooks see it only when a segment or an accept() passes, and a request timing out
+//! changes it silently.
+//!
+//! A separate object (built as its own binary) with no maps of its own: the daemon loads
+//! it beside whatever the hook mode loaded, or beside programs it adopted from pins. It
+//! shares `kernel.rs` (the offsets the daemon fills in from BTF) with the hooks.
+//! Iterators of this kind exist since Linux 5.8; 5.10 lacks `bpf_sock_from_file`, so the
+//! socket is `file->private_data` once the file's inode says it is one.
+
+#![no_std]
+#![no_main]
+
+// The hooks' helpers this program does not use (laundering, per-CPU areas) come along.
+#[allow(dead_code)]
+#[path = "kernel.rs"]
+mod kernel;
+
+use aya_ebpf::helpers::bpf_seq_write;
+use backlogd_common::{AF_INET6, ScannedListener};
+
+use crate::kernel::{BtfPtr, Kmem, Result, errno, is_tcp_listener, offset};
+
+/// `struct bpf_iter_meta`: only `seq` is read.
+#[repr(C)]
+struct IterMeta {
+    seq: *mut aya_ebpf::bindings::seq_file,
+}
+
+/// `struct bpf_iter__task_file`, the context the kernel passes (a fixed layout: each
+/// member one 8-byte slot).
+#[repr(C)]
+struct TaskFileCtx {
+    meta: *const IterMeta,
+    task: *const u8,
+    fd: u64,
+    file: *const u8,
+}
+
+/// `S_IFMT` and `S_IFSOCK` of `i_mode`.
+const S_IFMT: u16 = 0o170_000;
+const S_IFSOCK: u16 = 0o140_000;
+
+#[unsafe(no_mangle)]
+#[unsafe(link_section = "iter/task_file")]
+fn listeners(ctx: *mut TaskFileCtx) -> i32 {
+    // SAFETY: the kernel passes a valid context; the verifier checks every access to it.
+    let (meta, task, file) = unsafe {
+        (
+            core::ptr::read_volatile(&(*ctx).meta),
+            core::ptr::read_volatile(&(*ctx).task),
+            core::ptr::read_volatile(&(*ctx).file),
+        )
+    };
+    // The last call of a pass comes with no task and no file.
+    if task.is_null() || file.is_null() {
+        return 0;
+    }
+    if let Ok(Some(found)) = listener(BtfPtr::new(task), BtfPtr::new(file)) {
+        // SAFETY: `meta` is the kernel's, valid for this call; `found` lives on the stack
+        // for the helper's call, every byte of it written.
+        unsafe {
+            let seq = core::ptr::read_volatile(&(*meta).seq);
+            bpf_seq_write(
+                seq,
+                core::ptr::addr_of!(found).cast(),
+                core::mem::size_of::<ScannedListener>() as u32,
+            );
+        }
+    }
+    // 0 moves on to the next file; anything else would stop or repeat the pass.
+    0
+}
+
+/// The listener behind `file` held by `task`, or `None` for any other file.
+#[inline(always)]
+fn listener(task: BtfPtr, file: BtfPtr) -> Result<Option<ScannedListener>> {
+    // Typed all the way to the inode: direct loads, the cheap test every file takes.
+    let inode = file.deref(offset(|o| &o.file_inode))?;
+    let mode: u16 = inode.read(offset(|o| &o.inode_mode))?;
+    if mode & S_IFMT != S_IFSOCK {
+        return Ok(None);
+    }
+    // `private_data` is a `void *`: the socket from here on is read through the helper.
+    let socket = file.probed().deref(offset(|o| &o.file_private_data))?;
+    let sk = socket.deref(offset(|o| &o.socket_sk))?;
+    if !is_tcp_listener(sk)? {
+        return Ok(None);
+    }
+    let family: u16 = sk.read(offset(|o| &o.sk_family))?;
+    let mut addr = [0u8; 16];
+    if family == AF_INET6 {
+        addr = sk.read(offset(|o| &o.sk_v6_rcv_saddr))?;
+    } else {
+        let v4: [u8; 4] = sk.read(offset(|o| &o.sk_rcv_saddr))?;
+        addr[..4].copy_from_slice(&v4);
+    }
+    let net = sk.deref(offset(|o| &o.sk_net)).map_err(|_| errno::EFAULT)?;
+    Ok(Some(ScannedListener {
+        ino: inode.read(offset(|o| &o.inode_ino))?,
+        netns: net.read(offset(|o| &o.net_inum))?,
+        tgid: task.read(offset(|o| &o.task_tgid))?,
+        accept_queue: sk.read(offset(|o| &o.sk_ack_backlog))?,
+        accept_capacity: sk.read(offset(|o| &o.sk_max_ack_backlog))?,
+        // In `struct inet_connection_sock`, which a listener's `struct sock` begins.
+        syn_queue: sk.read(offset(|o| &o.icsk_syn_qlen))?,
+        family,
+        port: sk.read(offset(|o| &o.sk_num))?,
+        addr,
+    }))
+}
+
+#[cfg(not(test))]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    // A reachable panic makes the verifier reject the program; this is never called.
+    loop {}
+}
+
+// bpf_probe_read_kernel and bpf_seq_write are GPL-only.
+#[unsafe(link_section = "license")]
+#[unsafe(no_mangle)]
+static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";

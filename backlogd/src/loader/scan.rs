@@ -1,0 +1,92 @@
+//! Loading the scan iterator (`backlogd-ebpf/src/scan.rs`), a second object beside the
+//! hooks: the kernel's own view of every listener, read in one pass (`sampling/iterator.rs`
+//! reads it). It has no maps and no hook, so it loads the same in every hook mode and
+//! beside programs adopted from pins; where it cannot load, everything else still works
+//! and only the figures it alone gives are missing.
+
+use std::os::fd::{AsFd as _, OwnedFd};
+
+use aya::{Ebpf, EbpfLoader, programs::Iter};
+use backlogd_common::{KernelOffsets, names};
+
+/// The scan object aya-build produced from backlogd-ebpf for this build.
+static SCAN_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/backlogd-scan"));
+
+/// The loaded iterator and its link; each pass is a new file opened from the link.
+pub struct ScanIterator {
+    /// Holds the program loaded.
+    _ebpf: Ebpf,
+    link: OwnedFd,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ScanError {
+    #[error("loading the scan object failed")]
+    Load(#[source] aya::EbpfError),
+    #[error(
+        "the scan object has no program `{}` (build mismatch)",
+        names::scan::PROGRAM
+    )]
+    Missing,
+    #[error(
+        "the kernel refused the `{}` iterator (BPF iterators over task files need Linux \
+         5.8+ with BTF)",
+        names::scan::ITERATOR
+    )]
+    Program(#[source] aya::programs::ProgramError),
+    #[error("creating the iterator's link failed")]
+    Link(#[source] std::io::Error),
+}
+
+impl ScanIterator {
+    /// Loads and links the iterator with the running kernel's `btf` and `offsets`, through
+    /// `loader` (made by the caller, who decides when its own parse of the kernel's BTF
+    /// happens). Needs the loading capabilities (CAP_BPF and CAP_PERFMON, or
+    /// CAP_SYS_ADMIN); the passes later do not.
+    pub fn load<'a>(
+        mut loader: EbpfLoader<'a>,
+        btf: &'a aya::Btf,
+        offsets: &'a KernelOffsets,
+    ) -> Result<Self, ScanError> {
+        let mut ebpf = loader
+            .btf(Some(btf))
+            .override_global(names::map::OFFSETS, offsets, true)
+            .load(SCAN_OBJECT)
+            .map_err(ScanError::Load)?;
+        let program: &mut Iter = ebpf
+            .program_mut(names::scan::PROGRAM)
+            .ok_or(ScanError::Missing)?
+            .try_into()
+            .map_err(ScanError::Program)?;
+        program
+            .load(names::scan::ITERATOR, btf)
+            .map_err(ScanError::Program)?;
+        let fd = program.fd().map_err(ScanError::Program)?;
+        let link = crate::bpf_syscall::link_iterator(fd.as_fd()).map_err(ScanError::Link)?;
+        Ok(Self { _ebpf: ebpf, link })
+    }
+
+    /// A new pass: reading the file to its end runs the program over every task's files.
+    pub fn open(&self) -> std::io::Result<std::fs::File> {
+        crate::bpf_syscall::iter_create(self.link.as_fd())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_scan_object_has_its_program_and_no_map() {
+        let object = aya_obj::Object::parse(SCAN_OBJECT).expect("the scan object parses");
+        let programs: Vec<&str> = object.programs.keys().map(String::as_str).collect();
+        assert_eq!(programs, [names::scan::PROGRAM]);
+        // Its globals only (OFFSETS in .rodata); the hooks' helpers bring two small
+        // per-CPU arrays it never uses.
+        let maps: Vec<&str> = object.maps.keys().map(String::as_str).collect();
+        assert!(
+            !maps.iter().any(|m| names::map::DAEMON.contains(m)),
+            "no map of the hooks' state: {maps:?}"
+        );
+    }
+}
