@@ -36,6 +36,7 @@ use crate::{
     },
     loader::{self, LoadOptions},
     queues::QueueWindows,
+    sampling::iterator::LiveScan,
     service::{self, health::Heartbeats, notify},
     state::{Live, Shared},
 };
@@ -145,7 +146,7 @@ async fn serve(
         shared.clone(),
     ));
     let maps = Arc::new(Mutex::new(probes.maps));
-    let scan = probes.scan.ok();
+    let scan = probes.scan.ok().map(|i| Arc::new(LiveScan::new(i)));
     // Events are flowing, so a listener cannot slip between the scan and them; after this
     // first scan the table also holds what was listening before we started.
     rescans::rescan(&shared, &maps).await;
@@ -166,6 +167,7 @@ async fn serve(
         probes.mode,
         probes.kernel,
         probes.pinned,
+        scan,
     );
     // The recent figures start from what the maps hold now: counts a pinned map kept
     // from before this daemon are not recent. (Attempts whose horizon passed while no
@@ -176,7 +178,6 @@ async fn serve(
         windows.clone(),
         live.recent.clone(),
         heartbeats.clone(),
-        scan,
         current.max_listeners,
         current.client_impact_horizon * 1_000_000_000,
     ));

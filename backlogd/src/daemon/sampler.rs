@@ -10,9 +10,7 @@ use std::{
 
 use crate::{
     kernel_maps::{self, SharedMaps},
-    loader::scan::ScanIterator,
-    queues::{QueueWindows, ScanPass},
-    sampling::iterator,
+    queues::QueueWindows,
     service::health::Heartbeats,
     state::recent,
 };
@@ -30,42 +28,7 @@ pub fn record_impact(maps: &SharedMaps, history: &Mutex<recent::ImpactHistory>) 
     );
 }
 
-/// One scan pass on the blocking pool (it reads every task's files: milliseconds on a
-/// busy host), its SYN-queue lengths into the windows. The iterator goes there and back.
-async fn scan_pass(scan: ScanIterator, windows: &Mutex<QueueWindows>) -> Option<ScanIterator> {
-    let (scan, found, took) = tokio::task::spawn_blocking(move || {
-        let start = std::time::Instant::now();
-        let found = iterator::pass(&scan);
-        (scan, found, start.elapsed())
-    })
-    .await
-    .map_err(|e| tracing::error!(error = %e, "the scan pass failed"))
-    .ok()?;
-    match found {
-        Ok(found) => {
-            let syn = found
-                .into_iter()
-                .map(|(ino, l)| (ino, l.syn_queue))
-                .collect();
-            windows
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .record_scan(
-                    syn,
-                    ScanPass {
-                        at: std::time::Instant::now(),
-                        took,
-                    },
-                );
-        }
-        // The last pass's figures stay, and their age says how old they are.
-        Err(e) => tracing::debug!(error = %e, "a scan pass failed"),
-    }
-    Some(scan)
-}
-
-/// Every second, moves the kernel's queue maxima into the high-water-mark windows and
-/// runs a scan pass (`scan`: the SYN queues' lengths now); every
+/// Every second, moves the kernel's queue maxima into the high-water-mark windows; every
 /// [`sweep_every`] seconds, counts the connection attempts past the client-impact horizon
 /// abandoned; about every [`recent::EVERY`], records the client-impact counters.
 pub async fn sample_queues(
@@ -73,7 +36,6 @@ pub async fn sample_queues(
     windows: Arc<Mutex<QueueWindows>>,
     recent: Arc<Mutex<recent::ImpactHistory>>,
     heartbeats: Arc<Heartbeats>,
-    mut scan: Option<ScanIterator>,
     max_listeners: u64,
     horizon_ns: u64,
 ) {
@@ -101,9 +63,6 @@ pub async fn sample_queues(
                      max_listeners (`--max-listeners`) and restart"
                 );
             }
-        }
-        if let Some(iterator) = scan.take() {
-            scan = scan_pass(iterator, &windows).await;
         }
         if ticks.is_multiple_of(sweep_every) {
             let maps = maps.clone();

@@ -184,7 +184,8 @@ catalogue! {
          The SYN queue is full above backlogd_listen_backlog_granted.";
     ListenSynQueueLength: "backlogd_listen_syn_queue_length", Gauge, Listener,
         "Requests waiting for their handshake's final ACK now (icsk_accept_queue.qlen), \
-         read from the kernel's socket by a pass over every task's open files each second: \
+         read from the kernel's socket by a pass over every task's open files when read (a \
+         scrape or API request; at most one pass a second, readers within it share it): \
          as old as backlogd_syn_queue_read_age_seconds. Served for the listeners that pass \
          found (held by a process of backlogd's PID namespace).";
     ListenAcceptWaitSeconds: "backlogd_listen_accept_wait_seconds", Histogram, Listener,
@@ -278,7 +279,8 @@ catalogue! {
         "The network namespace's own TcpExt TCPSynRetrans counter (/proc/net/netstat), for \
          every namespace with listeners.";
     SynQueueReadAge: "backlogd_syn_queue_read_age_seconds", Gauge, None,
-        "Seconds since the pass that read backlogd_listen_syn_queue_length (one a second). \
+        "Seconds since the pass that read backlogd_listen_syn_queue_length (run when read, \
+         at most one a second). \
          Absent where the kernel cannot run that pass (BPF iterators need Linux 5.8+).";
     SynQueueReadDuration: "backlogd_syn_queue_read_duration_seconds", Gauge, None,
         "Wall time of that pass: the kernel walking every task's open files (its CPU is \

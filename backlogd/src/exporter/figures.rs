@@ -42,8 +42,12 @@ pub struct Figures {
     pub scan: Option<ScanPass>,
 }
 
-/// Reads the kernel maps and the high-water-mark windows once.
+/// Reads the kernel maps and the high-water-mark windows once, after a scan pass if the
+/// last is older than a second. Blocks for the pass: call it off the async workers.
 pub fn gather(live: &Live) -> Figures {
+    if let Some(scan) = &live.scan {
+        scan.refresh(&live.windows);
+    }
     let epoch = live
         .windows
         .lock()

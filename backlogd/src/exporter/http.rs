@@ -130,12 +130,22 @@ impl http_body::Body for ChunkBody {
 /// Every listener with its counters and queue figures, plus the daemon's hook mode:
 /// what `/metrics` shows, shaped for programs (`backlogd top`).
 async fn serve_snapshot(State(state): State<Arc<AppState>>) -> Json<Snapshot> {
-    Json(figures::snapshot(&state.live))
+    Json(snapshot_off_workers(&state).await)
+}
+
+/// The snapshot, made on the blocking pool: it may wait for a scan pass (tens of ms on a
+/// host with 100k open sockets) and reads every kernel map.
+async fn snapshot_off_workers(state: &Arc<AppState>) -> Snapshot {
+    let live = state.live.clone();
+    tokio::task::spawn_blocking(move || figures::snapshot(&live))
+        .await
+        // As before it moved here: a panic while building it fails the request.
+        .unwrap_or_else(|e| panic!("building the snapshot failed: {e}"))
 }
 
 /// What `backlogd doctor` would say, for automation and `top`.
 async fn serve_findings(State(state): State<Arc<AppState>>) -> Json<Vec<Finding>> {
-    Json(diagnose(&figures::snapshot(&state.live)))
+    Json(diagnose(&snapshot_off_workers(&state).await))
 }
 
 async fn healthz() -> &'static str {

@@ -26,7 +26,7 @@ use crate::{
     listeners::ListenerTable,
     loader::modes::{HookMode, KernelSupport},
     queues::QueueWindows,
-    sampling::tcpext,
+    sampling::{iterator::LiveScan, tcpext},
 };
 
 /// Everything the exporters read, shared with the daemon's loops; cheap to clone.
@@ -44,6 +44,8 @@ pub struct Live {
     pub accept_wait_buckets: Arc<RwLock<AcceptWaitBuckets>>,
     /// Client impact's records for the last five minutes (the sampler records).
     pub recent: Arc<Mutex<ImpactHistory>>,
+    /// The scan pass, run by the readers of its figures (`None`: this kernel has none).
+    pub scan: Option<Arc<LiveScan>>,
 }
 
 impl Live {
@@ -54,6 +56,7 @@ impl Live {
         mode: HookMode,
         kernel: KernelSupport,
         pinned: bool,
+        scan: Option<Arc<LiveScan>>,
     ) -> Self {
         Self {
             shared,
@@ -64,6 +67,7 @@ impl Live {
             pinned,
             accept_wait_buckets: Arc::default(),
             recent: Arc::default(),
+            scan,
         }
     }
 }
