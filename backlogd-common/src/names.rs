@@ -46,6 +46,8 @@ pub mod map {
     pub const OFFSETS: &str = "OFFSETS";
     /// The global with the client-impact settings (`ImpactSettings`).
     pub const CLIENT_IMPACT: &str = "CLIENT_IMPACT";
+    /// The global that says whether accept waits are timed (a u32, 0 or 1).
+    pub const ACCEPT_WAIT: &str = "ACCEPT_WAIT";
 }
 
 /// Programs, by hook family (`backlogd-ebpf/src/<family>.rs`).

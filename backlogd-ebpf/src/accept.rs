@@ -24,11 +24,26 @@ use crate::{
 #[map]
 static QUEUED_AT: LruHashMap<u64, u64> = LruHashMap::with_max_entries(65536, 0);
 
+/// Whether accept waits are timed: set by the daemon at load (`accept_wait`), 1 in the
+/// object. A frozen read-only global, so the verifier sees a constant and drops the
+/// branch that is never taken: off, the programs never touch QUEUED_AT, the LRU map's
+/// insert being most of an enqueue's cost.
+#[unsafe(no_mangle)]
+static ACCEPT_WAIT: u32 = 1;
+
+#[inline(always)]
+fn timing_waits() -> bool {
+    // SAFETY: a valid static; volatile keeps LLVM from folding the object file's value.
+    unsafe { core::ptr::read_volatile(&ACCEPT_WAIT) != 0 }
+}
+
 /// `child` was appended to the accept queue of listener `sk` (inode `ino`) just now.
 #[inline(always)]
 pub(crate) fn enqueued(sk: KPtr, ino: u64, child: KPtr) -> Result<()> {
     let now = listener::now();
-    let _ = QUEUED_AT.insert(child.0, now, 0);
+    if timing_waits() {
+        let _ = QUEUED_AT.insert(child.0, now, 0);
+    }
     listener::update(sk, ino, |s| s.queued += 1);
     listener::observe_queues(sk, ino, now)
 }
@@ -49,9 +64,14 @@ pub(crate) fn accepted<K: Kmem>(listener: K, child: KPtr) -> Result<()> {
     }
     let ino = socket_inode(listener)?;
     let now = listener::now();
-    // SAFETY: a plain u64 value.
-    let waited = (unsafe { QUEUED_AT.get(child.0) }).map(|&t| now.saturating_sub(t));
-    let _ = QUEUED_AT.remove(child.0);
+    let waited = if timing_waits() {
+        // SAFETY: a plain u64 value.
+        let waited = (unsafe { QUEUED_AT.get(child.0) }).map(|&t| now.saturating_sub(t));
+        let _ = QUEUED_AT.remove(child.0);
+        waited
+    } else {
+        None
+    };
     listener::update(listener.probed(), ino, |s| {
         s.accepted += 1;
         if let Some(ns) = waited {

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use backlogd_tests::{
     Daemon, Exact, Netns, Scrape,
+    bpf::{bpftool, map_of},
     daemon::run_to_end,
     kernel::{tcp_ext, wait_for_rise},
     sockets::{Listener, connect_burst, kernel_queue, pending_request_peers, wait_for_queue},
@@ -459,4 +460,70 @@ fn syn_queue_length_now_equals_the_syn_recv_requests() {
     let daemon = Daemon::start();
     syn_queue_now(&daemon, "127.0.0.1:0", &[1, 5, 20]);
     syn_queue_now(&daemon, "[::1]:0", &[7]);
+}
+
+/// `accept_wait = false`: the kernel side keeps no enqueue time (its QUEUED_AT map stays
+/// empty, where timing would hold one entry per connection still queued), no accept-wait
+/// histogram is served, and the queue's counts stay exact.
+#[test]
+fn without_accept_wait_timing_nothing_is_timed_and_the_counts_stay_exact() {
+    let daemon = Daemon::start_with(&["--accept-wait", "false"]);
+    let ns = Netns::new();
+    let listener = Listener::open(&ns, "127.0.0.1:0", 64);
+    daemon.wait_for_listener(listener.inode);
+    let addr = listener.addr;
+    let clients: Vec<std::net::TcpStream> = ns.run(move || {
+        (0..12)
+            .map(|_| std::net::TcpStream::connect(addr).expect("connect"))
+            .collect()
+    });
+    wait_for_queue(&ns, &listener, 12);
+    for _ in 0..5 {
+        listener.socket.accept().expect("accept");
+    }
+    let queue = kernel_queue(&ns, &listener);
+    let scrape = daemon.scrape();
+    let timed = bpftool(&["map", "dump", "id", &map_of(daemon.pid(), "QUEUED_AT")]);
+    let me = daemon.api_listener(listener.inode);
+    drop(clients);
+    let v = |name| value(&scrape, name, &listener) as u64;
+    let mut exact = Exact::listener(&daemon, &ns, &listener);
+    exact
+        .evidence("socket (ss) after 5 accepts", &queue)
+        .eq(
+            "queued vs the clients' completed handshakes",
+            v("backlogd_listen_queued_total"),
+            12,
+        )
+        .eq(
+            "accepted vs the application's accept() calls",
+            v("backlogd_listen_accepted_total"),
+            5,
+        )
+        .eq(
+            "accept queue length vs Recv-Q",
+            v("backlogd_listen_accept_queue_length"),
+            queue.recv_q,
+        )
+        .eq(
+            "enqueue times the kernel side keeps (7 connections still queued)",
+            timed.as_array().expect("map dump").len() as u64,
+            0,
+        )
+        .eq(
+            "accept waits in the API",
+            me["accept_wait"]["count"].as_u64().expect("count"),
+            0,
+        );
+    let served: Vec<_> = scrape
+        .text
+        .lines()
+        .filter(|l| l.contains("backlogd_listen_accept_wait_seconds"))
+        .collect();
+    exact.evidence("accept-wait lines on /metrics", &served).eq(
+        "accept-wait lines on /metrics",
+        served.len() as u64,
+        0,
+    );
+    exact.verify();
 }

@@ -76,6 +76,7 @@ pub fn run(config: RunConfig) -> anyhow::Result<()> {
         },
         // validate() bounds it by MAX_ATTEMPTS.
         attempts: u32::try_from(config.config.client_impact_attempts).unwrap_or(u32::MAX),
+        accept_wait: config.config.accept_wait,
     })
     .context("cannot start")?;
     release_freed_memory();
@@ -160,7 +161,7 @@ async fn serve(
     let windows = Arc::new(Mutex::new(QueueWindows::new(Duration::from_secs(
         current.hwm_window,
     ))));
-    let live = Live::new(
+    let mut live = Live::new(
         shared.clone(),
         maps.clone(),
         windows.clone(),
@@ -181,6 +182,7 @@ async fn serve(
         current.max_listeners,
         current.client_impact_horizon * 1_000_000_000,
     ));
+    live.accept_wait = current.accept_wait;
     *live
         .accept_wait_buckets
         .write()

@@ -52,6 +52,8 @@ pub struct LoadOptions {
     pub impact: ImpactSettings,
     /// Capacity of the ATTEMPTS map.
     pub attempts: u32,
+    /// Time accept waits (`accept_wait`), baked into the programs.
+    pub accept_wait: bool,
 }
 
 /// Loaded and attached programs plus the maps userspace reads.
@@ -107,6 +109,7 @@ pub fn load(opts: &LoadOptions) -> Result<Probes, LoadError> {
     let kernel = KernelSupport::probe(facts);
     // EbpfLoader::new() parses /sys/kernel/btf/vmlinux itself: drop each such parse at
     // once and let the loaders use ours (which honours --btf) instead.
+    let accept_wait = u32::from(opts.accept_wait);
     let mut loader = EbpfLoader::new();
     loader.btf(None);
     let mut scan_loader = EbpfLoader::new();
@@ -130,6 +133,7 @@ pub fn load(opts: &LoadOptions) -> Result<Probes, LoadError> {
                     &opts.max_listeners.to_le_bytes(),
                     &opts.impact.horizon_ns.to_le_bytes(),
                     &opts.attempts.to_le_bytes(),
+                    &[u8::from(opts.accept_wait)],
                 ]
                 .concat(),
             ),
@@ -161,6 +165,7 @@ pub fn load(opts: &LoadOptions) -> Result<Probes, LoadError> {
         .btf(Some(&kernel_btf))
         .override_global(map::OFFSETS, &offsets, true)
         .override_global(map::CLIENT_IMPACT, &opts.impact, true)
+        .override_global(map::ACCEPT_WAIT, &accept_wait, true)
         .map_max_entries(map::ATTEMPTS, opts.attempts)
         .map_max_entries(map::LISTENER_STATS, opts.max_listeners)
         .map_max_entries(map::LISTENER_QUEUES, opts.max_listeners)

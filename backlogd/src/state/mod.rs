@@ -42,6 +42,9 @@ pub struct Live {
     /// The accept-wait bounds /metrics exports (`accept_wait_buckets`; SIGHUP replaces
     /// them). The JSON API always has every bucket.
     pub accept_wait_buckets: Arc<RwLock<AcceptWaitBuckets>>,
+    /// The programs time accept waits (`accept_wait`, fixed at load): without, /metrics
+    /// serves no accept-wait histogram.
+    pub accept_wait: bool,
     /// Client impact's records for the last five minutes (the sampler records).
     pub recent: Arc<Mutex<ImpactHistory>>,
     /// The scan pass, run by the readers of its figures (`None`: this kernel has none).
@@ -66,6 +69,7 @@ impl Live {
             kernel,
             pinned,
             accept_wait_buckets: Arc::default(),
+            accept_wait: true,
             recent: Arc::default(),
             scan,
         }

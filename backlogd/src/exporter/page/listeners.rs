@@ -35,12 +35,13 @@ const QUEUES: [(Metric, QueueField); 3] = [
     (Metric::ListenSynQueueMaxLength, |q| q.syn_max),
 ];
 
-/// `accept_wait`: the accept-wait bounds to export.
+/// `accept_wait`: the accept-wait bounds to export; `None`: waits are not timed
+/// (`accept_wait = false`), and the family is not served.
 pub fn render(
     e: &mut Exposition<'_>,
     rows: &[Row<'_>],
     figures: &Figures,
-    accept_wait: &AcceptWaitBuckets,
+    accept_wait: Option<&AcceptWaitBuckets>,
 ) {
     owners(e, rows);
     Metric::ListenBacklogRequested.open(e);
@@ -110,6 +111,9 @@ pub fn render(
 
     impact(e, rows, &found);
 
+    let Some(accept_wait) = accept_wait else {
+        return;
+    };
     let metric = Metric::ListenAcceptWaitSeconds;
     metric.open(e);
     // Only the configured bounds; each exported bucket sums the kernel's below it.

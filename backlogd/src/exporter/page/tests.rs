@@ -85,7 +85,7 @@ fn page() -> String {
     let rows: Vec<Row<'_>> = table.iter().map(Row::new).collect();
     let figures = figures();
     let mut e = Exposition::default();
-    listeners::render(&mut e, &rows, &figures, &AcceptWaitBuckets::default());
+    listeners::render(&mut e, &rows, &figures, Some(&AcceptWaitBuckets::default()));
     let sums = aggregates::sum(
         &rows,
         &figures.stats,
