@@ -315,8 +315,8 @@ mod tests {
     }
 }
 
-/// The scan object (`backlogd-ebpf/src/scan.rs`): a second, map-free object, so that a
-/// daemon that adopted pinned programs, or any hook mode, can still load it.
+/// The scan object (`backlogd-ebpf/src/scan.rs`): a second object without the hooks'
+/// maps, so that a daemon that adopted pinned programs, or any hook mode, can load it.
 pub mod scan {
     /// Its one program, an `iter/task_file` iterator.
     pub const PROGRAM: &str = "listeners";

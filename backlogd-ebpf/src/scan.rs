@@ -6,9 +6,10 @@
 //! hooks see it only when a segment or an accept() passes, and a request timing out
 //! changes it silently.
 //!
-//! A separate object (built as its own binary) with no maps of its own: the daemon loads
-//! it beside whatever the hook mode loaded, or beside programs it adopted from pins. It
-//! shares `kernel.rs` (the offsets the daemon fills in from BTF) with the hooks.
+//! A separate object (built as its own binary) holding none of the hooks' state: the
+//! daemon loads it beside whatever the hook mode loaded, or beside programs it adopted
+//! from pins. It shares `kernel.rs` (the offsets the daemon fills in from BTF) with the
+//! hooks.
 //! Iterators of this kind exist since Linux 5.8; 5.10 lacks `bpf_sock_from_file`, so the
 //! socket is `file->private_data` once the file's inode says it is one.
 

@@ -92,12 +92,14 @@ impl QueueWindows {
         }
     }
 
-    /// A scan pass read these SYN-queue lengths (by socket inode). Each joins its
-    /// listener's newest sample, so the window's peak holds what the passes saw too.
+    /// A scan pass read these SYN-queue lengths (by socket inode). Each becomes a sample
+    /// of its listener at the pass's time, so the window's peak holds what the passes saw
+    /// too (for listeners the kernel side has observed: the others' samples go at the
+    /// next [`Self::record_all`], and their peak is the last pass's length).
     pub fn record_scan(&mut self, syn: HashMap<u64, u32>, pass: ScanPass) {
         for (ino, now) in &syn {
-            if let Some(newest) = self.samples.get_mut(ino).and_then(|q| q.back_mut()) {
-                newest.2 = newest.2.max(*now);
+            if let Some(q) = self.samples.get_mut(ino) {
+                q.push_back((pass.at, 0, *now));
             }
         }
         self.scan = Some((pass, syn));

@@ -373,13 +373,28 @@ fn fast_open_children_are_queued_once_at_the_syn() {
     exact.verify();
 }
 
-/// Waits for a scan pass that began after `since` (its age is younger than the time
-/// since then) and returns that scrape.
+/// Waits for a scrape whose scan pass began after `since` and returns it. The page says
+/// how long ago the pass ended (its age, as it is rendered) and how long it took; both
+/// together, against the time from `since` to the request (less than to the render),
+/// put its start after `since`.
 fn scrape_after(daemon: &Daemon, since: Instant) -> Scrape {
-    daemon.wait_for("a scan pass after the kernel's figure was read", |s| {
-        let age = s.value("backlogd_syn_queue_read_age_seconds", &[])?;
-        (age < since.elapsed().as_secs_f64()).then(|| s.clone())
-    })
+    loop {
+        let before_request = since.elapsed().as_secs_f64();
+        let s = daemon.scrape();
+        let age = s.value("backlogd_syn_queue_read_age_seconds", &[]);
+        let took = s.value("backlogd_syn_queue_read_duration_seconds", &[]);
+        match (age, took) {
+            (Some(age), Some(took)) if age + took < before_request => return s,
+            (Some(_), Some(_)) => {}
+            _ => panic!("no scan pass on the page:\n{}", s.text),
+        }
+        assert!(
+            since.elapsed() < Duration::from_secs(10),
+            "no scan pass began within 10 s:\n{}",
+            s.text
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 /// The SYN queue's length now: requests held at their final ACK (every pure ACK and data

@@ -107,21 +107,23 @@ pub fn load(opts: &LoadOptions) -> Result<Probes, LoadError> {
         (modes::BtfFacts::of(&btf), offsets)
     };
     let kernel = KernelSupport::probe(facts);
-    // EbpfLoader::new() parses /sys/kernel/btf/vmlinux itself: drop each such parse at
-    // once and let the loaders use ours (which honours --btf) instead.
+    // EbpfLoader::new() parses /sys/kernel/btf/vmlinux itself: drop that parse at once and
+    // let the loader use ours (which honours --btf) instead.
     let accept_wait = u32::from(opts.accept_wait);
     let mut loader = EbpfLoader::new();
     loader.btf(None);
-    let mut scan_loader = EbpfLoader::new();
-    scan_loader.btf(None);
     let kernel_btf = aya::Btf::parse_file(&opts.btf, aya::Endianness::default()).map_err(|e| {
         BtfError::Unreadable {
             path: opts.btf.clone(),
             reason: e.to_string(),
         }
     })?;
-    let scan =
-        scan::ScanIterator::load(scan_loader, &kernel_btf, &offsets).map_err(|e| error_chain(&e));
+    // The scan object first, while the loader holds only what both objects share: the
+    // hooks' own globals must exist in what it loads.
+    loader
+        .btf(Some(&kernel_btf))
+        .override_global(map::OFFSETS, &offsets, true);
+    let scan = scan::ScanIterator::load(&mut loader, &kernel_btf).map_err(|e| error_chain(&e));
     let pins = match &opts.pin_dir {
         // The maps' capacity is part of what a pinned state is: a daemon configured for
         // another one does not adopt it.
@@ -162,8 +164,6 @@ pub fn load(opts: &LoadOptions) -> Result<Probes, LoadError> {
     let mode = modes::choose(opts.hook_mode, kernel)?;
     tracing::debug!(?offsets, "kernel layout resolved");
     loader
-        .btf(Some(&kernel_btf))
-        .override_global(map::OFFSETS, &offsets, true)
         .override_global(map::CLIENT_IMPACT, &opts.impact, true)
         .override_global(map::ACCEPT_WAIT, &accept_wait, true)
         .map_max_entries(map::ATTEMPTS, opts.attempts)

@@ -1,13 +1,13 @@
 //! Loading the scan iterator (`backlogd-ebpf/src/scan.rs`), a second object beside the
 //! hooks: the kernel's own view of every listener, read in one pass (`sampling/iterator.rs`
-//! reads it). It has no maps and no hook, so it loads the same in every hook mode and
-//! beside programs adopted from pins; where it cannot load, everything else still works
-//! and only the figures it alone gives are missing.
+//! reads it). It has none of the hooks' maps and no hook, so it loads the same in every
+//! hook mode and beside programs adopted from pins; where it cannot load, everything else
+//! still works and only the figures it alone gives are missing.
 
 use std::os::fd::{AsFd as _, OwnedFd};
 
 use aya::{Ebpf, EbpfLoader, programs::Iter};
-use backlogd_common::{KernelOffsets, names};
+use backlogd_common::names;
 
 /// The scan object aya-build produced from backlogd-ebpf for this build.
 static SCAN_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/backlogd-scan"));
@@ -39,20 +39,12 @@ pub enum ScanError {
 }
 
 impl ScanIterator {
-    /// Loads and links the iterator with the running kernel's `btf` and `offsets`, through
-    /// `loader` (made by the caller, who decides when its own parse of the kernel's BTF
-    /// happens). Needs the loading capabilities (CAP_BPF and CAP_PERFMON, or
-    /// CAP_SYS_ADMIN); the passes later do not.
-    pub fn load<'a>(
-        mut loader: EbpfLoader<'a>,
-        btf: &'a aya::Btf,
-        offsets: &'a KernelOffsets,
-    ) -> Result<Self, ScanError> {
-        let mut ebpf = loader
-            .btf(Some(btf))
-            .override_global(names::map::OFFSETS, offsets, true)
-            .load(SCAN_OBJECT)
-            .map_err(ScanError::Load)?;
+    /// Loads and links the iterator through `loader`, which the caller has given the
+    /// running kernel's `btf` and the `OFFSETS` global (and nothing the scan object lacks).
+    /// Needs the loading capabilities (CAP_BPF and CAP_PERFMON, or CAP_SYS_ADMIN); the
+    /// passes later do not.
+    pub fn load(loader: &mut EbpfLoader<'_>, btf: &aya::Btf) -> Result<Self, ScanError> {
+        let mut ebpf = loader.load(SCAN_OBJECT).map_err(ScanError::Load)?;
         let program: &mut Iter = ebpf
             .program_mut(names::scan::PROGRAM)
             .ok_or(ScanError::Missing)?

@@ -30,36 +30,31 @@ pub const MAX_AGE: Duration = Duration::from_secs(1);
 /// loop once a second would spend whether anyone looks or not. A scrape every 15 s pays
 /// it every 15 s; `top`, refreshing each second, once a second while it is open.
 pub struct LiveScan {
-    iterator: Mutex<ScanIterator>,
+    /// The iterator, and when a pass last began (succeeded or not).
+    iterator: Mutex<(ScanIterator, Option<Instant>)>,
 }
 
 impl LiveScan {
     pub fn new(iterator: ScanIterator) -> Self {
         Self {
-            iterator: Mutex::new(iterator),
+            iterator: Mutex::new((iterator, None)),
         }
     }
 
     /// Makes the SYN-queue lengths in `windows` at most [`MAX_AGE`] old: runs a pass
-    /// unless one ran since. Blocks for the pass; readers arriving meanwhile wait for it
-    /// and share it.
+    /// unless one began since. Blocks for the pass; readers arriving meanwhile wait for it
+    /// and share it. A pass that failed counts too: failing passes are not retried by
+    /// every reader, and the figures' age shows how old the last good one is.
     pub fn refresh(&self, windows: &Mutex<QueueWindows>) {
-        let fresh = |w: &Mutex<QueueWindows>| {
-            w.lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .last_scan()
-                .is_some_and(|p| p.at.elapsed() < MAX_AGE)
-        };
-        if fresh(windows) {
-            return;
-        }
-        let iterator = self.iterator.lock().unwrap_or_else(|e| e.into_inner());
-        // Another reader may have run it while this one waited.
-        if fresh(windows) {
+        let mut guard = self.iterator.lock().unwrap_or_else(|e| e.into_inner());
+        let (iterator, began) = &mut *guard;
+        // Another reader may have run one while this one waited.
+        if began.is_some_and(|at| at.elapsed() < MAX_AGE) {
             return;
         }
         let start = Instant::now();
-        match pass(&iterator) {
+        *began = Some(start);
+        match pass(iterator) {
             Ok(found) => {
                 let syn = found
                     .into_iter()
@@ -85,8 +80,24 @@ impl LiveScan {
 /// Each listener once, by socket inode (the kernel writes one record per descriptor that
 /// holds it: every worker of a pre-forking server).
 pub fn pass(iterator: &ScanIterator) -> std::io::Result<HashMap<u64, ScannedListener>> {
+    let mut file = iterator.open()?;
     let mut bytes = Vec::new();
-    iterator.open()?.read_to_end(&mut bytes)?;
+    let mut chunk = vec![0u8; 64 * 1024];
+    loop {
+        match file.read(&mut chunk) {
+            Ok(0) => break,
+            Ok(n) => bytes.extend_from_slice(&chunk[..n]),
+            // The kernel stops a read() that visited a million objects without writing
+            // anything (a host with that many open files and few listeners) with EAGAIN;
+            // the next read() goes on from there.
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted
+                ) => {}
+            Err(e) => return Err(e),
+        }
+    }
     Ok(parse(&bytes))
 }
 

@@ -97,12 +97,13 @@ pub(super) const NOT_APPLICABLE: &[NotApplicable] = &[NotApplicable {
 /// (The longest runs of a whole `cargo xtask vm` on this machine kind, with helpers
 /// compiling beside it: cli 28 s, listen_backlog 38, syn_drops 108, accept_queue 19,
 /// reuseport 15, lifecycle 15, pinning 69, capacity 8, program_runs 13, stress 108,
-/// container 6, client_impact 55; each budget is about twice that.)
+/// container 6, client_impact 55; each budget is about twice that. accept_queue grew to
+/// 44 s on 7.3 with the SYN-queue-now and accept_wait=false tests, #34/#37.)
 pub(super) const SUITE_BUDGET_SECS: &[(&str, u64)] = &[
     ("cli", 60),
     ("listen_backlog", 80),
     ("syn_drops", 200),
-    ("accept_queue", 40),
+    ("accept_queue", 80),
     ("reuseport", 40),
     ("lifecycle", 40),
     ("pinning", 140),
