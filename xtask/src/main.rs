@@ -91,6 +91,8 @@ enum Cmd {
         #[arg(long, value_name = "KERNEL")]
         guest: Option<String>,
         /// With --guest: the hook modes to measure (repeatable; default all the kernel runs).
+        /// A mode may carry daemon settings after a slash, measured as a mode of its own
+        /// beside the plain one: `--mode fentry --mode fentry/accept_wait=false`.
         #[arg(long = "mode", requires = "guest")]
         modes: Vec<String>,
         /// With --guest: runs with backlogd per mode, each between two runs without.

@@ -437,7 +437,8 @@ impl Target {
 
 /// Issue 37's target for a guest figure.
 pub(super) fn guest_target(mode: &str, event: Event) -> Target {
-    match (mode, event) {
+    // A variant (`fentry/accept_wait=false`) is held to its mode's targets.
+    match (super::guest_loops::hook_mode_of(mode), event) {
         (_, Event::Spin) => Target::None("the daemon's background, in every ratio"),
         ("fentry", Event::Handshake) => Target::AtMost(1.03),
         ("fentry", Event::AcceptQueueFull | Event::SynQueueFull) => Target::AtMost(1.02),
@@ -581,7 +582,7 @@ pub(super) fn host_row(f: &HostFigure) -> Row {
 /// The host's targets in tracepoint mode (issue 37): the web load binding at 0.95 (stretch
 /// 0.97), unrelated traffic at 0.95 (stretch 0.98). Other modes have no host target.
 pub(super) fn host_target(mode: &str, web_load: bool) -> Target {
-    match (mode, web_load) {
+    match (super::guest_loops::hook_mode_of(mode), web_load) {
         ("tracepoint", true) => Target::AtLeast {
             binding: 0.95,
             stretch: 0.97,

@@ -66,9 +66,13 @@ pub fn run(opts: &Options) -> Result<()> {
     } else {
         opts.modes.iter().map(String::as_str).collect()
     };
-    if let Some(m) = modes.iter().find(|m| !MODES.contains(m)) {
+    if let Some(m) = modes
+        .iter()
+        .find(|m| !MODES.contains(&guest_loops::hook_mode_of(m)))
+    {
         bail!(
-            "--mode {m}: no such hook mode. Fix: one of {}",
+            "--mode {m}: no such hook mode. Fix: one of {}, optionally with daemon \
+             settings after a slash (fentry/accept_wait=false)",
             MODES.join(", ")
         );
     }
@@ -108,7 +112,7 @@ pub fn run(opts: &Options) -> Result<()> {
     let runs = 2 * opts.pairs.max(1) + 1;
     let mut script = String::new();
     for mode in &modes {
-        if !spec.caps.runs(mode) {
+        if !spec.caps.runs(guest_loops::hook_mode_of(mode)) {
             notes.push(format!(
                 "{mode}: not run: {} cannot run it (the kernel matrix's capability table)",
                 spec.label

@@ -319,9 +319,29 @@ fn note(mode: &str, text: String) {
     });
 }
 
-/// A daemon in `mode`, its startup done; None (said on the console) if it refused.
+/// The hook mode of a `--mode` value: `fentry`, or a variant of it with settings
+/// (`fentry/accept_wait=false`), which the bench measures as a mode of its own.
+pub(super) fn hook_mode_of(mode: &str) -> &str {
+    mode.split('/').next().unwrap_or(mode)
+}
+
+/// The daemon flags of a variant's settings: `accept_wait=false` is `--accept-wait false`.
+fn variant_flags(mode: &str) -> Vec<String> {
+    mode.split('/')
+        .skip(1)
+        .flat_map(|setting| {
+            let (key, value) = setting.split_once('=').unwrap_or((setting, "true"));
+            [format!("--{}", key.replace('_', "-")), value.to_owned()]
+        })
+        .collect()
+}
+
+/// A daemon in `mode` (with a variant's settings), its startup done; None (said on the
+/// console) if it refused.
 fn daemon(mode: &str) -> Result<Option<Daemon>> {
-    match Daemon::start(mode, &[])? {
+    let flags = variant_flags(mode);
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    match Daemon::start(hook_mode_of(mode), &flags)? {
         Ok(d) => {
             // Its startup scan and first samples; idle guest time costs no host time.
             thread::sleep(Duration::from_secs(2));
@@ -670,6 +690,17 @@ pub(super) fn report_symbols(report: &str) -> Vec<(u64, String)> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_variant_is_its_hook_mode_with_daemon_flags() {
+        assert_eq!(hook_mode_of("fentry/accept_wait=false"), "fentry");
+        assert_eq!(hook_mode_of("kprobe"), "kprobe");
+        assert_eq!(
+            variant_flags("fentry/accept_wait=false"),
+            ["--accept-wait", "false"]
+        );
+        assert!(variant_flags("tracepoint").is_empty());
+    }
+
     use super::*;
 
     #[test]
