@@ -25,14 +25,15 @@ pub(super) fn scrapes(d: &Daemon, samples: usize) -> Result<Scrapes> {
         scan_ms: Vec::new(),
     };
     for _ in 0..samples {
+        // A second since the last read: this GET pays for a scan pass (the SYN queues'
+        // lengths now) as a scrape every 15 s does, and the snapshot after it shares it.
+        thread::sleep(Duration::from_millis(1000));
         let (took, body) = d.get("/metrics")?;
         s.metrics_ms.push(took.as_secs_f64() * 1e3);
         s.metrics_bytes = body.len();
         s.scan_ms.extend(
             gauge(&body, "backlogd_syn_queue_read_duration_seconds").map(|secs| secs * 1e3),
         );
-        // The next scrape should see another pass: one a second.
-        thread::sleep(Duration::from_millis(1000));
         s.metrics_series = body
             .lines()
             .filter(|l| !l.is_empty() && !l.starts_with('#'))
