@@ -318,8 +318,9 @@ mod tests {
 /// The scan object (`backlogd-ebpf/src/scan.rs`): a second object without the hooks'
 /// maps, so that a daemon that adopted pinned programs, or any hook mode, can load it.
 pub mod scan {
-    /// Its one program, an `iter/task_file` iterator.
-    pub const PROGRAM: &str = "listeners";
+    /// Its `iter/task_file` iterators, in the order the daemon tries them: with
+    /// `bpf_sock_from_file` (Linux 5.11+), then by probe reads (5.10).
+    pub const PROGRAMS: [&str; 2] = ["listeners", "listeners_probed"];
     /// The kernel's iterator it walks with (`bpf_iter_<this>`).
     pub const ITERATOR: &str = "task_file";
 }

@@ -48,7 +48,8 @@ pub fn can_pin(mode: &str) -> bool {
     mode != "kprobe" || perf_link_pinning()
 }
 
-fn release_at_least(major: u32, minor: u32) -> bool {
+/// Whether the running kernel is `major.minor` or newer.
+pub fn release_at_least(major: u32, minor: u32) -> bool {
     let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").expect("osrelease");
     let mut parts = release
         .trim()

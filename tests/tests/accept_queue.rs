@@ -6,7 +6,8 @@ use std::time::{Duration, Instant};
 
 use backlogd_tests::{
     Daemon, Exact, Netns, Scrape,
-    bpf::{bpftool, map_of},
+    bpf::{bpftool, fd_object_ids, map_of},
+    caps::release_at_least,
     daemon::run_to_end,
     kernel::{tcp_ext, wait_for_rise},
     sockets::{Listener, connect_burst, kernel_queue, pending_request_peers, wait_for_queue},
@@ -473,6 +474,31 @@ fn syn_queue_now(daemon: &Daemon, bind: &str, held: &[usize]) {
 #[test]
 fn syn_queue_length_now_equals_the_syn_recv_requests() {
     let daemon = Daemon::start();
+    // The typed iterator wherever the kernel has bpf_sock_from_file (5.11), the one by
+    // probe reads only where it has not: a refusal of the first elsewhere would go
+    // unseen behind the fallback.
+    let loaded: Vec<String> = fd_object_ids(daemon.pid(), "prog_id")
+        .iter()
+        .filter_map(|id| {
+            Some(
+                bpftool(&["prog", "show", "id", id])["name"]
+                    .as_str()?
+                    .to_owned(),
+            )
+        })
+        .filter(|name| name.starts_with("listeners"))
+        .collect();
+    let expected = if release_at_least(5, 11) {
+        "listeners"
+    } else {
+        "listeners_probed"
+    };
+    // The kernel keeps 15 characters of a program's name.
+    assert_eq!(
+        loaded,
+        [&expected[..expected.len().min(15)]],
+        "the scan iterator loaded"
+    );
     syn_queue_now(&daemon, "127.0.0.1:0", &[1, 5, 20]);
     syn_queue_now(&daemon, "[::1]:0", &[7]);
 }

@@ -23,11 +23,8 @@ pub struct ScanIterator {
 pub enum ScanError {
     #[error("loading the scan object failed")]
     Load(#[source] aya::EbpfError),
-    #[error(
-        "the scan object has no program `{}` (build mismatch)",
-        names::scan::PROGRAM
-    )]
-    Missing,
+    #[error("the scan object has no program `{0}` (build mismatch)")]
+    Missing(&'static str),
     #[error(
         "the kernel refused the `{}` iterator (BPF iterators over task files need Linux \
          5.8+ with BTF)",
@@ -45,17 +42,35 @@ impl ScanIterator {
     /// passes later do not.
     pub fn load(loader: &mut EbpfLoader<'_>, btf: &aya::Btf) -> Result<Self, ScanError> {
         let mut ebpf = loader.load(SCAN_OBJECT).map_err(ScanError::Load)?;
-        let program: &mut Iter = ebpf
-            .program_mut(names::scan::PROGRAM)
-            .ok_or(ScanError::Missing)?
-            .try_into()
-            .map_err(ScanError::Program)?;
-        program
-            .load(names::scan::ITERATOR, btf)
-            .map_err(ScanError::Program)?;
-        let fd = program.fd().map_err(ScanError::Program)?;
-        let link = crate::bpf_syscall::link_iterator(fd.as_fd()).map_err(ScanError::Link)?;
-        Ok(Self { _ebpf: ebpf, link })
+        // The first that loads: the typed one where the kernel has its helper.
+        let mut refused = None;
+        for name in names::scan::PROGRAMS {
+            let program: &mut Iter = ebpf
+                .program_mut(name)
+                .ok_or(ScanError::Missing(name))?
+                .try_into()
+                .map_err(ScanError::Program)?;
+            match program.load(names::scan::ITERATOR, btf) {
+                Ok(()) => {
+                    let fd = program.fd().map_err(ScanError::Program)?;
+                    let link =
+                        crate::bpf_syscall::link_iterator(fd.as_fd()).map_err(ScanError::Link)?;
+                    tracing::debug!(program = name, "scan iterator loaded");
+                    return Ok(Self { _ebpf: ebpf, link });
+                }
+                Err(e) => {
+                    tracing::debug!(
+                        program = name,
+                        error = %e,
+                        "scan iterator refused; trying the next"
+                    );
+                    refused = Some(e);
+                }
+            }
+        }
+        Err(ScanError::Program(
+            refused.expect("names::scan::PROGRAMS is not empty"),
+        ))
     }
 
     /// A new pass: reading the file to its end runs the program over every task's files.
@@ -71,8 +86,9 @@ mod tests {
     #[test]
     fn the_scan_object_has_its_program_and_no_map() {
         let object = aya_obj::Object::parse(SCAN_OBJECT).expect("the scan object parses");
-        let programs: Vec<&str> = object.programs.keys().map(String::as_str).collect();
-        assert_eq!(programs, [names::scan::PROGRAM]);
+        let mut programs: Vec<&str> = object.programs.keys().map(String::as_str).collect();
+        programs.sort_unstable();
+        assert_eq!(programs, names::scan::PROGRAMS);
         // Its globals only (OFFSETS in .rodata); the hooks' helpers bring two small
         // per-CPU arrays it never uses.
         let maps: Vec<&str> = object.maps.keys().map(String::as_str).collect();
