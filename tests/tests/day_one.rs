@@ -489,17 +489,8 @@ fn servers_started_before_the_daemon_get_their_programs_request_knob_and_sysctl(
     assert_eq!(l["requested"], 511, "{l}");
     assert_eq!(l["request"]["known"], "seen", "{l}");
     // top shows the figure the program asks for, marked as not seen.
-    let top = Command::new(binary())
-        .args(["top", "--once", "--api", &daemon.addr.to_string()])
-        .output()
-        .expect("backlogd top --once");
-    let top = String::from_utf8_lossy(&top.stdout);
-    let row = |port: u16| {
-        top.lines()
-            .find(|l| l.starts_with(&format!("127.0.0.1:{port} ")))
-            .unwrap_or_else(|| panic!("no row for {port}:\n{top}"))
-            .to_owned()
-    };
+    let top = top_once(&daemon);
+    let row = |port: u16| top_row(&top, port);
     assert!(row(18082).contains(" 511*/128!"), "{}", row(18082));
     assert!(row(18080).contains(" 511/128!"), "{}", row(18080));
     assert!(row(18084).contains(" =max/128 "), "{}", row(18084));
@@ -894,6 +885,17 @@ fn databases_php_python_and_java_started_before_the_daemon_and_somaxconn_raised_
         wait_somaxconn(&daemon, &server.ns, 4096);
     }
     let raised = Doctor::run(&daemon, &[]);
+    // top flags them the same: `+`, listen() again gets more.
+    let top = top_once(&daemon);
+    for (server, program, asks, _) in &servers[..2] {
+        let row = top_row(&top, server.port);
+        assert!(
+            row.contains(&format!(" {asks}*/{}!+ ", server.somaxconn)),
+            "{program}: {row}"
+        );
+    }
+    let row = top_row(&top, 19000);
+    assert!(row.contains(" =max/128+ "), "php-fpm's plain pool: {row}");
     for (server, program, asks, _) in &servers[..3] {
         let found = raised.about(&server.ns);
         let ev = found
@@ -957,6 +959,14 @@ fn databases_php_python_and_java_started_before_the_daemon_and_somaxconn_raised_
         assert_eq!(l["requested"], *asks, "{program}: {l}");
     }
     let after = Doctor::run(&daemon, &[]);
+    let top = top_once(&daemon);
+    for (server, program, asks, _) in &servers[..2] {
+        let row = top_row(&top, server.port);
+        assert!(
+            row.contains(&format!(" {asks}/{asks} ")),
+            "{program}: {row}"
+        );
+    }
     for (server, program, _, _) in &servers[..2] {
         assert_eq!(
             kinds(&after.about(&server.ns)),
@@ -965,4 +975,21 @@ fn databases_php_python_and_java_started_before_the_daemon_and_somaxconn_raised_
             after.about(&server.ns)
         );
     }
+}
+
+/// `backlogd top --once` against `daemon`.
+fn top_once(daemon: &Daemon) -> String {
+    let top = Command::new(binary())
+        .args(["top", "--once", "--api", &daemon.addr.to_string()])
+        .output()
+        .expect("backlogd top --once");
+    String::from_utf8_lossy(&top.stdout).into_owned()
+}
+
+/// The row of `top` for 127.0.0.1:`port`.
+fn top_row(top: &str, port: u16) -> String {
+    top.lines()
+        .find(|l| l.starts_with(&format!("127.0.0.1:{port} ")))
+        .unwrap_or_else(|| panic!("no row for {port}:\n{top}"))
+        .to_owned()
 }

@@ -10,7 +10,7 @@ use backlogd_common::DropReason;
 use ratatui::crossterm::event::KeyCode;
 use serde::Serialize;
 
-use crate::api::{ClientImpact, ListenerSnapshot, Snapshot};
+use crate::api::{ClientImpact, ListenerSnapshot, Request, Snapshot};
 
 /// One listener with its rates over the last refresh.
 #[derive(Debug, Clone, Serialize)]
@@ -35,6 +35,10 @@ pub struct Row {
     /// ... and attempts with a drop not queued within the daemon's horizon
     /// (`client_impact_horizon`), counted when it passes.
     pub abandoned_per_s: f64,
+    /// Calling listen() again (a restart or reload) would get it a larger backlog: its
+    /// namespace's net.core.somaxconn was raised above what it was granted, and it asks
+    /// for more than that (or for somaxconn itself). `doctor` says the same.
+    pub relisten: bool,
 }
 
 impl Row {
@@ -62,6 +66,17 @@ impl Row {
             self.l.listener.port,
         )
     }
+}
+
+/// Whether `l`, in a namespace whose somaxconn is `somaxconn` now, would be granted more
+/// by calling listen() again ([`Row::relisten`]).
+fn relisten_gets_more(l: &ListenerSnapshot, somaxconn: Option<u32>) -> bool {
+    let granted = l.listener.granted;
+    let asks_more = match l.request {
+        Request::Somaxconn { .. } => true,
+        ref r => r.wanted().is_some_and(|w| w > granted),
+    };
+    asks_more && somaxconn.is_some_and(|now| now > granted)
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -177,6 +192,11 @@ impl App {
             .map(|l| (l.listener.inode, l))
             .collect();
         self.hook_mode = snapshot.hook_mode.clone();
+        let somaxconn: HashMap<u32, u32> = snapshot
+            .namespaces
+            .iter()
+            .map(|n| (n.netns, n.sysctls.somaxconn))
+            .collect();
         self.impact_window = snapshot.impact_window;
         self.rows = snapshot
             .listeners
@@ -216,6 +236,7 @@ impl App {
                         p.map(|p| p.impact.delayed_at_least(long)),
                     ),
                     abandoned_per_s: rate(l.impact.abandoned, p.map(|p| p.impact.abandoned)),
+                    relisten: relisten_gets_more(l, somaxconn.get(&l.listener.netns).copied()),
                     l: l.clone(),
                 }
             })

@@ -381,7 +381,12 @@ fn listener_cells(r: &Row) -> Cells {
             plain,
         ),
         (
-            format!("{}/{}", r.l.request.short(), l.granted),
+            format!(
+                "{}/{}{}",
+                r.l.request.short(),
+                l.granted,
+                if r.relisten { "+" } else { "" }
+            ),
             if r.clamped() { alarm } else { plain },
         ),
         (
@@ -550,14 +555,6 @@ fn draw_detail(frame: &mut Frame, app: &App, area: Rect) {
 }
 
 fn draw_help(frame: &mut Frame, area: Rect) {
-    let w = 56.min(area.width);
-    let h = 20.min(area.height);
-    let popup = Rect::new(
-        area.x + (area.width - w) / 2,
-        area.y + (area.height - h) / 2,
-        w,
-        h,
-    );
     let keys = [
         ("s", "sort by next column"),
         ("/", "filter by port, process, pid or netns"),
@@ -578,8 +575,20 @@ fn draw_help(frame: &mut Frame, area: Rect) {
         ("COOKIE/s", "SYNs answered with a syncookie"),
         ("RTX/s", "SYN-ACKs retransmitted"),
         ("SYNQ", "pending handshakes now^peak"),
+        ("BACKLOG", "asked/granted; ! granted less than"),
+        ("", "asked; + listen() again gets more"),
+        ("", "(somaxconn was raised since)"),
         ("", "(^peak alone: no length now)"),
     ];
+    // Every line and the two borders.
+    let w = 56.min(area.width);
+    let h = (keys.len() as u16 + 2).min(area.height);
+    let popup = Rect::new(
+        area.x + (area.width - w) / 2,
+        area.y + (area.height - h) / 2,
+        w,
+        h,
+    );
     let text: Vec<TextLine> = keys
         .iter()
         .map(|(k, v)| TextLine::raw(format!("  {k:<14}{v}")))
@@ -628,10 +637,11 @@ pub fn plain(app: &App) -> String {
             format!("{}:{}", l.addr, l.port),
             format!("{}[{}]", l.comm, l.pid),
             format!(
-                "{}/{}{}",
+                "{}/{}{}{}",
                 r.l.request.short(),
                 l.granted,
-                if r.clamped() { "!" } else { "" }
+                if r.clamped() { "!" } else { "" },
+                if r.relisten { "+" } else { "" }
             ),
             format!("{}/{} ^{}", q.accept_depth, l.granted, q.accept_max),
             syn_queue(q),
@@ -850,6 +860,44 @@ mod tests {
             row.trim_end(),
             "255.255.255.255:65535 postgre 4096/4096 4096/4096 ^4097 0^4096 0       1000/0"
         );
+    }
+
+    #[test]
+    fn a_listener_that_would_get_more_from_listen_again_is_flagged() {
+        // Asked for 511, granted 128; somaxconn raised to 4096 since: `!+`. One that asks
+        // for somaxconn itself (Go) and holds an old 128: `+` alone. At somaxconn 128
+        // neither can get more.
+        let clamped = listener(1, 80, "nginx", 511, 128);
+        let mut go = listener(2, 8080, "server", 0, 128);
+        go.request = crate::api::Request::Somaxconn {
+            program: "Go".into(),
+        };
+        let mut raised = App::new(Duration::from_secs(1));
+        raised.update(
+            fixtures::snapshot(
+                vec![clamped.clone(), go.clone()],
+                vec![fixtures::namespace(fixtures::NETNS, 4096)],
+            ),
+            Duration::from_secs(1),
+        );
+        let text = plain(&raised);
+        let row = |port: &str| {
+            text.lines()
+                .find(|l| l.starts_with(&format!("0.0.0.0:{port} ")))
+                .unwrap_or_else(|| panic!("no row for {port}: {text}"))
+                .to_owned()
+        };
+        assert!(row("80").contains(" 511/128!+ "), "{}", row("80"));
+        assert!(row("8080").contains(" =max/128+ "), "{}", row("8080"));
+        let mut same = App::new(Duration::from_secs(1));
+        same.update(
+            fixtures::snapshot(
+                vec![clamped],
+                vec![fixtures::namespace(fixtures::NETNS, 128)],
+            ),
+            Duration::from_secs(1),
+        );
+        assert!(plain(&same).contains(" 511/128! "), "{}", plain(&same));
     }
 
     #[test]
