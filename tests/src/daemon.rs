@@ -243,6 +243,16 @@ impl Daemon {
             .clone()
     }
 
+    /// `backlogd ARGS --api ADDR` (a client command against this daemon): its stdout.
+    pub fn cli(&self, args: &[&str]) -> String {
+        let out = Command::new(binary())
+            .args(args)
+            .args(["--api", &self.addr.to_string()])
+            .output()
+            .expect("running backlogd");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
     /// `/api/v1/snapshot`, parsed.
     pub fn api_snapshot(&self) -> serde_json::Value {
         let (status, body) = self.get("/api/v1/snapshot");

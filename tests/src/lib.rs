@@ -22,6 +22,7 @@ pub mod scenario;
 pub mod sockets;
 pub mod tempdir;
 pub mod tools;
+pub mod top;
 
 pub use daemon::Daemon;
 pub use exact::Exact;

@@ -1029,27 +1029,15 @@ fn a_containerd_pods_listener_is_named_exact_and_gone_with_its_pod() {
 
     // `top` and `doctor` name the pod and the container.
     let owner = format!("pod {NAMESPACE}/{POD}, containerd container {CONTAINER}");
-    let cli = |args: &[&str]| {
-        let out = Command::new(backlogd_tests::daemon::binary())
-            .args(args)
-            .args(["--api", &daemon.addr.to_string()])
-            .output()
-            .expect("running backlogd");
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    };
-    let top = cli(&["top", "--once"]);
-    let row = top
-        .lines()
-        .find(|l| l.starts_with(&format!("{} ", listener.addr)))
-        .unwrap_or_else(|| panic!("no row for {}:\n{top}", listener.addr))
-        .to_owned();
+    let top = backlogd_tests::top::Top::once(&daemon);
+    let row = top.row(listener.addr).to_owned();
     soft(
         row.trim_end()
             .ends_with(&owner)
             .then_some(())
             .ok_or_else(|| format!("top's row does not end with {owner:?}: {row}")),
     );
-    let doctor = cli(&["doctor"]);
+    let doctor = daemon.cli(&["doctor"]);
     let subject = doctor
         .lines()
         .find(|l| l.contains(&format!("{} (netns", listener.addr)))

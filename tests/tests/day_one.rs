@@ -19,11 +19,11 @@ use std::{
 
 use backlogd_tests::{
     Daemon, Netns,
-    daemon::binary,
     doctor::{Doctor, evidence, kinds, set},
     sockets::{Listener, connect_burst, fill_accept_queue, kernel_queue},
     tempdir::TempDir,
     tools,
+    top::Top,
 };
 
 /// A server process (and whatever it forks: one process group) in its own namespace.
@@ -489,8 +489,8 @@ fn servers_started_before_the_daemon_get_their_programs_request_knob_and_sysctl(
     assert_eq!(l["requested"], 511, "{l}");
     assert_eq!(l["request"]["known"], "seen", "{l}");
     // top shows the figure the program asks for, marked as not seen.
-    let top = top_once(&daemon);
-    let row = |port: u16| top_row(&top, port);
+    let top = Top::once(&daemon);
+    let row = |port: u16| top.row(format!("127.0.0.1:{port}")).to_owned();
     assert!(row(18082).contains(" 511*/128!"), "{}", row(18082));
     assert!(row(18080).contains(" 511/128!"), "{}", row(18080));
     assert!(row(18084).contains(" =max/128 "), "{}", row(18084));
@@ -886,15 +886,15 @@ fn databases_php_python_and_java_started_before_the_daemon_and_somaxconn_raised_
     }
     let raised = Doctor::run(&daemon, &[]);
     // top flags them the same: `+`, listen() again gets more.
-    let top = top_once(&daemon);
+    let top = Top::once(&daemon);
     for (server, program, asks, _) in &servers[..2] {
-        let row = top_row(&top, server.port);
+        let row = top.row(format!("127.0.0.1:{}", server.port));
         assert!(
             row.contains(&format!(" {asks}*/{}!+ ", server.somaxconn)),
             "{program}: {row}"
         );
     }
-    let row = top_row(&top, 19000);
+    let row = top.row("127.0.0.1:19000");
     assert!(row.contains(" =max/128+ "), "php-fpm's plain pool: {row}");
     for (server, program, asks, _) in &servers[..3] {
         let found = raised.about(&server.ns);
@@ -959,9 +959,9 @@ fn databases_php_python_and_java_started_before_the_daemon_and_somaxconn_raised_
         assert_eq!(l["requested"], *asks, "{program}: {l}");
     }
     let after = Doctor::run(&daemon, &[]);
-    let top = top_once(&daemon);
+    let top = Top::once(&daemon);
     for (server, program, asks, _) in &servers[..2] {
-        let row = top_row(&top, server.port);
+        let row = top.row(format!("127.0.0.1:{}", server.port));
         assert!(
             row.contains(&format!(" {asks}/{asks} ")),
             "{program}: {row}"
@@ -975,21 +975,4 @@ fn databases_php_python_and_java_started_before_the_daemon_and_somaxconn_raised_
             after.about(&server.ns)
         );
     }
-}
-
-/// `backlogd top --once` against `daemon`.
-fn top_once(daemon: &Daemon) -> String {
-    let top = Command::new(binary())
-        .args(["top", "--once", "--api", &daemon.addr.to_string()])
-        .output()
-        .expect("backlogd top --once");
-    String::from_utf8_lossy(&top.stdout).into_owned()
-}
-
-/// The row of `top` for 127.0.0.1:`port`.
-fn top_row(top: &str, port: u16) -> String {
-    top.lines()
-        .find(|l| l.starts_with(&format!("127.0.0.1:{port} ")))
-        .unwrap_or_else(|| panic!("no row for {port}:\n{top}"))
-        .to_owned()
 }

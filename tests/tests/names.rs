@@ -134,11 +134,7 @@ fn units_containers_and_pods_name_their_listeners() {
         servers.push((server, ns, port));
     }
     // top names the owner in its OWNER column (pod, container, or unit).
-    let top = Command::new(backlogd_tests::daemon::binary())
-        .args(["top", "--once", "--api", &daemon.addr.to_string()])
-        .output()
-        .expect("backlogd top --once");
-    let top = String::from_utf8_lossy(&top.stdout);
+    let top = backlogd_tests::top::Top::once(&daemon);
     for ((_, _, port), owner) in servers.iter().zip([
         "backlogd-web.service".to_owned(),
         format!("podman container {}", &CONTAINER_ID[..12]),
@@ -147,10 +143,7 @@ fn units_containers_and_pods_name_their_listeners() {
             &CONTAINER_ID[..12]
         ),
     ]) {
-        let row = top
-            .lines()
-            .find(|l| l.starts_with(&format!("127.0.0.1:{port} ")))
-            .unwrap_or_else(|| panic!("no row for {port}:\n{top}"));
+        let row = top.row(format!("127.0.0.1:{port}"));
         assert!(row.trim_end().ends_with(&owner), "{row}");
     }
     // A listener whose process sits in no unit, container or pod (this test's, in the

@@ -272,21 +272,10 @@ fn a_podman_container_is_named_in_metrics_top_and_doctor() {
     assert_eq!(ours["names"]["container"]["id"], id.as_str(), "{ours}");
 
     let owner = format!("podman container {name}");
-    let cli = |args: &[&str]| {
-        let out = Command::new(backlogd_tests::daemon::binary())
-            .args(args)
-            .args(["--api", &daemon.addr.to_string()])
-            .output()
-            .expect("running backlogd");
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    };
-    let top = cli(&["top", "--once"]);
-    let row = top
-        .lines()
-        .find(|l| l.starts_with(&format!("{} ", listener.addr)))
-        .unwrap_or_else(|| panic!("no row for {}:\n{top}", listener.addr));
+    let top = backlogd_tests::top::Top::once(&daemon);
+    let row = top.row(listener.addr);
     assert!(row.trim_end().ends_with(&owner), "{row}");
-    let doctor = cli(&["doctor"]);
+    let doctor = daemon.cli(&["doctor"]);
     // The subject line: `python3[PID] ADDR (netns N) in podman container NAME`.
     let subject = doctor
         .lines()
