@@ -527,6 +527,13 @@ def starts_and_says_what_it_left_out():
         ev.append(f"the daemon warned (journal PRIORITY={e[4]}): {e[2][:300]}")
     _, body = http_get("/metrics")
     mode = [l for l in body.splitlines() if l.startswith("backlogd_hook_mode{")]
+    # The scan pass (the SYN queues' lengths now) loads under the shipped unit's
+    # hardening and runs when /metrics is read.
+    scanned = [l for l in body.splitlines()
+               if l.startswith("backlogd_syn_queue_read_age_seconds ")]
+    expect(scanned, "no backlogd_syn_queue_read_age_seconds on /metrics: the scan pass did "
+           f"not run under the shipped unit; the daemon's warnings: {warnings}")
+    ev.append(f"scan pass under the shipped unit: {scanned[0]}")
     pins = pin_files()
     ev.append(f"kernel {os.uname().release}: hook mode {mode}; pins under {PIN_DIR}: "
               f"{len(pins)}")
