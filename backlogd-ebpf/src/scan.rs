@@ -12,8 +12,9 @@
 //! hooks.
 //!
 //! Two programs, the same records: [`listeners`] asks the kernel for a file's socket
-//! (`bpf_sock_from_file`, Linux 5.11+), which comes back typed, so every field of the
-//! socket is a direct load; most files of a busy host are established sockets, and for
+//! (`bpf_sock_from_file`, Linux 5.11+), which comes back typed, so the fields of its
+//! `struct sock` are direct loads (a listener's in6_addr and SYN-queue length stay probe
+//! reads); most files of a busy host are established sockets, and for
 //! each of those the pass then costs a helper call and two loads instead of three probe
 //! reads. [`listeners_probed`] is for 5.10, which lacks the helper: a socket is
 //! `file->private_data` once the file's inode says it is one, read through probe reads.

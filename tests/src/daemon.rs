@@ -244,12 +244,20 @@ impl Daemon {
     }
 
     /// `backlogd ARGS --api ADDR` (a client command against this daemon): its stdout.
+    /// A command that printed nothing and failed panics with its stderr (`doctor` exits
+    /// non-zero with findings, and prints them).
     pub fn cli(&self, args: &[&str]) -> String {
         let out = Command::new(binary())
             .args(args)
             .args(["--api", &self.addr.to_string()])
             .output()
             .expect("running backlogd");
+        assert!(
+            out.status.success() || !out.stdout.is_empty(),
+            "backlogd {args:?} failed ({}) and printed nothing: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 

@@ -9,6 +9,8 @@ use std::os::fd::{AsFd as _, OwnedFd};
 use aya::{Ebpf, EbpfLoader, programs::Iter};
 use backlogd_common::names;
 
+use super::error_chain;
+
 /// The scan object aya-build produced from backlogd-ebpf for this build.
 static SCAN_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/backlogd-scan"));
 
@@ -31,6 +33,11 @@ pub enum ScanError {
         names::scan::ITERATOR
     )]
     Program(#[source] aya::programs::ProgramError),
+    #[error(
+        "the kernel refused every `task_file` iterator (BPF iterators over task files need \
+         Linux 5.8+ with BTF): {0}"
+    )]
+    Refused(String),
     #[error("creating the iterator's link failed")]
     Link(#[source] std::io::Error),
 }
@@ -43,7 +50,7 @@ impl ScanIterator {
     pub fn load(loader: &mut EbpfLoader<'_>, btf: &aya::Btf) -> Result<Self, ScanError> {
         let mut ebpf = loader.load(SCAN_OBJECT).map_err(ScanError::Load)?;
         // The first that loads: the typed one where the kernel has its helper.
-        let mut refused = None;
+        let mut refused = Vec::new();
         for name in names::scan::PROGRAMS {
             let program: &mut Iter = ebpf
                 .program_mut(name)
@@ -64,13 +71,11 @@ impl ScanIterator {
                         error = %e,
                         "scan iterator refused; trying the next"
                     );
-                    refused = Some(e);
+                    refused.push(format!("{name}: {}", error_chain(&e)));
                 }
             }
         }
-        Err(ScanError::Program(
-            refused.expect("names::scan::PROGRAMS is not empty"),
-        ))
+        Err(ScanError::Refused(refused.join("; ")))
     }
 
     /// A new pass: reading the file to its end runs the program over every task's files.

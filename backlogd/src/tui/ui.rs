@@ -555,6 +555,7 @@ fn draw_detail(frame: &mut Frame, app: &App, area: Rect) {
 }
 
 fn draw_help(frame: &mut Frame, area: Rect) {
+    // Every value fits the popup's 38 columns, and every line an 80x24 terminal.
     let keys = [
         ("s", "sort by next column"),
         ("/", "filter by port, process, pid or netns"),
@@ -562,23 +563,21 @@ fn draw_help(frame: &mut Frame, area: Rect) {
         ("+ / -", "slower / faster refresh"),
         ("up/down, j/k", "select"),
         ("enter, d", "detail pane / collapse group"),
-        ("?, h", "this help"),
-        ("q, esc", "quit"),
+        ("?/h, q/esc", "this help / quit"),
         ("", ""),
         // What each rate counts: segments, connections or connection attempts.
-        ("DROPS/s", "SYNs + final ACKs dropped (not"),
-        ("", "connections: a retried SYN counts"),
+        ("DROPS/s", "SYNs + final ACKs dropped, not"),
+        ("", "connections (a retried SYN counts"),
         ("", "again); by reason in ACC/SYN/ACK/OTH"),
         ("DLY/ABN/s", "connections queued after a drop /"),
         ("", "attempts with a drop not queued"),
         ("", "within the horizon, per second"),
         ("COOKIE/s", "SYNs answered with a syncookie"),
         ("RTX/s", "SYN-ACKs retransmitted"),
-        ("SYNQ", "pending handshakes now^peak"),
-        ("BACKLOG", "asked/granted; ! granted less than"),
-        ("", "asked; + listen() again gets more"),
-        ("", "(somaxconn was raised since)"),
-        ("", "(^peak alone: no length now)"),
+        ("SYNQ", "handshakes pending now^peak (or"),
+        ("", "^peak: no length now)"),
+        ("BACKLOG", "asked/granted, red: granted less;"),
+        ("", "+: listen() again gets more"),
     ];
     // Every line and the two borders.
     let w = 56.min(area.width);
@@ -959,8 +958,10 @@ mod tests {
             "DLY/ABN/s     connections queued after a drop /",
             "attempts with a drop not queued",
             "within the horizon, per second",
-            "DROPS/s       SYNs + final ACKs dropped (not",
+            "DROPS/s       SYNs + final ACKs dropped, not",
             "COOKIE/s      SYNs answered with a syncookie",
+            // The last line: the popup fits 80x24 whole.
+            "+: listen() again gets more",
         ] {
             assert!(
                 screen.iter().any(|l| l.contains(line)),

@@ -366,8 +366,15 @@ pub(super) fn costs(lines: &[Line]) -> Vec<Cost> {
             aa,
         });
     }
-    // Modes in the order `--hook-mode auto` tries them, events in run order.
-    let rank = |m: &str| super::MODES.iter().position(|x| *x == m).unwrap_or(9);
+    // Modes in the order `--hook-mode auto` tries them, a variant right after its mode,
+    // events in run order.
+    let rank = |m: &str| {
+        let base = super::guest_loops::hook_mode_of(m);
+        (
+            super::MODES.iter().position(|x| *x == base).unwrap_or(9),
+            m != base,
+        )
+    };
     out.sort_by_key(|c| (rank(&c.mode), c.event));
     out
 }

@@ -389,7 +389,14 @@ fn report(opts: &Options, clock: &str, lines: &[Line], notes: &[String], took: D
             md.push_str(&format!("\n**{mode}:** {text}\n"));
         }
     }
-    for mode in MODES {
+    // Every mode that ran, variants (`fentry/accept_wait=false`) included, in table order.
+    let mut ran: Vec<&str> = Vec::new();
+    for c in &costs {
+        if !ran.contains(&c.mode.as_str()) {
+            ran.push(&c.mode);
+        }
+    }
+    for &mode in &ran {
         let progs = cost_table::render_programs(lines, &costs, mode);
         if !progs.is_empty() {
             md.push_str(&format!(
@@ -398,7 +405,7 @@ fn report(opts: &Options, clock: &str, lines: &[Line], notes: &[String], took: D
             ));
         }
     }
-    for mode in MODES {
+    for &mode in &ran {
         let profile = cost_table::render_profile(lines, &costs, mode, 12);
         if !profile.is_empty() {
             md.push_str(&format!(
