@@ -61,3 +61,15 @@ pub enum LoadError {
         source: aya::maps::MapError,
     },
 }
+
+/// `e` and its sources, `: `-separated, for a log line.
+pub(super) fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        s.push_str(": ");
+        s.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    s
+}

@@ -26,6 +26,7 @@ use backlogd_common::{
 };
 
 pub use self::error::LoadError;
+use self::error::error_chain;
 use self::{
     attach::{typed, typed_map},
     btf::{BtfError, KernelBtf},
@@ -237,17 +238,6 @@ pub fn unpin(dir: &std::path::Path) -> anyhow::Result<()> {
         .map_err(|e| anyhow::anyhow!("cannot remove {}: {e}", dir.display()))?;
     println!("removed {} (its programs are detached)", dir.display());
     Ok(())
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        s.push_str(": ");
-        s.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    s
 }
 
 /// Takes over the programs a previous daemon of this build left pinned in `mode`: they

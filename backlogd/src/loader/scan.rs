@@ -9,7 +9,7 @@ use std::os::fd::{AsFd as _, OwnedFd};
 use aya::{Ebpf, EbpfLoader, programs::Iter};
 use backlogd_common::names;
 
-use super::error_chain;
+use super::error::error_chain;
 
 /// The scan object aya-build produced from backlogd-ebpf for this build.
 static SCAN_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/backlogd-scan"));
