@@ -42,64 +42,31 @@ pub struct Figures {
     pub scan: Option<ScanPass>,
 }
 
-/// Reads the kernel maps and the high-water-mark windows once, with a scan pass if the
-/// last is a second old or more. Blocks for the pass: call it off the async workers.
+/// Reads the kernel maps and the high-water-mark windows once, after a scan pass if the
+/// last is older than a second. Blocks for the pass: call it off the async workers.
 pub fn gather(live: &Live) -> Figures {
-    std::thread::scope(|scope| {
-        // The pass on a thread of its own while this one reads the maps: a request waits
-        // for the longer of the two, not for both.
-        let pass = live
-            .scan
-            .as_ref()
-            .map(|scan| scope.spawn(|| scan.refresh(&live.windows)));
-        let maps = read_maps(live);
-        if let Some(pass) = pass
-            && pass.join().is_err()
-        {
-            tracing::error!("a scan pass panicked; the last figures stay");
-        }
-        join_windows(live, maps)
-    })
-}
-
-/// What [`gather`] reads from the kernel maps in one look.
-struct MapFigures {
-    events_lost: u64,
-    stats_full: u64,
-    impact: ImpactFigures,
-    stats: ByInode<ListenerStats>,
-    queue_states: ByInode<backlogd_common::QueueState>,
-}
-
-fn read_maps(live: &Live) -> MapFigures {
+    if let Some(scan) = &live.scan {
+        scan.refresh(&live.windows);
+    }
     let epoch = live
         .windows
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .epoch();
-    let maps = live.maps.lock().unwrap_or_else(|e| e.into_inner());
-    MapFigures {
-        events_lost: maps.events_lost(),
-        stats_full: maps.stats_full(),
-        impact: ImpactFigures {
-            tracked: maps.tracked,
-            sweeps: maps.sweeps,
-            untracked: maps.attempts_untracked(),
-        },
-        stats: maps.listener_stats(),
-        queue_states: maps.queue_states(epoch),
-    }
-}
-
-/// The maps' figures joined with the windows (the scan pass's lengths included).
-fn join_windows(live: &Live, maps: MapFigures) -> Figures {
-    let MapFigures {
-        events_lost,
-        stats_full,
-        impact,
-        stats,
-        queue_states,
-    } = maps;
+    let (events_lost, stats_full, impact, stats, queue_states): (_, _, _, _, ByInode<_>) = {
+        let maps = live.maps.lock().unwrap_or_else(|e| e.into_inner());
+        (
+            maps.events_lost(),
+            maps.stats_full(),
+            ImpactFigures {
+                tracked: maps.tracked,
+                sweeps: maps.sweeps,
+                untracked: maps.attempts_untracked(),
+            },
+            maps.listener_stats(),
+            maps.queue_states(epoch),
+        )
+    };
     let (queues, scan) = {
         let windows = live.windows.lock().unwrap_or_else(|e| e.into_inner());
         let queues = live
