@@ -3,7 +3,9 @@
 //! rustc emits no CO-RE relocations, so every struct field offset comes from `OFFSETS`,
 //! which the daemon overrides before loading (from the running kernel's BTF).
 
-use aya_ebpf::helpers::{bpf_get_current_task, bpf_probe_read_kernel};
+use aya_ebpf::helpers::{
+    bpf_get_current_task, bpf_probe_read_kernel, generated::bpf_skc_to_tcp_sock,
+};
 use backlogd_common::{AF_INET, AF_INET6, IPPROTO_TCP, KernelOffsets, TCP_LISTEN, fexit_ret};
 
 /// Filled in by the daemon with `EbpfLoader::override_global`; all zeros in the object file.
@@ -100,6 +102,12 @@ pub trait Kmem: Copy {
     fn number(self, off: usize) -> Result<u64>;
     /// The socket inode of the `struct sock` at `self`.
     fn socket_inode(self) -> Result<u64>;
+    /// The SYN-queue length (`icsk_accept_queue.qlen`) of the listener at `self`: in
+    /// `struct inet_connection_sock`, past the `struct sock` a typed pointer allows.
+    #[inline(always)]
+    fn syn_qlen(self) -> Result<u32> {
+        self.probed().read(offset(|o| &o.icsk_syn_qlen))
+    }
     /// The same address, read through the helper from here on.
     #[inline(always)]
     fn probed(self) -> KPtr {
@@ -162,6 +170,20 @@ impl Kmem for BtfPtr {
     #[inline(always)]
     fn number(self, off: usize) -> Result<u64> {
         launder(self.load::<*const u8>(off))
+    }
+
+    /// The kernel's own cast (`bpf_skc_to_tcp_sock`, 5.9+) types the pointer as a
+    /// `struct tcp_sock`, which holds the queue: a helper call and a load instead of a
+    /// probe read (three per handshake in fentry mode).
+    #[inline(always)]
+    fn syn_qlen(self) -> Result<u32> {
+        // SAFETY: the verifier checks the argument is a BTF-typed socket; the helper
+        // returns NULL for one that is not a full TCP socket.
+        let tp = unsafe { bpf_skc_to_tcp_sock(self.0 as *mut _) };
+        if tp.is_null() {
+            return self.probed().read(offset(|o| &o.icsk_syn_qlen));
+        }
+        Ok(BtfPtr(tp as *const u8).load(offset(|o| &o.icsk_syn_qlen)))
     }
 
     /// The inode `struct socket_alloc` puts after the `struct socket` lies outside the

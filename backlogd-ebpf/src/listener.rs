@@ -100,8 +100,7 @@ pub(crate) fn now() -> u64 {
 #[inline(always)]
 pub(crate) fn observe_queues<K: Kmem>(sk: K, ino: u64, now: u64) -> Result<()> {
     let accept: u32 = sk.read(offset(|o| &o.sk_ack_backlog))?;
-    // In `struct inet_connection_sock`, past the `struct sock` a typed pointer allows.
-    let syn: u32 = sk.probed().read(offset(|o| &o.icsk_syn_qlen))?;
+    let syn: u32 = sk.syn_qlen()?;
     let epoch = QUEUE_EPOCH.get(0).copied().unwrap_or(0);
     match LISTENER_QUEUES.get_ptr_mut(ino) {
         Some(q) => {
