@@ -247,11 +247,8 @@ impl Daemon {
     /// A command that printed nothing and failed panics with its stderr (`doctor` exits
     /// non-zero with findings, and prints them).
     pub fn cli(&self, args: &[&str]) -> String {
-        let out = Command::new(binary())
-            .args(args)
-            .args(["--api", &self.addr.to_string()])
-            .output()
-            .expect("running backlogd");
+        let addr = self.addr.to_string();
+        let out = run_to_end(&[args, &["--api", &addr]].concat());
         assert!(
             out.status.success() || !out.stdout.is_empty(),
             "backlogd {args:?} failed ({}) and printed nothing: {}",
