@@ -116,6 +116,11 @@ pub struct ListenerStats {
     /// Attempts with a drop that a new attempt on the same 4-tuple replaced before they
     /// completed (the daemon counts the others, at the horizon).
     pub abandoned: u64,
+    /// Listen drops, and SYNs answered with a syncookie, not counted under a source prefix
+    /// in DROP_SOURCES: the map had no room for a new prefix, or the segment was gone
+    /// before its source could be read. Each listener's prefixes plus these equal its drops
+    /// and syncookies exactly.
+    pub untracked_source: [u64; source::COUNT],
 }
 
 // The layout the programs, the daemon and maps pinned by an older daemon share: `drops`
@@ -131,7 +136,7 @@ const _: () = {
     }
     assert!(core::mem::offset_of!(ListenerStats, drops) == 8);
     assert!(core::mem::offset_of!(ListenerStats, syncookies) == 40);
-    assert!(core::mem::size_of::<ListenerStats>() == 400);
+    assert!(core::mem::size_of::<ListenerStats>() == 424);
 };
 
 impl ListenerStats {
@@ -157,7 +162,70 @@ impl ListenerStats {
             *a += b;
         }
         self.abandoned += o.abandoned;
+        for (a, b) in self
+            .untracked_source
+            .iter_mut()
+            .zip(o.untracked_source.iter())
+        {
+            *a += b;
+        }
     }
+}
+
+/// What a source prefix is counted for: index of [`SourceCounts::counts`] and
+/// [`ListenerStats::untracked_source`].
+pub mod source {
+    /// A SYN the listener dropped (any reason).
+    pub const SYN_DROP: usize = 0;
+    /// A final ACK (or other segment after the SYN) the listener dropped.
+    pub const ACK_DROP: usize = 1;
+    /// A SYN answered with a syncookie.
+    pub const COOKIE: usize = 2;
+    pub const COUNT: usize = 3;
+}
+
+/// Capacity of the DROP_SOURCES map by default (`drop_source_entries` sets it at load
+/// time).
+pub const DROP_SOURCES_ENTRIES: u32 = 16384;
+
+/// A listener's dropped or cookie-answered segments from one source prefix: the key of the
+/// DROP_SOURCES map.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct SourceKey {
+    /// Socket inode of the listener.
+    pub listener_ino: u64,
+    /// The source address with every bit past `prefix_len` cleared, network byte order;
+    /// IPv4 (and IPv4-mapped IPv6) in the first four bytes.
+    pub prefix: [u8; 16],
+    /// 4 or 6.
+    pub version: u8,
+    /// Bits of `prefix` kept.
+    pub prefix_len: u8,
+    pub _pad: [u8; 6],
+}
+
+/// Counts of one [`SourceKey`], updated with atomic adds (a shared map, not per CPU: a
+/// prefix per CPU would multiply the kernel memory by the CPU count).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SourceCounts {
+    /// By [`source`] index.
+    pub counts: [u64; source::COUNT],
+    /// `bpf_ktime_get_ns()` (CLOCK_MONOTONIC) of the newest segment counted.
+    pub last_ns: u64,
+}
+
+/// The prefix lengths sources are folded to, injected as the read-only global
+/// `SOURCE_PREFIXES` at load time.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SourcePrefixes {
+    /// 0 to 32.
+    pub v4: u8,
+    /// 0 to 128.
+    pub v6: u8,
+    pub _pad: [u8; 6],
 }
 
 /// Why a connection attempt was delayed: the kind of the first segment of it a listener
@@ -516,4 +584,10 @@ mod user {
     unsafe impl aya::Pod for super::Attempt {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::ImpactSettings {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::SourceKey {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::SourceCounts {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::SourcePrefixes {}
 }

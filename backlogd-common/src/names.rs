@@ -27,9 +27,11 @@ pub mod map {
     pub const ATTEMPTS_UNTRACKED: &str = "ATTEMPTS_UNTRACKED";
     /// Attempts the daemon counted abandoned, by listener inode.
     pub const ABANDONED: &str = "ABANDONED";
+    /// Dropped and cookie-answered segments per listener and source prefix.
+    pub const DROP_SOURCES: &str = "DROP_SOURCES";
 
     /// Every map the daemon uses, in the order it pins them.
-    pub const DAEMON: [&str; 10] = [
+    pub const DAEMON: [&str; 11] = [
         LISTENER_EVENTS,
         LISTENER_EVENTS_LOST,
         LISTENER_STATS,
@@ -40,6 +42,7 @@ pub mod map {
         ATTEMPTS,
         ATTEMPTS_UNTRACKED,
         ABANDONED,
+        DROP_SOURCES,
     ];
 
     /// The global the daemon fills with the running kernel's struct offsets.
@@ -48,6 +51,8 @@ pub mod map {
     pub const CLIENT_IMPACT: &str = "CLIENT_IMPACT";
     /// The global that says whether accept waits are timed (a u32, 0 or 1).
     pub const ACCEPT_WAIT: &str = "ACCEPT_WAIT";
+    /// The global with the prefix lengths sources are folded to (`SourcePrefixes`).
+    pub const SOURCE_PREFIXES: &str = "SOURCE_PREFIXES";
 }
 
 /// Programs, by hook family (`backlogd-ebpf/src/<family>.rs`).

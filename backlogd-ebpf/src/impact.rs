@@ -7,7 +7,8 @@
 //! dropped a segment, so this module does:
 //!
 //! - [`dropped`]: a window whose counter deltas show a listen drop (`syn::settle`, every
-//!   mode) records the segment's attempt in `ATTEMPTS` (netns + client/server addresses
+//!   mode) has its source counted (`sources.rs`, as are syncookie-answered SYNs) and
+//!   records the segment's attempt in `ATTEMPTS` (netns + client/server addresses
 //!   and ports -> initial sequence number, time of the first drop, listener). Nothing runs
 //!   here for a segment that was not dropped.
 //! - [`completed`]: a connection queued for accept (the same places `accept::enqueued` is
@@ -40,7 +41,7 @@ use backlogd_common::{
 
 use crate::{
     kernel::{KPtr, Kmem, Result, errno, offset},
-    listener,
+    listener, sources,
 };
 
 #[map]
@@ -82,15 +83,16 @@ fn now_ns() -> u64 {
 /// The attempt `skb` (a segment from a client, still alive) belongs to, and its sequence
 /// number. The IP version comes from the packet, not the listener's family.
 #[inline(always)]
-fn segment<K: Kmem>(net: u64, skb: K) -> Result<(AttemptKey, u32)> {
+fn segment<K: Kmem>(net: u64, skb: K, key: &mut AttemptKey) -> Result<u32> {
     let head = skb.number(offset(|o| &o.skb_head))?;
     let network: u16 = skb.read(offset(|o| &o.skb_network_header))?;
     let transport: u16 = skb.read(offset(|o| &o.skb_transport_header))?;
     let ip = KPtr(head + u64::from(network));
-    let mut key = AttemptKey {
-        net,
-        ..AttemptKey::default()
-    };
+    // Every field: `key` may hold the previous segment's (a per-CPU scratch).
+    key.net = net;
+    key.client = [0; 16];
+    key.server = [0; 16];
+    key._pad = [0; 3];
     // The first 20 bytes hold an IPv4 header's version and both addresses, and an IPv6
     // header's version: one read for the common case.
     let start: [u8; 20] = ip.read(0)?;
@@ -101,9 +103,8 @@ fn segment<K: Kmem>(net: u64, skb: K) -> Result<(AttemptKey, u32)> {
             key.server[..4].copy_from_slice(&start[16..20]);
         }
         6 => {
-            let addrs: [[u8; 16]; 2] = ip.read(8)?;
-            key.client = addrs[0];
-            key.server = addrs[1];
+            key.client = ip.read(8)?;
+            key.server = ip.read(24)?;
         }
         _ => return Err(errno::EINVAL),
     }
@@ -111,24 +112,85 @@ fn segment<K: Kmem>(net: u64, skb: K) -> Result<(AttemptKey, u32)> {
     let tcp: [u8; 8] = KPtr(head + u64::from(transport)).read(0)?;
     key.client_port = [tcp[0], tcp[1]];
     key.server_port = [tcp[2], tcp[3]];
-    Ok((key, u32::from_be_bytes([tcp[4], tcp[5], tcp[6], tcp[7]])))
+    Ok(u32::from_be_bytes([tcp[4], tcp[5], tcp[6], tcp[7]]))
 }
 
-/// Listener `sk` (inode `ino`, netns `net`) dropped `skb`, a segment of `kind` (SYN or
-/// the final ACK) that is still alive. A BPF-to-BPF call: its key and value stay out of
-/// the callers' stack frames.
+/// What a window settled for its segment, packed into one argument of [`dropped`] (a
+/// BPF-to-BPF call has five): its kind (bits 0-7), drops (8-35) and syncookies (36-63).
+/// A segment's deltas are 0 or 1 in practice; larger ones saturate.
+#[derive(Clone, Copy)]
+pub(crate) struct Outcome(u64);
+
+impl Outcome {
+    const FIELD: u64 = (1 << 28) - 1;
+
+    #[inline(always)]
+    pub(crate) fn new(kind: u32, drops: u64, cookies: u64) -> Self {
+        Self(u64::from(kind & 0xff) | drops.min(Self::FIELD) << 8 | cookies.min(Self::FIELD) << 36)
+    }
+
+    #[inline(always)]
+    fn kind(self) -> u32 {
+        (self.0 & 0xff) as u32
+    }
+
+    #[inline(always)]
+    fn drops(self) -> u64 {
+        (self.0 >> 8) & Self::FIELD
+    }
+
+    #[inline(always)]
+    fn cookies(self) -> u64 {
+        self.0 >> 36
+    }
+}
+
+/// This CPU's attempt key, built in a map value rather than on the stack: [`dropped`] is a
+/// BPF-to-BPF call below the SYN path's programs, and 5.10's verifier refuses two frames
+/// over 512 bytes together.
+#[map]
+static ATTEMPT_SCRATCH: PerCpuArray<AttemptKey> = PerCpuArray::with_max_entries(1, 0);
+
+/// Listener `sk` (inode `ino`, netns `net`) dropped its segment `skb` (still alive, of
+/// `outcome`'s kind: SYN or final ACK) or answered it with a syncookie: count the source
+/// (`sources.rs`) and, for a drop, record the attempt. 0: the source was counted;
+/// otherwise the caller counts the segment's drops and cookies as untracked. A BPF-to-BPF
+/// call: its keys and values stay out of the callers' stack frames.
 #[inline(never)]
-pub(crate) fn dropped<K: Kmem>(sk: KPtr, ino: u64, net: u64, skb: K, kind: u32) -> i32 {
-    match record_drop(sk, ino, net, skb, kind) {
-        Ok(()) => 0,
+pub(crate) fn dropped<K: Kmem>(sk: KPtr, ino: u64, net: u64, skb: K, outcome: Outcome) -> i32 {
+    match record(sk, ino, net, skb, outcome) {
+        Ok(true) => 0,
+        Ok(false) => errno::ENOSPC,
         Err(e) => e,
     }
 }
 
 #[inline(always)]
-fn record_drop<K: Kmem>(sk: KPtr, ino: u64, net: u64, skb: K, kind: u32) -> Result<()> {
-    let (key, seq) = segment(net, skb)?;
+fn record<K: Kmem>(sk: KPtr, ino: u64, net: u64, skb: K, outcome: Outcome) -> Result<bool> {
+    let scratch = ATTEMPT_SCRATCH.get_ptr_mut(0).ok_or(errno::ENOENT)?;
+    // SAFETY: this CPU's element; a segment is settled start to finish on one CPU, and
+    // settling does not nest (softirq context).
+    let key = unsafe { &mut *scratch };
+    let seq = segment(net, skb, key)?;
     let now = now_ns();
+    let kind = outcome.kind();
+    let counted = sources::count(
+        ino,
+        key.version,
+        &key.client,
+        kind == segment_kind::SYN,
+        outcome.drops(),
+        outcome.cookies(),
+        now,
+    );
+    if outcome.drops() != 0 {
+        record_drop(sk, ino, key, seq, kind, now);
+    }
+    Ok(counted)
+}
+
+#[inline(always)]
+fn record_drop(sk: KPtr, ino: u64, key: &AttemptKey, seq: u32, kind: u32, now: u64) {
     let (why, isn) = if kind == segment_kind::SYN {
         (cause::SYN_DROP, seq)
     } else {
@@ -147,8 +209,8 @@ fn record_drop<K: Kmem>(sk: KPtr, ino: u64, net: u64, skb: K, kind: u32) -> Resu
     // Insert first: nearly every dropped segment is its attempt's first (a retransmission
     // comes a second later), and an insert that finds the key costs less than a lookup
     // before every insert.
-    if let Err(e) = ATTEMPTS.insert(&key, &fresh, u64::from(BPF_NOEXIST)) {
-        let entry = match ATTEMPTS.get_ptr_mut(&key) {
+    if let Err(e) = ATTEMPTS.insert(key, &fresh, u64::from(BPF_NOEXIST)) {
+        let entry = match ATTEMPTS.get_ptr_mut(key) {
             Some(entry) if e == errno::EEXIST => entry,
             // The map is full, or the daemon's sweep removed the entry just now.
             _ => {
@@ -156,7 +218,7 @@ fn record_drop<K: Kmem>(sk: KPtr, ino: u64, net: u64, skb: K, kind: u32) -> Resu
                     // SAFETY: this CPU's counter.
                     unsafe { *lost += 1 };
                 }
-                return Ok(());
+                return;
             }
         };
         // SAFETY: a value of the map; only this attempt's segments (processed one at a
@@ -191,7 +253,6 @@ fn record_drop<K: Kmem>(sk: KPtr, ino: u64, net: u64, skb: K, kind: u32) -> Resu
             }
         }
     }
-    Ok(())
 }
 
 /// Listener `sk` (inode `ino`, netns `net`) queued `child` for accept, on the segment
@@ -213,7 +274,8 @@ fn match_completion<K: Kmem>(sk: KPtr, ino: u64, net: u64, skb: K, child: KPtr) 
     if last == 0 || now.wrapping_sub(last) > horizon + GATE_SLACK_NS {
         return Ok(()); // no attempt can be waiting: the common case, no lookup
     }
-    let (key, _) = segment(net, skb)?;
+    let mut key = AttemptKey::default();
+    segment(net, skb, &mut key)?;
     // SAFETY: plain integers, copied out at once.
     let Some(entry) = (unsafe { ATTEMPTS.get(&key) }).copied() else {
         return Ok(());

@@ -70,6 +70,8 @@ pub mod errno {
     pub const EEXIST: i32 = -17;
     /// Input the program does not handle.
     pub const EINVAL: i32 = -22;
+    /// A map had no room for a new entry.
+    pub const ENOSPC: i32 = -28;
 }
 
 /// Reads one offset. Volatile so LLVM cannot fold the object file's zeros into the code.

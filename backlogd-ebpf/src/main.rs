@@ -6,6 +6,8 @@
 //!   for kernels that allow them; [`syn`] and [`accept`] hold the shared accounting.
 //! - [`impact`]: client impact: connection attempts a listener dropped a segment of,
 //!   matched to their completion (delayed, and by how much); [`syn`] calls it.
+//! - [`sources`]: who is being dropped: dropped and cookie-answered segments per listener
+//!   and source prefix; [`impact`] calls it with the address it read.
 //! - [`listener`]: the per-listener maps the daemon reads (counters, queue depths) and
 //!   their updates; [`syn`] and [`accept`] write through it.
 //! - [`listen`]: listener lifecycle: `listen(2)` (requested vs granted backlog, owner,
@@ -17,7 +19,8 @@
 //! the `OFFSETS` global that the daemon fills from the running kernel's BTF at load time.
 #![no_std]
 #![no_main]
-// `asm!` on the BPF target: `fentry.rs` loads context slots at literal offsets.
+// `asm!` on the BPF target: `fentry.rs` loads context slots at literal offsets, and
+// `sources.rs` adds atomically.
 #![feature(asm_experimental_arch)]
 
 mod accept;
@@ -27,6 +30,7 @@ mod kernel;
 mod kprobe;
 mod listen;
 mod listener;
+mod sources;
 mod syn;
 mod syscall;
 

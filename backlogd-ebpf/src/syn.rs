@@ -31,7 +31,7 @@ use aya_ebpf::{
     maps::PerCpuArray,
     programs::{BtfTracePointContext, RawTracePointContext, SkBuffContext},
 };
-use backlogd_common::{DropReason, SynStash, TCP_LISTEN, mib, segment_kind};
+use backlogd_common::{DropReason, SynStash, TCP_LISTEN, mib, segment_kind, source};
 
 use crate::{
     impact,
@@ -425,16 +425,35 @@ fn settle<K: Kmem>(stash: &SynStash, alive: Option<K>) -> Result<()> {
         let _ = listener::observe_queues(KPtr(stash.sk), stash.ino, listener::now());
     }
     let kind = stash.kind;
-    if let Some(skb) = alive
-        && drops != 0
-        && (kind == segment_kind::SYN || kind == segment_kind::ACK)
-    {
-        let _ = impact::dropped(KPtr(stash.sk), stash.ino, stash.net, skb, kind);
-    }
+    // Only a SYN window's cookie counters can move (see read_mib).
+    let cookies = if kind == segment_kind::SYN {
+        cookies
+    } else {
+        0
+    };
+    // The segment's source, for a drop or a cookie: counted per prefix unless the segment
+    // is gone (tracepoint mode settling at the next ingress), could not be classified, or
+    // its prefix found no room; then counted untracked below, so nothing goes missing.
+    let untracked = drops | cookies != 0
+        && match alive {
+            Some(skb) if kind == segment_kind::SYN || kind == segment_kind::ACK => {
+                let outcome = impact::Outcome::new(kind, drops, cookies);
+                impact::dropped(KPtr(stash.sk), stash.ino, stash.net, skb, outcome) != 0
+            }
+            _ => true,
+        };
     if kind != segment_kind::SYN && overflows | drops | qfull | cookies == 0 {
         return Ok(());
     }
     listener::update(KPtr(stash.sk), stash.ino, |s| {
+        if untracked {
+            if kind == segment_kind::SYN {
+                s.untracked_source[source::SYN_DROP] += drops;
+                s.untracked_source[source::COOKIE] += cookies;
+            } else {
+                s.untracked_source[source::ACK_DROP] += drops;
+            }
+        }
         if kind == segment_kind::SYN {
             s.syns += 1;
         }

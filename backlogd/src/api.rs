@@ -12,6 +12,7 @@ use crate::{
     programs::{Asks, Known},
     queues::QueueFigures,
     sampling::tcpext::ListenSysctls,
+    sources::DropSources,
 };
 
 /// `GET /api/v1/snapshot`.
@@ -97,6 +98,10 @@ pub struct ListenerSnapshot {
     /// older daemon).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recent_impact: Option<ClientImpact>,
+    /// Who it dropped: its drops and syncookies by source prefix (`sources.rs`); absent
+    /// until it drops a segment or sends a cookie.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drop_sources: Option<DropSources>,
 }
 
 /// The span the recent client-impact figures cover (see `state/recent.rs`): the last
@@ -424,6 +429,7 @@ impl ListenerSnapshot {
             },
             impact: ClientImpact::of(s.delayed, s.delay, s.delay_sum_ns, s.abandoned),
             recent_impact: None,
+            drop_sources: None,
         }
     }
 }

@@ -98,6 +98,25 @@ pub struct Layer {
     /// abandoned in the figures [default: 16384].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=MAX_ATTEMPTS))]
     pub client_impact_attempts: Option<u64>,
+    /// Bits of an IPv4 source address kept when a listener's dropped segments and syncookie
+    /// answers are counted by source (the JSON API's drop_sources, `top`'s detail pane,
+    /// `doctor`): 8 to 32. Sources are shown only at this length [default: 24].
+    #[arg(long, value_name = "BITS", value_parser = clap::value_parser!(u8).range(8..=32))]
+    pub drop_source_prefix_v4: Option<u8>,
+    /// The same for IPv6 sources: 16 to 128 [default: 48].
+    #[arg(long, value_name = "BITS", value_parser = clap::value_parser!(u8).range(16..=128))]
+    pub drop_source_prefix_v6: Option<u8>,
+    /// Listener and source-prefix pairs the kernel map counts at once (about 130 bytes
+    /// each). A drop or syncookie from a prefix beyond it is counted untracked
+    /// (backlogd_listen_drop_sources_untracked_total), never lost [default: 16384].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=MAX_DROP_SOURCES))]
+    pub drop_source_entries: Option<u64>,
+    /// Serve the source prefixes of drops (the JSON API's drop_sources.top) to readers
+    /// that are not on this host. Client addresses are personal data in many
+    /// jurisdictions: off, a reader not connecting over loopback gets the counts and
+    /// shares but no prefix [default: false].
+    #[arg(long, value_name = "true|false", value_parser = clap::value_parser!(bool))]
+    pub drop_source_addresses_remote: Option<bool>,
     /// Log filter. On the command line this is the global `--log` flag (or BACKLOGD_LOG).
     #[arg(skip)]
     pub log: Option<String>,
@@ -154,6 +173,10 @@ pub struct Config {
     pub accept_wait: bool,
     pub client_impact_horizon: u64,
     pub client_impact_attempts: u64,
+    pub drop_source_prefix_v4: u8,
+    pub drop_source_prefix_v6: u8,
+    pub drop_source_entries: u64,
+    pub drop_source_addresses_remote: bool,
     pub log: String,
     pub http: HttpConfig,
 }
@@ -164,6 +187,8 @@ pub const MAX_LISTENERS_LIMIT: u64 = 1 << 20;
 pub const MAX_HORIZON: u64 = 3600;
 /// Largest ATTEMPTS map: 2^20 entries are about 150 MiB of kernel memory.
 pub const MAX_ATTEMPTS: u64 = 1 << 20;
+/// Largest DROP_SOURCES map: 2^20 entries are about 130 MiB of kernel memory.
+pub const MAX_DROP_SOURCES: u64 = 1 << 20;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct HttpConfig {
@@ -191,6 +216,10 @@ impl Default for Config {
             accept_wait: true,
             client_impact_horizon: 130,
             client_impact_attempts: u64::from(backlogd_common::ATTEMPTS_ENTRIES),
+            drop_source_prefix_v4: 24,
+            drop_source_prefix_v6: 48,
+            drop_source_entries: u64::from(backlogd_common::DROP_SOURCES_ENTRIES),
+            drop_source_addresses_remote: false,
             log: "info".into(),
             http: HttpConfig {
                 web_config_file: None,
@@ -310,6 +339,10 @@ impl Layer {
             "accept_wait" => self.accept_wait.is_some(),
             "client_impact_horizon" => self.client_impact_horizon.is_some(),
             "client_impact_attempts" => self.client_impact_attempts.is_some(),
+            "drop_source_prefix_v4" => self.drop_source_prefix_v4.is_some(),
+            "drop_source_prefix_v6" => self.drop_source_prefix_v6.is_some(),
+            "drop_source_entries" => self.drop_source_entries.is_some(),
+            "drop_source_addresses_remote" => self.drop_source_addresses_remote.is_some(),
             "log" => self.log.is_some(),
             "http.web_config_file" => self.http.web_config_file.is_some(),
             "http.max_connections" => self.http.max_connections.is_some(),
@@ -345,6 +378,13 @@ pub fn merge(file: Option<&Layer>, cli: &Layer) -> Config {
         accept_wait: pick!(accept_wait, d.accept_wait),
         client_impact_horizon: pick!(client_impact_horizon, d.client_impact_horizon),
         client_impact_attempts: pick!(client_impact_attempts, d.client_impact_attempts),
+        drop_source_prefix_v4: pick!(drop_source_prefix_v4, d.drop_source_prefix_v4),
+        drop_source_prefix_v6: pick!(drop_source_prefix_v6, d.drop_source_prefix_v6),
+        drop_source_entries: pick!(drop_source_entries, d.drop_source_entries),
+        drop_source_addresses_remote: pick!(
+            drop_source_addresses_remote,
+            d.drop_source_addresses_remote
+        ),
         log: pick!(log, d.log),
         http: HttpConfig {
             web_config_file: cli
@@ -377,6 +417,7 @@ fn validate(c: &Config, origin: impl Fn(&str) -> String) -> Result<(), ConfigErr
         ("max_listeners", c.max_listeners),
         ("client_impact_horizon", c.client_impact_horizon),
         ("client_impact_attempts", c.client_impact_attempts),
+        ("drop_source_entries", c.drop_source_entries),
         ("http.max_connections", c.http.max_connections),
         ("http.read_header_timeout", c.http.read_header_timeout),
         ("http.idle_timeout", c.http.idle_timeout),
@@ -409,12 +450,33 @@ fn validate(c: &Config, origin: impl Fn(&str) -> String) -> Result<(), ConfigErr
             c.client_impact_attempts,
             MAX_ATTEMPTS,
         ),
+        (
+            "drop_source_entries",
+            c.drop_source_entries,
+            MAX_DROP_SOURCES,
+        ),
     ] {
         if value > max {
             return Err(invalid(
                 key,
                 value.to_string(),
                 &format!("must be at most {max}. Fix: set a smaller value"),
+            ));
+        }
+    }
+    for (key, value, range) in [
+        ("drop_source_prefix_v4", c.drop_source_prefix_v4, 8..=32),
+        ("drop_source_prefix_v6", c.drop_source_prefix_v6, 16..=128),
+    ] {
+        if !range.contains(&value) {
+            return Err(invalid(
+                key,
+                value.to_string(),
+                &format!(
+                    "must be {} to {} bits. Fix: set a prefix length in that range",
+                    range.start(),
+                    range.end()
+                ),
             ));
         }
     }
@@ -476,10 +538,32 @@ impl Config {
                 self.client_impact_attempts,
                 new.client_impact_attempts,
             ),
+            (
+                "drop_source_prefix_v4",
+                u64::from(self.drop_source_prefix_v4),
+                u64::from(new.drop_source_prefix_v4),
+            ),
+            (
+                "drop_source_prefix_v6",
+                u64::from(self.drop_source_prefix_v6),
+                u64::from(new.drop_source_prefix_v6),
+            ),
+            (
+                "drop_source_entries",
+                self.drop_source_entries,
+                new.drop_source_entries,
+            ),
         ] {
             if old != now {
                 out.push((key, old.to_string(), now.to_string()));
             }
+        }
+        if self.drop_source_addresses_remote != new.drop_source_addresses_remote {
+            out.push((
+                "drop_source_addresses_remote",
+                self.drop_source_addresses_remote.to_string(),
+                new.drop_source_addresses_remote.to_string(),
+            ));
         }
         if self.accept_wait != new.accept_wait {
             out.push((
@@ -516,6 +600,10 @@ impl Config {
         self.client_impact_horizon = running.client_impact_horizon;
         self.client_impact_attempts = running.client_impact_attempts;
         self.accept_wait = running.accept_wait;
+        self.drop_source_prefix_v4 = running.drop_source_prefix_v4;
+        self.drop_source_prefix_v6 = running.drop_source_prefix_v6;
+        self.drop_source_entries = running.drop_source_entries;
+        self.drop_source_addresses_remote = running.drop_source_addresses_remote;
     }
 }
 

@@ -15,7 +15,8 @@ use aya::{
     programs::ProgramFd,
 };
 use backlogd_common::{
-    Attempt, AttemptKey, ListenerEvent, ListenerStats, QueueState, map_full, names::map,
+    Attempt, AttemptKey, ListenerEvent, ListenerStats, QueueState, SourceCounts, SourceKey,
+    map_full, names::map,
 };
 
 use crate::{
@@ -51,6 +52,9 @@ pub struct KernelMaps {
     /// others, so the counts survive a restart): added to the programs' own `abandoned`
     /// counts (attempts a new one on the same 4-tuple replaced).
     pub abandoned: BpfHashMap<MapData, u64, u64>,
+    /// Dropped and cookie-answered segments per listener and source prefix
+    /// (`sources.rs` in the eBPF crate).
+    pub drop_sources: BpfHashMap<MapData, SourceKey, SourceCounts>,
     /// Attempts in the map as of the last sweep.
     pub tracked: u64,
     /// Sweeps so far: `tracked` is as of the last one.
@@ -79,6 +83,14 @@ impl KernelMaps {
             .chain(self.listener_queues.keys().filter_map(Result::ok))
             .chain(self.listens_seen.keys().filter_map(Result::ok))
             .chain(self.abandoned.keys().filter_map(Result::ok))
+            // The programs never remove a closed listener's prefixes: its inode stays a
+            // key here until the rescans find it orphaned and remove() takes them.
+            .chain(
+                self.drop_sources
+                    .keys()
+                    .filter_map(Result::ok)
+                    .map(|k| k.listener_ino),
+            )
             .collect()
     }
 
@@ -156,6 +168,11 @@ impl KernelMaps {
         }
     }
 
+    /// Every listener's source prefixes, as the kernel counted them so far.
+    pub fn drop_sources(&self) -> Vec<(SourceKey, SourceCounts)> {
+        self.drop_sources.iter().filter_map(Result::ok).collect()
+    }
+
     /// Removes `inodes` from the per-listener maps; returns how many entries went.
     pub fn remove(&mut self, inodes: &HashSet<u64>) -> u64 {
         let mut removed = 0;
@@ -164,6 +181,18 @@ impl KernelMaps {
             removed += u64::from(self.listener_queues.remove(ino).is_ok());
             removed += u64::from(self.listens_seen.remove(ino).is_ok());
             let _ = self.abandoned.remove(ino);
+        }
+        // A closed listener's prefixes free their slots for the listeners still open.
+        if !inodes.is_empty() {
+            let gone: Vec<SourceKey> = self
+                .drop_sources
+                .keys()
+                .filter_map(Result::ok)
+                .filter(|k| inodes.contains(&k.listener_ino))
+                .collect();
+            for key in gone {
+                let _ = self.drop_sources.remove(&key);
+            }
         }
         removed
     }
@@ -302,7 +331,7 @@ fn for_each_batched(map: BorrowedFd<'_>, mut f: impl FnMut(AttemptKey, Attempt))
 }
 
 /// CLOCK_MONOTONIC in ns: the clock of `bpf_ktime_get_ns()`.
-fn monotonic_ns() -> u64 {
+pub fn monotonic_ns() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,

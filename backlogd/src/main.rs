@@ -19,6 +19,7 @@ mod programs;
 mod queues;
 mod sampling;
 mod service;
+mod sources;
 mod state;
 mod tui;
 

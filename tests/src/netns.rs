@@ -125,6 +125,13 @@ impl Netns {
         self.inode
     }
 
+    /// A path naming the namespace while it lives (its thread's), for `nsenter --net=`.
+    pub fn path(&self) -> String {
+        // SAFETY: gettid takes no arguments and cannot fail.
+        let tid = self.run(|| unsafe { libc::gettid() });
+        format!("/proc/{}/task/{tid}/ns/net", std::process::id())
+    }
+
     /// Runs `f` inside the namespace and returns its result.
     pub fn run<R: Send + 'static>(&self, f: impl FnOnce() -> R + Send + 'static) -> R {
         let (tx, rx) = mpsc::channel();
@@ -217,6 +224,37 @@ impl Netns {
             .flatten()
             .find_map(|expr| expr["counter"]["packets"].as_u64())
             .unwrap_or_else(|| panic!("no SYN counter in: {out}"))
+    }
+
+    /// Starts counting the SYNs that arrive for TCP port `port` from each of `sources`
+    /// (nft prefixes such as `127.20.1.0/24` or `fd00:1::/48`), one counter per source in
+    /// that order: the kernel's own count of who sent them.
+    pub fn count_incoming_syns_from(&self, port: u16, sources: &[&str]) {
+        let rules: Vec<String> = sources
+            .iter()
+            .map(|src| {
+                let family = if src.contains(':') { "ip6" } else { "ip" };
+                format!(
+                    "{family} saddr {src} tcp dport {port} tcp flags & (syn|ack|rst) == syn counter"
+                )
+            })
+            .collect();
+        let rules: Vec<&str> = rules.iter().map(String::as_str).collect();
+        self.nft_rules("backlogd_sources", "input", "input", -10, &rules);
+    }
+
+    /// The counters of [`Netns::count_incoming_syns_from`], in its order.
+    pub fn incoming_syns_from(&self) -> Vec<u64> {
+        let out = self.command("nft", &["-j", "list", "table", "inet", "backlogd_sources"]);
+        let json: serde_json::Value = serde_json::from_str(&out).expect("nft JSON");
+        // nft lists a chain's rules in the order they were added.
+        json["nftables"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|item| item["rule"]["expr"].as_array())
+            .filter_map(|exprs| exprs.iter().find_map(|e| e["counter"]["packets"].as_u64()))
+            .collect()
     }
 
     /// Answers every SYN-ACK this namespace sends with an ICMP error instead (IPv4 host

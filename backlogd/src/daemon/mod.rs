@@ -77,6 +77,13 @@ pub fn run(config: RunConfig) -> anyhow::Result<()> {
         // validate() bounds it by MAX_ATTEMPTS.
         attempts: u32::try_from(config.config.client_impact_attempts).unwrap_or(u32::MAX),
         accept_wait: config.config.accept_wait,
+        source_prefixes: backlogd_common::SourcePrefixes {
+            v4: config.config.drop_source_prefix_v4,
+            v6: config.config.drop_source_prefix_v6,
+            _pad: [0; 6],
+        },
+        // validate() bounds it by MAX_DROP_SOURCES.
+        drop_sources: u32::try_from(config.config.drop_source_entries).unwrap_or(u32::MAX),
     })
     .context("cannot start")?;
     release_freed_memory();
@@ -183,6 +190,7 @@ async fn serve(
         current.client_impact_horizon * 1_000_000_000,
     ));
     live.accept_wait = current.accept_wait;
+    live.drop_source_addresses_remote = current.drop_source_addresses_remote;
     *live
         .accept_wait_buckets
         .write()

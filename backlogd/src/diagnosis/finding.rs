@@ -54,6 +54,10 @@ kinds! {
         "One member of a SO_REUSEPORT group stalled while its siblings idle.";
     AbortOnOverflow: "abort_on_overflow",
         "net.ipv4.tcp_abort_on_overflow=1 turns accept-queue overflows into resets.";
+    SynFlood: "syn_flood",
+        "Dropped connection attempts that almost never connect: a flood, not clients.";
+    ConnectionBurst: "connection_burst",
+        "Dropped connection attempts that mostly connected on a retry: a burst of clients.";
 }
 
 impl std::fmt::Display for FindingKind {

@@ -8,7 +8,8 @@
 //! - [`accept_queue`]: overflowing, or near full;
 //! - [`syn_queue`]: overflowing with syncookies off, or sending syncookies;
 //! - [`reuseport`]: a stalled member of a SO_REUSEPORT group;
-//! - [`sysctls`]: tcp_abort_on_overflow turning overflows into resets.
+//! - [`sysctls`]: tcp_abort_on_overflow turning overflows into resets;
+//! - [`sources`]: who is being dropped: a flood or a burst.
 //!
 //! [`impact`] says what a listener's drops cost its clients, for the findings about its
 //! drops. `tests.rs` has a test per kind, and a test that fails when a kind has none.
@@ -19,6 +20,7 @@ pub mod finding;
 pub mod impact;
 mod reuseport;
 mod rule;
+mod sources;
 mod syn_queue;
 mod sysctls;
 #[cfg(test)]
@@ -31,7 +33,7 @@ use self::{
 use crate::api::Snapshot;
 
 /// Every rule: one per finding kind, run in this order (the findings are then sorted).
-const RULES: [Rule; 8] = [
+const RULES: [Rule; 10] = [
     Rule {
         kind: FindingKind::BacklogClamped,
         check: Check::Listener(backlog::clamped),
@@ -63,6 +65,14 @@ const RULES: [Rule; 8] = [
     Rule {
         kind: FindingKind::AbortOnOverflow,
         check: Check::Snapshot(sysctls::abort_on_overflow),
+    },
+    Rule {
+        kind: FindingKind::SynFlood,
+        check: Check::Listener(sources::flood),
+    },
+    Rule {
+        kind: FindingKind::ConnectionBurst,
+        check: Check::Listener(sources::burst),
     },
 ];
 

@@ -857,3 +857,114 @@ fn backlog_clamped_from_a_runtime_default_only_at_somaxconn() {
     // At somaxconn above 50: the code asked for at least that itself.
     only(at(128, 128), "backlog_maybe_clamped");
 }
+
+/// A listener with `drops` SYNs dropped at a full accept queue, `delayed` of the dropped
+/// attempts connected on a retry and `abandoned` never, and sources whose largest prefix
+/// holds `top_share`.
+fn dropped_by(drops: u64, delayed: u64, abandoned: u64, top_share: f64) -> ListenerSnapshot {
+    let mut l = listener(1, 80, "nginx", Some(511), 128);
+    l.drops[DropReason::AcceptQueueFull] = drops;
+    l.queues = queues(129, 129, 0);
+    l.impact = impact(delayed, 0, &[delayed], abandoned);
+    l.drop_sources = Some(crate::sources::DropSources {
+        prefixes: 3,
+        counted: crate::sources::Counts {
+            syn_drops: drops,
+            ..Default::default()
+        },
+        top_share,
+        top: Some(vec![crate::sources::Source {
+            prefix: "192.0.2.0/24".into(),
+            counts: crate::sources::Counts {
+                syn_drops: (drops as f64 * top_share) as u64,
+                ..Default::default()
+            },
+            share: top_share,
+            last_seen_seconds_ago: 1.0,
+        }]),
+        ..Default::default()
+    });
+    l
+}
+
+fn of_kind(found: Vec<Finding>, kind: &str) -> Vec<Finding> {
+    found
+        .into_iter()
+        .filter(|f| f.kind.name() == kind)
+        .collect()
+}
+
+#[test]
+fn syn_flood_when_dropped_attempts_almost_never_connect_with_a_rule_for_a_concentrated_source() {
+    // 2 of 202 resolved attempts connected: 1%.
+    let l = dropped_by(400, 2, 200, 0.8);
+    let found = diagnose(&snapshot(vec![l], vec![namespace(NETNS, 4096)]));
+    let [f] = &of_kind(found, "syn_flood")[..] else {
+        panic!("one syn_flood finding")
+    };
+    assert_eq!(f.severity, Severity::Critical);
+    assert_eq!(
+        f.summary,
+        "400 SYNs dropped on 0.0.0.0:80, 1.0% of the dropped attempts ever connected: a \
+         flood, not clients"
+    );
+    assert_eq!(
+        f.evidence,
+        [
+            "of 202 connection attempts with a dropped segment that are resolved, 2 connected \
+             on a retry (1.0%) and 200 never did",
+            "sources: 3 prefixes, the largest, 192.0.2.0/24, 80% of the drops and cookies",
+            "net.ipv4.tcp_syncookies = 1",
+        ]
+    );
+    assert!(
+        f.remedy
+            .contains("`nft add rule inet filter input ip saddr 192.0.2.0/24 tcp dport 80 drop`"),
+        "{}",
+        f.remedy
+    );
+    // Spread sources: no per-prefix rule.
+    let spread = diagnose(&snapshot(vec![dropped_by(400, 2, 200, 0.1)], vec![]));
+    let [f] = &of_kind(spread, "syn_flood")[..] else {
+        panic!("one syn_flood finding")
+    };
+    assert!(!f.remedy.contains("nft add rule"), "{}", f.remedy);
+    assert!(f.remedy.contains("spread"), "{}", f.remedy);
+}
+
+#[test]
+fn connection_burst_when_most_dropped_attempts_connect_on_a_retry_sized_from_the_figures() {
+    let l = dropped_by(120, 90, 10, 0.3);
+    let found = diagnose(&snapshot(vec![l], vec![]));
+    assert!(of_kind(found.clone(), "syn_flood").is_empty());
+    let [f] = &of_kind(found, "connection_burst")[..] else {
+        panic!("one connection_burst finding")
+    };
+    assert_eq!(f.severity, Severity::Warning);
+    assert_eq!(
+        f.summary,
+        "120 drops over 3 prefixes on 0.0.0.0:80, 90% of the dropped attempts connected on \
+         a retry: a burst of real clients"
+    );
+    assert!(
+        f.remedy
+            .contains("a backlog up to 90 larger than the one they met"),
+        "{}",
+        f.remedy
+    );
+}
+
+#[test]
+fn neither_verdict_on_too_few_resolved_attempts_or_a_mix() {
+    for (delayed, abandoned) in [(2, 10), (30, 70), (0, 0)] {
+        let found = diagnose(&snapshot(
+            vec![dropped_by(200, delayed, abandoned, 0.9)],
+            vec![],
+        ));
+        assert!(
+            of_kind(found.clone(), "syn_flood").is_empty()
+                && of_kind(found, "connection_burst").is_empty(),
+            "{delayed} delayed, {abandoned} abandoned"
+        );
+    }
+}

@@ -10,7 +10,9 @@ use backlogd_common::ListenerStats;
 
 use crate::{
     api::{self, ListenerSnapshot, NamespaceSnapshot, Snapshot},
+    kernel_maps,
     queues::{QueueFigures, ScanPass},
+    sources::{self, DropSources},
     state::Live,
 };
 
@@ -40,6 +42,8 @@ pub struct Figures {
     pub queues: ByInode<QueueFigures>,
     /// The scan pass that read the SYN queues' lengths now (`syn_depth`).
     pub scan: Option<ScanPass>,
+    /// Drops and syncookies by source prefix, for listeners with any.
+    pub sources: ByInode<DropSources>,
 }
 
 /// Reads the kernel maps and the high-water-mark windows once, after a scan pass if the
@@ -53,7 +57,14 @@ pub fn gather(live: &Live) -> Figures {
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .epoch();
-    let (events_lost, stats_full, impact, stats, queue_states): (_, _, _, _, ByInode<_>) = {
+    let (events_lost, stats_full, impact, stats, queue_states, sources): (
+        _,
+        _,
+        _,
+        _,
+        ByInode<_>,
+        _,
+    ) = {
         let maps = live.maps.lock().unwrap_or_else(|e| e.into_inner());
         (
             maps.events_lost(),
@@ -65,8 +76,11 @@ pub fn gather(live: &Live) -> Figures {
             },
             maps.listener_stats(),
             maps.queue_states(epoch),
+            // Read after the counters: a prefix's count is never ahead of its listener's.
+            maps.drop_sources(),
         )
     };
+    let sources = sources::summarise(sources, &stats, kernel_maps::monotonic_ns());
     let (queues, scan) = {
         let windows = live.windows.lock().unwrap_or_else(|e| e.into_inner());
         let queues = live
@@ -90,6 +104,7 @@ pub fn gather(live: &Live) -> Figures {
         stats,
         queues,
         scan,
+        sources,
     }
 }
 
@@ -101,6 +116,7 @@ pub fn snapshot(live: &Live) -> Snapshot {
         stats,
         queues,
         scan,
+        mut sources,
         ..
     } = gather(live);
     // Before the table is locked: reading a namespace's sysctls may lock it too.
@@ -124,6 +140,7 @@ pub fn snapshot(live: &Live) -> Snapshot {
                 somaxconn.get(&l.netns).copied(),
             );
             snapshot.recent_impact = recent.as_ref().and_then(|r| r.of(l.inode, &s));
+            snapshot.drop_sources = sources.remove(&l.inode);
             snapshot
         })
         .collect();

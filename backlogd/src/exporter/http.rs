@@ -10,13 +10,13 @@ use std::{
 use axum::{
     Json, Router,
     body::{Body, Bytes},
-    extract::State,
+    extract::{Extension, State},
     http::header::CONTENT_TYPE,
     response::IntoResponse,
     routing::get,
 };
 
-use super::{figures, page::Page, text};
+use super::{figures, page::Page, server::Peer, text};
 use crate::{
     api::Snapshot,
     diagnosis::{diagnose, finding::Finding},
@@ -129,8 +129,27 @@ impl http_body::Body for ChunkBody {
 
 /// Every listener with its counters and queue figures, plus the daemon's hook mode:
 /// what `/metrics` shows, shaped for programs (`backlogd top`).
-async fn serve_snapshot(State(state): State<Arc<AppState>>) -> Json<Snapshot> {
-    Json(snapshot_off_workers(&state).await)
+async fn serve_snapshot(
+    State(state): State<Arc<AppState>>,
+    peer: Option<Extension<Peer>>,
+) -> Json<Snapshot> {
+    Json(snapshot_for(&state, peer).await)
+}
+
+/// The snapshot as `peer` may read it. Client addresses are personal data: readers
+/// elsewhere get the counts, not the prefixes, unless the operator said otherwise
+/// (`drop_source_addresses_remote`).
+async fn snapshot_for(state: &Arc<AppState>, peer: Option<Extension<Peer>>) -> Snapshot {
+    let mut snapshot = snapshot_off_workers(state).await;
+    let local = peer.is_some_and(|Extension(p)| p.is_local());
+    if !local && !state.live.drop_source_addresses_remote {
+        for l in &mut snapshot.listeners {
+            if let Some(sources) = &mut l.drop_sources {
+                sources.withhold();
+            }
+        }
+    }
+    snapshot
 }
 
 /// The snapshot, made on the blocking pool: it may wait for a scan pass (tens of ms on a
@@ -144,8 +163,12 @@ async fn snapshot_off_workers(state: &Arc<AppState>) -> Snapshot {
 }
 
 /// What `backlogd doctor` would say, for automation and `top`.
-async fn serve_findings(State(state): State<Arc<AppState>>) -> Json<Vec<Finding>> {
-    Json(diagnose(&snapshot_off_workers(&state).await))
+async fn serve_findings(
+    State(state): State<Arc<AppState>>,
+    peer: Option<Extension<Peer>>,
+) -> Json<Vec<Finding>> {
+    // Made from what this reader may see: a finding quotes the largest source prefix.
+    Json(diagnose(&snapshot_for(&state, peer).await))
 }
 
 async fn healthz() -> &'static str {

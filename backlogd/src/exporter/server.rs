@@ -337,18 +337,19 @@ async fn connection(
             let handshake = Duration::from_secs(limits.read_header_timeout);
             match tokio::time::timeout(handshake, tls.accept(io)).await {
                 Ok(Ok(tls_stream)) => {
-                    serve_connection(tls_stream, &settings, router, state, stop).await
+                    serve_connection(tls_stream, peer, &settings, router, state, stop).await
                 }
                 Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
                 Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
             }
         }
-        None => serve_connection(io, &settings, router, state, stop).await,
+        None => serve_connection(io, peer, &settings, router, state, stop).await,
     }
 }
 
 async fn serve_connection<I>(
     io: I,
+    peer: SocketAddr,
     settings: &HttpSettings,
     router: Router,
     state: Arc<ConnState>,
@@ -359,7 +360,10 @@ async fn serve_connection<I>(
     let limits = &settings.limits;
     let max_head = usize::try_from(limits.max_header_bytes).unwrap_or(usize::MAX);
     let tower = TowerToHyperService::new(router);
-    let service = hyper::service::service_fn(move |req| {
+    let service = hyper::service::service_fn(move |mut req: hyper::Request<_>| {
+        // The handlers see who asks: client addresses go only to readers on this host
+        // unless the operator opted in (`drop_source_addresses_remote`).
+        req.extensions_mut().insert(Peer(peer));
         let guard = InFlight::begin(state.clone());
         let call = hyper::service::Service::call(&tower, req);
         let state = state.clone();
@@ -398,6 +402,22 @@ async fn serve_connection<I>(
         _ = async { stop.wait_for(|stop| *stop).await.is_ok() } => {
             conn.as_mut().graceful_shutdown();
             let _ = conn.await;
+        }
+    }
+}
+
+/// The address a request came from.
+#[derive(Debug, Clone, Copy)]
+pub struct Peer(pub SocketAddr);
+
+impl Peer {
+    /// The request came from this host: a loopback address (IPv4-mapped included).
+    pub fn is_local(&self) -> bool {
+        match self.0.ip() {
+            std::net::IpAddr::V4(a) => a.is_loopback(),
+            std::net::IpAddr::V6(a) => {
+                a.is_loopback() || a.to_ipv4_mapped().is_some_and(|a| a.is_loopback())
+            }
         }
     }
 }

@@ -21,7 +21,7 @@ use aya::{
     programs::ProgramFd,
 };
 use backlogd_common::{
-    ImpactSettings, ListenerStats,
+    ImpactSettings, ListenerStats, SourcePrefixes,
     names::map::{self, DAEMON},
 };
 
@@ -55,6 +55,10 @@ pub struct LoadOptions {
     pub attempts: u32,
     /// Time accept waits (`accept_wait`), baked into the programs.
     pub accept_wait: bool,
+    /// Prefix lengths dropped segments' sources are counted at, baked into the programs.
+    pub source_prefixes: SourcePrefixes,
+    /// Capacity of the DROP_SOURCES map.
+    pub drop_sources: u32,
 }
 
 /// Loaded and attached programs plus the maps userspace reads.
@@ -137,6 +141,8 @@ pub fn load(opts: &LoadOptions) -> Result<Probes, LoadError> {
                     &opts.impact.horizon_ns.to_le_bytes(),
                     &opts.attempts.to_le_bytes(),
                     &[u8::from(opts.accept_wait)],
+                    &[opts.source_prefixes.v4, opts.source_prefixes.v6],
+                    &opts.drop_sources.to_le_bytes(),
                 ]
                 .concat(),
             ),
@@ -167,7 +173,9 @@ pub fn load(opts: &LoadOptions) -> Result<Probes, LoadError> {
     loader
         .override_global(map::CLIENT_IMPACT, &opts.impact, true)
         .override_global(map::ACCEPT_WAIT, &accept_wait, true)
+        .override_global(map::SOURCE_PREFIXES, &opts.source_prefixes, true)
         .map_max_entries(map::ATTEMPTS, opts.attempts)
+        .map_max_entries(map::DROP_SOURCES, opts.drop_sources)
         .map_max_entries(map::LISTENER_STATS, opts.max_listeners)
         .map_max_entries(map::LISTENER_QUEUES, opts.max_listeners)
         .map_max_entries(map::LISTENS_SEEN, opts.max_listeners)
@@ -254,6 +262,7 @@ fn adopt(pins: &PinDir, mode: HookMode) -> Result<Probes, LoadError> {
         attempts,
         untracked,
         abandoned,
+        sources,
     ] = DAEMON.map(|name| pins.open_map(mode, name).map(|map| (name, map)));
     let listener_stats = typed(stats?)?;
     let probes = Probes {
@@ -270,6 +279,7 @@ fn adopt(pins: &PinDir, mode: HookMode) -> Result<Probes, LoadError> {
             attempts: typed(attempts?)?,
             attempts_untracked: typed(untracked?)?,
             abandoned: typed(abandoned?)?,
+            drop_sources: typed(sources?)?,
             tracked: 0,
             sweeps: 0,
         },
@@ -329,6 +339,7 @@ fn load_mode(
     let attempts = typed_map(&mut ebpf, map::ATTEMPTS, pinning)?;
     let attempts_untracked = typed_map(&mut ebpf, map::ATTEMPTS_UNTRACKED, pinning)?;
     let abandoned = typed_map(&mut ebpf, map::ABANDONED, pinning)?;
+    let drop_sources = typed_map(&mut ebpf, map::DROP_SOURCES, pinning)?;
     if let Some(pinning) = pinning.take() {
         pinning.complete()?;
     }
@@ -344,6 +355,7 @@ fn load_mode(
             attempts,
             attempts_untracked,
             abandoned,
+            drop_sources,
             tracked: 0,
             sweeps: 0,
         },

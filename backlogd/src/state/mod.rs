@@ -45,6 +45,9 @@ pub struct Live {
     /// The programs time accept waits (`accept_wait`, fixed at load): without, /metrics
     /// serves no accept-wait histogram.
     pub accept_wait: bool,
+    /// Serve source prefixes to API readers not on this host
+    /// (`drop_source_addresses_remote`).
+    pub drop_source_addresses_remote: bool,
     /// Client impact's records for the last five minutes (the sampler records).
     pub recent: Arc<Mutex<ImpactHistory>>,
     /// The scan pass, run by the readers of its figures (`None`: this kernel has none).
@@ -70,6 +73,7 @@ impl Live {
             pinned,
             accept_wait_buckets: Arc::default(),
             accept_wait: true,
+            drop_source_addresses_remote: false,
             recent: Arc::default(),
             scan,
         }

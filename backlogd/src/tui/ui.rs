@@ -533,6 +533,7 @@ fn draw_detail(frame: &mut Frame, app: &App, area: Rect) {
                 )),
             ]
             .into_iter()
+            .chain(sources_line(l))
             .chain(recent_impact(app.impact_window.as_ref(), l, long))
             .chain(
                 app.findings
@@ -552,6 +553,32 @@ fn draw_detail(frame: &mut Frame, app: &App, area: Rect) {
         Paragraph::new(text).block(Block::new().borders(Borders::TOP).title(" detail ")),
         area,
     );
+}
+
+/// Who the listener dropped (or answered with a cookie), by source prefix: how many
+/// prefixes and the largest, or only its share when the daemon withholds addresses.
+fn sources_line(l: &crate::api::ListenerSnapshot) -> Option<TextLine<'static>> {
+    let d = l.drop_sources.as_ref()?;
+    let largest = match d.top.as_ref().and_then(|t| t.first()) {
+        Some(s) => format!(
+            "largest {} {:.0}% ({} SYN drops, {} final-ACK drops, {} cookies)",
+            s.prefix,
+            s.share * 100.0,
+            s.counts.syn_drops,
+            s.counts.final_ack_drops,
+            s.counts.cookies
+        ),
+        None if d.withheld => format!(
+            "largest {:.0}% (addresses withheld from readers not on the host)",
+            d.top_share * 100.0
+        ),
+        None => "none".to_owned(),
+    };
+    Some(TextLine::raw(format!(
+        "drop sources: {} prefixes, {largest}, untracked {}",
+        d.prefixes,
+        d.untracked.total()
+    )))
 }
 
 fn draw_help(frame: &mut Frame, area: Rect) {
@@ -702,6 +729,20 @@ mod tests {
         };
         busy[0].impact = fixtures::impact(10, 2, &[2, 9, 1], 3);
         busy[0].recent_impact = Some(fixtures::impact(4, 0, &[1, 3], 1));
+        busy[0].drop_sources = Some(crate::sources::DropSources {
+            prefixes: 3,
+            top_share: 0.5,
+            top: Some(vec![crate::sources::Source {
+                prefix: "192.0.2.0/24".into(),
+                counts: crate::sources::Counts {
+                    syn_drops: 25,
+                    ..Default::default()
+                },
+                share: 0.5,
+                last_seen_seconds_ago: 1.0,
+            }]),
+            ..Default::default()
+        });
         let mut app = App::new(Duration::from_secs(1));
         app.update(snapshot(quiet), Duration::from_secs(1));
         let mut busy = snapshot(busy);
@@ -946,6 +987,8 @@ mod tests {
              waited > 0.5 s)  attempts abandoned 3",
             "impact in the last 5.0 min: connections delayed 4 (3 waited > 0.5 s)  attempts \
              abandoned 1",
+            "drop sources: 3 prefixes, largest 192.0.2.0/24 50% (25 SYN drops, 0 \
+             final-ACK drops, 0 cookies), untracked 0",
         ] {
             assert!(
                 screen.iter().any(|l| l.contains(line)),

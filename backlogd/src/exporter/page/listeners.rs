@@ -13,6 +13,7 @@ use crate::{
         text::{Exposition, HistogramNames},
     },
     queues::QueueFigures,
+    sources::DropSources,
 };
 
 /// Reads one counter of a listener.
@@ -110,6 +111,7 @@ pub fn render(
     }
 
     impact(e, rows, &found);
+    sources(e, rows, figures);
 
     let Some(accept_wait) = accept_wait else {
         return;
@@ -170,6 +172,47 @@ fn impact(e: &mut Exposition<'_>, rows: &[Row<'_>], found: &[(&ListenerStats, Qu
             &r.set,
             &[],
             s.abandoned,
+        );
+    }
+}
+
+/// Who each listener dropped: distinct source prefixes, the largest one's share and what
+/// no prefix holds. Like the client-impact families, they appear with a listener's first
+/// drop or syncookie: a quiet listener's would be zeros.
+fn sources(e: &mut Exposition<'_>, rows: &[Row<'_>], figures: &Figures) {
+    let counted: Vec<(&Row<'_>, Option<&DropSources>, &ListenerStats)> = rows
+        .iter()
+        .filter_map(|r| {
+            let s = figures.stats.get(&r.listener.inode)?;
+            (s.drops.iter().any(|&d| d > 0) || s.syncookies > 0)
+                .then(|| (r, figures.sources.get(&r.listener.inode), s))
+        })
+        .collect();
+    Metric::ListenDropSourcePrefixes.open(e);
+    for (r, d, _) in &counted {
+        e.sample_with(
+            Metric::ListenDropSourcePrefixes.name(),
+            &r.set,
+            &[],
+            d.map_or(0, |d| d.prefixes),
+        );
+    }
+    Metric::ListenDropSourceTopShare.open(e);
+    for (r, d, _) in &counted {
+        e.sample_with(
+            Metric::ListenDropSourceTopShare.name(),
+            &r.set,
+            &[],
+            d.map_or(0.0, |d| d.top_share),
+        );
+    }
+    Metric::ListenDropSourcesUntracked.open(e);
+    for (r, _, s) in &counted {
+        e.sample_with(
+            Metric::ListenDropSourcesUntracked.name(),
+            &r.set,
+            &[],
+            s.untracked_source.iter().sum::<u64>(),
         );
     }
 }

@@ -76,6 +76,16 @@ fn figures() -> Figures {
             at: std::time::Instant::now(),
             took: std::time::Duration::from_millis(2),
         }),
+        sources: [(
+            1,
+            crate::sources::DropSources {
+                prefixes: 2,
+                top_share: 0.75,
+                ..Default::default()
+            },
+        )]
+        .into_iter()
+        .collect(),
     }
 }
 

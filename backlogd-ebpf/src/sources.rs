@@ -1,0 +1,167 @@
+//! Who is being dropped: each listener's dropped segments and syncookie-answered SYNs,
+//! counted per source prefix.
+//!
+//! [`count`] runs only for a segment a listener dropped or answered with a cookie
+//! ([`impact::dropped`](crate::impact::dropped) calls it with the source address it has
+//! already read from the headers), so a handshake that met neither pays nothing here.
+//!
+//! The source is folded to a prefix (`SOURCE_PREFIXES`: /24 and /48 by default; an
+//! IPv4-mapped IPv6 source counts as IPv4) and counted in `DROP_SOURCES`, one entry per
+//! listener and prefix. The map is a preallocated hash whose counters are exact for
+//! every prefix it holds. A prefix that finds it full is not counted there but in the
+//! listener's `untracked_source`, so a listener's prefixes plus its untracked counts
+//! always equal its drops and cookies: nothing is lost silently, and the daemon says
+//! how much it could not place. (An LRU would evict prefixes silently, and a sketch such
+//! as count-min would overcount every prefix a little; exact counts up to a stated
+//! capacity are what an operator can check against nft counters.)
+
+// Keys and values go to the map helpers by reference, as in impact.rs.
+#![allow(clippy::needless_borrows_for_generic_args)]
+
+use aya_ebpf::{
+    bindings::BPF_NOEXIST,
+    macros::map,
+    maps::{HashMap, PerCpuArray},
+};
+use backlogd_common::{DROP_SOURCES_ENTRIES, SourceCounts, SourceKey, SourcePrefixes, source};
+
+use crate::kernel::errno;
+
+#[map]
+static DROP_SOURCES: HashMap<SourceKey, SourceCounts> =
+    HashMap::with_max_entries(DROP_SOURCES_ENTRIES, 0);
+
+/// Filled in by the daemon at load time; all zeros in the object file.
+#[unsafe(no_mangle)]
+static SOURCE_PREFIXES: SourcePrefixes = SourcePrefixes {
+    v4: 0,
+    v6: 0,
+    _pad: [0; 6],
+};
+
+#[inline(always)]
+fn prefixes() -> SourcePrefixes {
+    // SAFETY: a valid static; volatile so LLVM cannot fold the object file's zeros.
+    unsafe { core::ptr::read_volatile(&SOURCE_PREFIXES) }
+}
+
+/// This CPU's key and first counts, built in a map value rather than on the stack: the
+/// caller (`impact::dropped`) is a BPF-to-BPF call below `syn::settle`, and 5.10's verifier
+/// refuses the two frames over 512 bytes together (576 with these on the stack).
+#[repr(C)]
+struct Scratch {
+    key: SourceKey,
+    fresh: SourceCounts,
+}
+
+#[map]
+static SOURCE_SCRATCH: PerCpuArray<Scratch> = PerCpuArray::with_max_entries(1, 0);
+
+/// Counts one segment's `drops` (of a SYN window when `syn`, else a final-ACK one) and
+/// `cookies` for the source `client` (IP version `version`, as read from the packet) of
+/// listener `ino`, at `now`. False: not counted (no room for a new prefix), and the caller
+/// counts them untracked.
+#[inline(always)]
+pub(crate) fn count(
+    ino: u64,
+    version: u8,
+    client: &[u8; 16],
+    syn: bool,
+    drops: u64,
+    cookies: u64,
+    now: u64,
+) -> bool {
+    let Some(scratch) = SOURCE_SCRATCH.get_ptr_mut(0) else {
+        return false;
+    };
+    // SAFETY: this CPU's element; a segment is settled start to finish on one CPU, and
+    // settling does not nest (softirq context).
+    let Scratch { key, fresh } = unsafe { &mut *scratch };
+    let settings = prefixes();
+    key.listener_ino = ino;
+    key._pad = [0; 6];
+    if version == 6 && client[..10] == [0; 10] && client[10] == 0xff && client[11] == 0xff {
+        // ::ffff:a.b.c.d is an IPv4 client of a dual-stack socket.
+        key.version = 4;
+        key.prefix = [0; 16];
+        key.prefix[..4].copy_from_slice(&client[12..16]);
+    } else {
+        key.version = version;
+        key.prefix = *client;
+    }
+    key.prefix_len = if key.version == 4 {
+        settings.v4
+    } else {
+        settings.v6
+    };
+    fold(&mut key.prefix, key.prefix_len);
+    fresh.counts = [0; source::COUNT];
+    if syn {
+        fresh.counts[source::SYN_DROP] = drops;
+        fresh.counts[source::COOKIE] = cookies;
+    } else {
+        fresh.counts[source::ACK_DROP] = drops;
+    }
+    fresh.last_ns = now;
+    // Insert first, as impact.rs does: the first segment of a prefix creates its entry.
+    match DROP_SOURCES.insert(&*key, &*fresh, u64::from(BPF_NOEXIST)) {
+        Ok(()) => true,
+        Err(e) if e == errno::EEXIST => match DROP_SOURCES.get_ptr_mut(&*key) {
+            Some(entry) => {
+                // SAFETY: a value of the map, which other CPUs add to at the same time:
+                // hence the atomic adds.
+                unsafe {
+                    let counts = &mut (*entry).counts;
+                    add_to(
+                        &mut counts[source::SYN_DROP],
+                        fresh.counts[source::SYN_DROP],
+                    );
+                    add_to(
+                        &mut counts[source::ACK_DROP],
+                        fresh.counts[source::ACK_DROP],
+                    );
+                    add_to(&mut counts[source::COOKIE], fresh.counts[source::COOKIE]);
+                    // The newest of racing CPUs' times is not worth a compare-and-swap:
+                    // the daemon reads it to the second.
+                    (*entry).last_ns = now;
+                }
+                true
+            }
+            // The daemon removed the entry (its listener closed) just now.
+            None => false,
+        },
+        // E2BIG: the map is full.
+        Err(_) => false,
+    }
+}
+
+/// Adds `n` to `at` atomically. The BPF target has no 64-bit atomic read-modify-write in
+/// `core`, so the instruction is written out: `lock xadd` without a fetch, which every
+/// kernel's verifier accepts on a map value.
+#[inline(always)]
+fn add_to(at: &mut u64, n: u64) {
+    if n != 0 {
+        // SAFETY: `at` is a valid, aligned u64 (a field of a map value) for the asm's one
+        // store, which touches nothing else.
+        unsafe {
+            core::arch::asm!(
+                "lock *(u64 *)({at} + 0) += {n}",
+                at = in(reg) at as *mut u64,
+                n = in(reg) n,
+                options(nostack),
+            );
+        }
+    }
+}
+
+/// Clears every bit of `addr` past the first `bits`.
+#[inline(always)]
+fn fold(addr: &mut [u8; 16], bits: u8) {
+    let mut i = 0;
+    while i < 16 {
+        let keep = (i32::from(bits) - 8 * i as i32).clamp(0, 8);
+        // keep 0 -> 0x00, 1 -> 0x80, ..., 8 -> 0xff.
+        addr[i] &= (0xff00u16 >> keep) as u8;
+        i += 1;
+    }
+}

@@ -1,0 +1,182 @@
+//! Who is being dropped: a flood told from a burst by what the dropped attempts did, with
+//! the sources (`crate::sources`) to say where they came from.
+//!
+//! Concentration alone cannot tell them apart: a flood with random spoofed sources is as
+//! spread as a crowd of real clients. What differs is the attempts: a real client
+//! retransmits its SYN and connects once there is room (client impact counts it delayed),
+//! a flood's SYNs are never retried to completion (abandoned at the horizon). So the rules
+//! judge by the share of the resolved dropped attempts that connected, and quote the
+//! sources for the remedy.
+
+use super::{
+    finding::{Finding, FindingKind, Severity, subject},
+    impact::client_impact,
+    rule::Context,
+};
+use crate::{api::ListenerSnapshot, sources::DropSources};
+
+/// Fewest resolved attempts (delayed + abandoned) worth a verdict.
+const MIN_RESOLVED: u64 = 20;
+/// At most this share of the resolved attempts connected: a flood.
+const FLOOD_AT_MOST: f64 = 0.05;
+/// At least this share connected on a retry: a burst of real clients.
+const BURST_AT_LEAST: f64 = 0.5;
+/// From this share on, the largest prefix is worth a rule of its own.
+const CONCENTRATED: f64 = 0.5;
+
+/// The dropped attempts' verdict figures: (resolved, connected share).
+fn resolved(l: &ListenerSnapshot) -> Option<(u64, f64)> {
+    let delayed = l.impact.delayed();
+    let resolved = delayed + l.impact.abandoned;
+    (resolved >= MIN_RESOLVED).then(|| (resolved, delayed as f64 / resolved as f64))
+}
+
+/// "1,800 prefixes, the largest (192.0.2.0/24) 41%", from what the reader may see.
+fn sources_line(d: &DropSources) -> String {
+    let largest = match d.top.as_ref().and_then(|t| t.first()) {
+        Some(s) => format!("the largest, {}, {:.0}%", s.prefix, s.share * 100.0),
+        None if d.withheld => format!(
+            "the largest {:.0}% (its address withheld from readers not on the host)",
+            d.top_share * 100.0
+        ),
+        None => "none".to_owned(),
+    };
+    let untracked = d.untracked.total();
+    let lower = if untracked > 0 {
+        format!(" (at least: {untracked} drops and cookies found no slot)")
+    } else {
+        String::new()
+    };
+    format!(
+        "sources: {} prefixes{lower}, {largest} of the drops and cookies",
+        d.prefixes
+    )
+}
+
+fn connected_line(l: &ListenerSnapshot, resolved: u64, share: f64) -> String {
+    format!(
+        "of {resolved} connection attempts with a dropped segment that are resolved, {} \
+         connected on a retry ({:.1}%) and {} never did",
+        l.impact.delayed(),
+        share * 100.0,
+        l.impact.abandoned
+    )
+}
+
+/// `syn_flood`: the dropped attempts almost never connect.
+pub fn flood(l: &ListenerSnapshot, cx: &Context<'_>) -> Option<Finding> {
+    let d = l.drop_sources.as_ref()?;
+    let (resolved, share) = resolved(l)?;
+    if share > FLOOD_AT_MOST {
+        return None;
+    }
+    let syncookies = cx.namespace(l).map(|n| n.sysctls.tcp_syncookies);
+    let mut remedy = String::new();
+    let largest = d.top.as_ref().and_then(|t| t.first());
+    match largest {
+        Some(s) if s.share >= CONCENTRATED => {
+            let family = if s.prefix.contains(':') { "ip6" } else { "ip" };
+            remedy.push_str(&format!(
+                "{:.0}% comes from {}: drop it before it reaches the listener, e.g. `nft add \
+                 rule inet filter input {family} saddr {} tcp dport {} drop` (in a chain \
+                 hooked at input); ",
+                s.share * 100.0,
+                s.prefix,
+                s.prefix,
+                l.listener.port
+            ));
+        }
+        _ => remedy
+            .push_str("the sources are spread (or spoofed): a per-prefix rule will not hold it; "),
+    }
+    remedy.push_str(match syncookies {
+        Some(0) => {
+            "turn syncookies on (`sysctl -w net.ipv4.tcp_syncookies=1`, persist in \
+             /etc/sysctl.d) so a full SYN queue answers with cookies instead of dropping \
+             real clients with the flood; a larger backlog only feeds the flood"
+        }
+        Some(_) => {
+            "syncookies are on, so a full SYN queue costs real clients nothing; rate-limit \
+             new connections per source upstream (nft meter, a load balancer) if the flood \
+             fills the accept queue; a larger backlog only feeds the flood"
+        }
+        None => {
+            "check net.ipv4.tcp_syncookies in the listener's namespace (backlogd has not read \
+             it): 1 answers a full SYN queue with cookies instead of dropping real clients \
+             with the flood; rate-limit new connections per source upstream if the flood \
+             fills the accept queue; a larger backlog only feeds the flood"
+        }
+    });
+    let impact = client_impact(l, cx.snapshot.impact_window);
+    Some(Finding {
+        severity: Severity::Critical,
+        kind: FindingKind::SynFlood,
+        subject: subject(l),
+        summary: format!(
+            "{} SYNs dropped on {}:{}, {:.1}% of the dropped attempts ever connected: a \
+             flood, not clients",
+            d.counted.syn_drops + d.untracked.syn_drops,
+            l.listener.addr,
+            l.listener.port,
+            share * 100.0
+        ),
+        evidence: vec![
+            connected_line(l, resolved, share),
+            sources_line(d),
+            match syncookies {
+                Some(v) => format!("net.ipv4.tcp_syncookies = {v}"),
+                None => "net.ipv4.tcp_syncookies unknown".to_owned(),
+            },
+        ],
+        remedy,
+        client_impact: impact.as_ref().map(|i| i.total.clone()),
+        recent_client_impact: impact.as_ref().and_then(|i| i.recent.clone()),
+    })
+}
+
+/// `connection_burst`: most dropped attempts connected on a retry: real clients arriving
+/// faster than the listener takes them.
+pub fn burst(l: &ListenerSnapshot, cx: &Context<'_>) -> Option<Finding> {
+    let d = l.drop_sources.as_ref()?;
+    let (resolved, share) = resolved(l)?;
+    if share < BURST_AT_LEAST {
+        return None;
+    }
+    let delayed = l.impact.delayed();
+    let granted = l.listener.granted;
+    let impact = client_impact(l, cx.snapshot.impact_window);
+    Some(Finding {
+        severity: Severity::Warning,
+        kind: FindingKind::ConnectionBurst,
+        subject: subject(l),
+        summary: format!(
+            "{} drops over {} prefixes on {}:{}, {:.0}% of the dropped attempts connected \
+             on a retry: a burst of real clients",
+            d.counted.drops() + d.untracked.drops(),
+            d.prefixes,
+            l.listener.addr,
+            l.listener.port,
+            share * 100.0
+        ),
+        evidence: vec![
+            connected_line(l, resolved, share),
+            sources_line(d),
+            format!(
+                "accept queue peak {} in the window; granted backlog now {granted} (the queue \
+                 is full at {})",
+                l.queues.accept_max,
+                u64::from(granted) + 1
+            ),
+        ],
+        remedy: format!(
+            "these clients waited a retransmission (1 s or more) for room: each of the \
+             {delayed} delayed connections needed a slot the queue did not have, so a \
+             backlog up to {delayed} larger than the one they met (listen() and \
+             net.core.somaxconn) would have held them had they all arrived at once, less if \
+             spread; if the accept queue stays full between bursts, the accept loop is the \
+             limit, not the queue: accept until EAGAIN, add workers (SO_REUSEPORT)"
+        ),
+        client_impact: impact.as_ref().map(|i| i.total.clone()),
+        recent_client_impact: impact.as_ref().and_then(|i| i.recent.clone()),
+    })
+}

@@ -1,0 +1,305 @@
+//! Who is being dropped: each listener's dropped and syncookie-answered segments by source
+//! prefix, as the kernel counted them in DROP_SOURCES (`backlogd-ebpf/src/sources.rs`),
+//! summarised per listener for the JSON API and `/metrics`.
+//!
+//! The kernel's counts are exact for every prefix that holds a slot of the map; what found
+//! no slot is in the listener's `untracked_source` counters, so for every listener the
+//! prefixes plus the untracked counts equal its drops and syncookies.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use backlogd_common::{ListenerStats, SourceCounts, SourceKey, source};
+use serde::{Deserialize, Serialize};
+
+/// By listener inode: the exporters' `ByInode`, spelled out so this module (which the API
+/// types use) does not depend on the exporters.
+type ByInode<V> = foldhash::HashMap<u64, V>;
+
+/// Most prefixes per listener the JSON API lists, most drops and cookies first.
+pub const TOP: usize = 10;
+
+/// Segments of one prefix (or untracked), by what happened to them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Counts {
+    /// SYNs dropped (any reason).
+    pub syn_drops: u64,
+    /// Final ACKs (or other segments after the SYN) dropped.
+    pub final_ack_drops: u64,
+    /// SYNs answered with a syncookie.
+    pub cookies: u64,
+}
+
+impl Counts {
+    pub fn of(counts: &[u64; source::COUNT]) -> Self {
+        Self {
+            syn_drops: counts[source::SYN_DROP],
+            final_ack_drops: counts[source::ACK_DROP],
+            cookies: counts[source::COOKIE],
+        }
+    }
+
+    pub fn drops(&self) -> u64 {
+        self.syn_drops + self.final_ack_drops
+    }
+
+    pub fn total(&self) -> u64 {
+        self.drops() + self.cookies
+    }
+}
+
+/// One source prefix of a listener.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Source {
+    /// The prefix at the configured length (`drop_source_prefix_v4` / `_v6`), e.g.
+    /// `192.0.2.0/24`; never a longer one.
+    pub prefix: String,
+    #[serde(flatten)]
+    pub counts: Counts,
+    /// Its part of the drops and cookies the listener's prefixes hold, 0 to 1.
+    pub share: f64,
+    /// Seconds since its newest segment was counted.
+    pub last_seen_seconds_ago: f64,
+}
+
+/// A listener's drops and syncookies by source, since the kernel began counting them
+/// (the daemon's start, or a pinned state it adopted).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct DropSources {
+    /// Distinct prefixes counted: exact, each holds a slot of the kernel's map.
+    pub prefixes: u64,
+    /// Segments counted under a prefix, summed.
+    pub counted: Counts,
+    /// Segments no prefix holds: the map was full when their prefix was new, or the
+    /// segment was gone before its source was read. Zero means `counted` is every drop
+    /// and cookie of the listener.
+    pub untracked: Counts,
+    /// The largest prefix's share (0 when none).
+    pub top_share: f64,
+    /// The prefixes with the most drops and cookies, up to [`TOP`]; absent when the
+    /// addresses are withheld from the reader (`withheld`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top: Option<Vec<Source>>,
+    /// True when `top` was left out because the reader is not on this host and
+    /// `drop_source_addresses_remote` is off: client addresses are personal data.
+    #[serde(default)]
+    pub withheld: bool,
+}
+
+impl DropSources {
+    /// Leaves out the addresses (see `withheld`).
+    pub fn withhold(&mut self) {
+        if self.top.take().is_some() {
+            self.withheld = true;
+        }
+    }
+}
+
+/// `key`'s prefix as text: `192.0.2.0/24`, `2001:db8::/48`.
+pub fn prefix_text(key: &SourceKey) -> String {
+    let addr = if key.version == 4 {
+        let [a, b, c, d, ..] = key.prefix;
+        IpAddr::V4(Ipv4Addr::new(a, b, c, d))
+    } else {
+        IpAddr::V6(Ipv6Addr::from(key.prefix))
+    };
+    format!("{addr}/{}", key.prefix_len)
+}
+
+/// Every listener's sources from one read of the map (`entries`) and of its counters
+/// (`stats`, for the untracked counts), `now_ns` being the programs' clock
+/// (CLOCK_MONOTONIC) at the read. A listener with neither prefixes nor untracked counts
+/// is absent.
+pub fn summarise(
+    entries: Vec<(SourceKey, SourceCounts)>,
+    stats: &ByInode<ListenerStats>,
+    now_ns: u64,
+) -> ByInode<DropSources> {
+    let mut by_listener: ByInode<Vec<(SourceKey, SourceCounts)>> = ByInode::default();
+    for (key, counts) in entries {
+        by_listener
+            .entry(key.listener_ino)
+            .or_default()
+            .push((key, counts));
+    }
+    let mut out: ByInode<DropSources> = stats
+        .iter()
+        .filter(|(_, s)| s.untracked_source.iter().any(|&n| n > 0))
+        .map(|(ino, s)| {
+            (
+                *ino,
+                DropSources {
+                    untracked: Counts::of(&s.untracked_source),
+                    top: Some(Vec::new()),
+                    ..DropSources::default()
+                },
+            )
+        })
+        .collect();
+    for (ino, mut prefixes) in by_listener {
+        let entry = out.entry(ino).or_insert_with(|| DropSources {
+            top: Some(Vec::new()),
+            ..DropSources::default()
+        });
+        let total: u64 = prefixes
+            .iter()
+            .map(|(_, c)| Counts::of(&c.counts).total())
+            .sum();
+        // Most first; equal counts by prefix, so the order is stable between reads.
+        prefixes.sort_by(|(ka, a), (kb, b)| {
+            Counts::of(&b.counts)
+                .total()
+                .cmp(&Counts::of(&a.counts).total())
+                .then_with(|| (ka.version, ka.prefix).cmp(&(kb.version, kb.prefix)))
+        });
+        let share = |n: u64| {
+            if total == 0 {
+                0.0
+            } else {
+                n as f64 / total as f64
+            }
+        };
+        entry.prefixes = prefixes.len() as u64;
+        for (_, c) in &prefixes {
+            let c = Counts::of(&c.counts);
+            entry.counted.syn_drops += c.syn_drops;
+            entry.counted.final_ack_drops += c.final_ack_drops;
+            entry.counted.cookies += c.cookies;
+        }
+        entry.top_share = prefixes
+            .first()
+            .map_or(0.0, |(_, c)| share(Counts::of(&c.counts).total()));
+        entry.top = Some(
+            prefixes
+                .iter()
+                .take(TOP)
+                .map(|(k, c)| {
+                    let counts = Counts::of(&c.counts);
+                    Source {
+                        prefix: prefix_text(k),
+                        counts,
+                        share: share(counts.total()),
+                        last_seen_seconds_ago: now_ns.saturating_sub(c.last_ns) as f64 / 1e9,
+                    }
+                })
+                .collect(),
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(ino: u64, version: u8, prefix: [u8; 16], len: u8) -> SourceKey {
+        SourceKey {
+            listener_ino: ino,
+            prefix,
+            version,
+            prefix_len: len,
+            _pad: [0; 6],
+        }
+    }
+
+    fn v4(a: u8, b: u8, c: u8) -> [u8; 16] {
+        let mut p = [0; 16];
+        p[..3].copy_from_slice(&[a, b, c]);
+        p
+    }
+
+    fn counts(syn: u64, ack: u64, cookies: u64, last_ns: u64) -> SourceCounts {
+        SourceCounts {
+            counts: [syn, ack, cookies],
+            last_ns,
+        }
+    }
+
+    #[test]
+    fn prefixes_are_written_at_their_length() {
+        assert_eq!(prefix_text(&key(1, 4, v4(192, 0, 2), 24)), "192.0.2.0/24");
+        let mut six = [0u8; 16];
+        six[..6].copy_from_slice(&[0x20, 0x01, 0x0d, 0xb8, 0, 7]);
+        assert_eq!(prefix_text(&key(1, 6, six, 48)), "2001:db8:7::/48");
+    }
+
+    #[test]
+    fn each_listener_gets_its_prefixes_most_first_with_shares_and_untracked() {
+        let mut stats = ByInode::default();
+        let untracked = |untracked_source| ListenerStats {
+            untracked_source,
+            ..ListenerStats::default()
+        };
+        stats.insert(7, untracked([2, 0, 1]));
+        // A listener with untracked counts only, and one with nothing at all.
+        stats.insert(8, untracked([0, 3, 0]));
+        stats.insert(9, ListenerStats::default());
+        let now = 10_000_000_000;
+        let got = summarise(
+            vec![
+                (
+                    key(7, 4, v4(10, 0, 1), 24),
+                    counts(1, 0, 0, now - 1_000_000_000),
+                ),
+                (key(7, 4, v4(10, 0, 2), 24), counts(5, 1, 0, now)),
+                (key(7, 4, v4(10, 0, 3), 24), counts(0, 0, 3, now)),
+            ],
+            &stats,
+            now,
+        );
+        let l = &got[&7];
+        assert_eq!(l.prefixes, 3);
+        assert_eq!(
+            l.counted,
+            Counts {
+                syn_drops: 6,
+                final_ack_drops: 1,
+                cookies: 3
+            }
+        );
+        assert_eq!(
+            l.untracked,
+            Counts {
+                syn_drops: 2,
+                final_ack_drops: 0,
+                cookies: 1
+            }
+        );
+        let top = l.top.as_ref().unwrap();
+        let order: Vec<&str> = top.iter().map(|s| s.prefix.as_str()).collect();
+        assert_eq!(order, ["10.0.2.0/24", "10.0.3.0/24", "10.0.1.0/24"]);
+        assert_eq!(l.top_share, 0.6);
+        assert_eq!(top[2].share, 0.1);
+        assert_eq!(top[2].last_seen_seconds_ago, 1.0);
+        assert_eq!(got[&8].prefixes, 0);
+        assert_eq!(got[&8].untracked.final_ack_drops, 3);
+        assert!(!got.contains_key(&9));
+    }
+
+    #[test]
+    fn withholding_drops_the_addresses_and_says_so() {
+        let mut d = DropSources {
+            prefixes: 1,
+            top: Some(vec![]),
+            ..DropSources::default()
+        };
+        d.withhold();
+        assert!(d.top.is_none() && d.withheld);
+        let json = serde_json::to_value(&d).unwrap();
+        assert!(json.get("top").is_none());
+    }
+
+    #[test]
+    fn the_api_lists_at_most_top_prefixes() {
+        let entries = (0..TOP as u8 + 5)
+            .map(|i| {
+                (
+                    key(1, 4, v4(10, 0, i), 24),
+                    counts(u64::from(i) + 1, 0, 0, 0),
+                )
+            })
+            .collect();
+        let got = summarise(entries, &ByInode::default(), 0);
+        assert_eq!(got[&1].prefixes, TOP as u64 + 5);
+        assert_eq!(got[&1].top.as_ref().unwrap().len(), TOP);
+    }
+}
