@@ -43,7 +43,7 @@ fn sources_line(d: &DropSources) -> String {
     };
     let untracked = d.untracked.total();
     let lower = if untracked > 0 {
-        format!(" (at least: {untracked} drops and cookies found no slot)")
+        format!(" (at least: {untracked} drops and cookies are under no prefix)")
     } else {
         String::new()
     };
@@ -86,6 +86,11 @@ pub fn flood(l: &ListenerSnapshot, cx: &Context<'_>) -> Option<Finding> {
                 l.listener.port
             ));
         }
+        None if d.withheld && d.top_share >= CONCENTRATED => remedy.push_str(&format!(
+            "{:.0}% comes from one prefix (withheld from readers not on the host: read it \
+             there) and can be dropped before it reaches the listener with an nft rule; ",
+            d.top_share * 100.0
+        )),
         _ => remedy
             .push_str("the sources are spread (or spoofed): a per-prefix rule will not hold it; "),
     }

@@ -930,6 +930,21 @@ fn syn_flood_when_dropped_attempts_almost_never_connect_with_a_rule_for_a_concen
     };
     assert!(!f.remedy.contains("nft add rule"), "{}", f.remedy);
     assert!(f.remedy.contains("spread"), "{}", f.remedy);
+    // Withheld from this reader: concentrated still, without the address.
+    let mut l = dropped_by(400, 2, 200, 0.8);
+    if let Some(d) = &mut l.drop_sources {
+        d.withhold();
+    }
+    let withheld = diagnose(&snapshot(vec![l], vec![]));
+    let [f] = &of_kind(withheld, "syn_flood")[..] else {
+        panic!("one syn_flood finding")
+    };
+    assert!(
+        f.remedy.starts_with("80% comes from one prefix (withheld")
+            && !f.remedy.contains("192.0.2"),
+        "{}",
+        f.remedy
+    );
 }
 
 #[test]

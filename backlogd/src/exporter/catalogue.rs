@@ -214,12 +214,20 @@ catalogue! {
          up or is still retrying), counted when the horizon passes. Served for listeners \
          with a drop, a delayed connection or an abandoned attempt.";
     ListenDropSourcePrefixes: "backlogd_listen_drop_source_prefixes", Gauge, Listener,
-        "Distinct source prefixes (drop_source_prefix_v4 / _v6 bits) this listener dropped          a segment of or answered with a syncookie, since counting began: exact (each holds          a slot of the kernel's map). Served for listeners with a drop or a syncookie.";
+        "Distinct source prefixes (drop_source_prefix_v4 / _v6 bits) this listener dropped \
+         a segment of or answered with a syncookie, since counting began: exact (each holds \
+         a slot of the kernel's map). Served for listeners with a drop or a syncookie.";
     ListenDropSourceTopShare: "backlogd_listen_drop_source_top_share", Gauge, Listener,
-        "Part of this listener's source-counted drops and syncookies that came from its          largest source prefix, 0 to 1: near 1, a few networks; near 0, many. Served for          listeners with a drop or a syncookie.";
+        "Part of this listener's source-counted drops and syncookies that came from its \
+         largest source prefix, 0 to 1: near 1, a few networks; near 0, many. Served for \
+         listeners with a drop or a syncookie.";
     ListenDropSourcesUntracked: "backlogd_listen_drop_sources_untracked_total", Counter,
         Listener,
-        "Drops and syncookies of this listener counted under no source prefix: the          kernel's map was full (drop_source_entries) when the prefix was new, or the          segment was gone before its source was read. Served for listeners with a drop or          a syncookie.";
+        "Drops and syncookies of this listener counted under no source prefix: the \
+         kernel's map was full (drop_source_entries) when the prefix was new, the segment \
+         was gone before its source was read, or the drop was not of a SYN or a final ACK \
+         (a pending request removed by an ICMP error). Served for listeners with a drop or \
+         a syncookie.";
     GroupListeners: "backlogd_listen_group_listeners", Gauge, Group,
         "Listening sockets of the SO_REUSEPORT group (listeners sharing netns, address and \
          port).";

@@ -66,6 +66,10 @@ pub fn gather(live: &Live) -> Figures {
         _,
     ) = {
         let maps = live.maps.lock().unwrap_or_else(|e| e.into_inner());
+        // Before the counters: the programs add to a prefix before they add to its
+        // listener's drops, so read in this order prefixes + untracked never exceed
+        // drops + cookies.
+        let sources = maps.drop_sources();
         (
             maps.events_lost(),
             maps.stats_full(),
@@ -76,8 +80,7 @@ pub fn gather(live: &Live) -> Figures {
             },
             maps.listener_stats(),
             maps.queue_states(epoch),
-            // Read after the counters: a prefix's count is never ahead of its listener's.
-            maps.drop_sources(),
+            sources,
         )
     };
     let sources = sources::summarise(sources, &stats, kernel_maps::monotonic_ns());
