@@ -952,6 +952,10 @@ mod tests {
         new.pin_dir = Some("/sys/fs/bpf/other".into());
         new.hook_mode = HookModeArg::Tracepoint;
         new.accept_wait = false;
+        new.drop_source_prefix_v4 = 20;
+        new.drop_source_prefix_v6 = 56;
+        new.drop_source_entries = 3;
+        new.drop_source_addresses_remote = true;
         new.rescan_interval = 1;
         let keys: Vec<_> = running
             .restart_only_changes(&new)
@@ -960,7 +964,17 @@ mod tests {
             .collect();
         assert_eq!(
             keys,
-            ["listen", "btf", "accept_wait", "pin_dir", "hook_mode"]
+            [
+                "listen",
+                "btf",
+                "drop_source_prefix_v4",
+                "drop_source_prefix_v6",
+                "drop_source_entries",
+                "drop_source_addresses_remote",
+                "accept_wait",
+                "pin_dir",
+                "hook_mode"
+            ]
         );
         new.keep_restart_only(&running);
         assert!(running.restart_only_changes(&new).is_empty());

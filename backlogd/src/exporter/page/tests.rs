@@ -214,3 +214,27 @@ fn every_served_label_set_is_the_one_its_family_declares() {
         .collect();
     assert!(missing.is_empty(), "no full sample of {missing:?}:\n{page}");
 }
+
+#[test]
+fn drop_source_families_only_for_the_dropping_listener_and_their_help_reads_well() {
+    let page = page();
+    for (name, value) in [
+        ("backlogd_listen_drop_source_prefixes", "2"),
+        ("backlogd_listen_drop_source_top_share", "0.75"),
+        ("backlogd_listen_drop_sources_untracked_total", "0"),
+    ] {
+        let samples: Vec<&str> = page
+            .lines()
+            .filter(|l| l.starts_with(&format!("{name}{{")))
+            .collect();
+        // Listener 1 dropped; listener 2 only waited: one series each.
+        assert_eq!(samples.len(), 1, "{name}: {samples:?}");
+        assert!(samples[0].contains("socket=\"1\""), "{}", samples[0]);
+        assert!(samples[0].ends_with(&format!(" {value}")), "{}", samples[0]);
+        let help = page
+            .lines()
+            .find(|l| l.starts_with(&format!("# HELP {name} ")))
+            .expect("a HELP line");
+        assert!(!help.contains("  "), "{help}");
+    }
+}
