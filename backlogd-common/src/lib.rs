@@ -198,11 +198,28 @@ pub struct SourceKey {
     /// The source address with every bit past `prefix_len` cleared, network byte order;
     /// IPv4 (and IPv4-mapped IPv6) in the first four bytes.
     pub prefix: [u8; 16],
-    /// 4 or 6.
+    /// 4 or 6; [`SourceKey::EXPIRED`] in the one entry per listener that holds the counts
+    /// of its expired prefixes (written by the daemon only).
     pub version: u8,
     /// Bits of `prefix` kept.
     pub prefix_len: u8,
     pub _pad: [u8; 6],
+}
+
+impl SourceKey {
+    /// `version` of a listener's expired-prefixes entry: the daemon removes a prefix its
+    /// retention after its newest segment and adds its counts to this entry, so the
+    /// listener's entries still add up to its drops and syncookies.
+    pub const EXPIRED: u8 = 0;
+
+    /// The expired-prefixes entry of listener `listener_ino`.
+    pub fn expired(listener_ino: u64) -> Self {
+        Self {
+            listener_ino,
+            version: Self::EXPIRED,
+            ..Self::default()
+        }
+    }
 }
 
 /// Counts of one [`SourceKey`], updated with atomic adds (a shared map, not per CPU: a

@@ -111,6 +111,14 @@ pub struct Layer {
     /// (backlogd_listen_drop_sources_untracked_total), never lost [default: 16384].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=MAX_DROP_SOURCES))]
     pub drop_source_entries: Option<u64>,
+    /// Seconds a source prefix is kept after its newest drop or syncookie: then the daemon
+    /// removes it from the kernel's map and adds its counts to the listener's expired
+    /// counts (client addresses are personal data: kept for the recent figures' window and
+    /// no longer by default). A shorter retention frees slots sooner; the top sources of the
+    /// last five minutes then miss prefixes quiet for longer than it. Checked every 10 s,
+    /// 10 to 86400 [default: 300].
+    #[arg(long, value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(MIN_RETENTION..=MAX_RETENTION))]
+    pub drop_source_retention: Option<u64>,
     /// Serve the source prefixes of drops (the JSON API's drop_sources.top) to readers
     /// that are not on this host. Client addresses are personal data in many
     /// jurisdictions: off, a reader not connecting over loopback gets the counts and
@@ -176,6 +184,7 @@ pub struct Config {
     pub drop_source_prefix_v4: u8,
     pub drop_source_prefix_v6: u8,
     pub drop_source_entries: u64,
+    pub drop_source_retention: u64,
     pub drop_source_addresses_remote: bool,
     pub log: String,
     pub http: HttpConfig,
@@ -189,6 +198,10 @@ pub const MAX_HORIZON: u64 = 3600;
 pub const MAX_ATTEMPTS: u64 = 1 << 20;
 /// Largest DROP_SOURCES map: 2^20 entries are about 130 MiB of kernel memory.
 pub const MAX_DROP_SOURCES: u64 = 1 << 20;
+/// Shortest and longest `drop_source_retention`: the expiry runs every 10 s; a day is
+/// longer than any incident needs its sources kept.
+pub const MIN_RETENTION: u64 = 10;
+pub const MAX_RETENTION: u64 = 86_400;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct HttpConfig {
@@ -219,6 +232,7 @@ impl Default for Config {
             drop_source_prefix_v4: 24,
             drop_source_prefix_v6: 48,
             drop_source_entries: u64::from(backlogd_common::DROP_SOURCES_ENTRIES),
+            drop_source_retention: 300,
             drop_source_addresses_remote: false,
             log: "info".into(),
             http: HttpConfig {
@@ -342,6 +356,7 @@ impl Layer {
             "drop_source_prefix_v4" => self.drop_source_prefix_v4.is_some(),
             "drop_source_prefix_v6" => self.drop_source_prefix_v6.is_some(),
             "drop_source_entries" => self.drop_source_entries.is_some(),
+            "drop_source_retention" => self.drop_source_retention.is_some(),
             "drop_source_addresses_remote" => self.drop_source_addresses_remote.is_some(),
             "log" => self.log.is_some(),
             "http.web_config_file" => self.http.web_config_file.is_some(),
@@ -381,6 +396,7 @@ pub fn merge(file: Option<&Layer>, cli: &Layer) -> Config {
         drop_source_prefix_v4: pick!(drop_source_prefix_v4, d.drop_source_prefix_v4),
         drop_source_prefix_v6: pick!(drop_source_prefix_v6, d.drop_source_prefix_v6),
         drop_source_entries: pick!(drop_source_entries, d.drop_source_entries),
+        drop_source_retention: pick!(drop_source_retention, d.drop_source_retention),
         drop_source_addresses_remote: pick!(
             drop_source_addresses_remote,
             d.drop_source_addresses_remote
@@ -480,6 +496,16 @@ fn validate(c: &Config, origin: impl Fn(&str) -> String) -> Result<(), ConfigErr
             ));
         }
     }
+    if !(MIN_RETENTION..=MAX_RETENTION).contains(&c.drop_source_retention) {
+        return Err(invalid(
+            "drop_source_retention",
+            c.drop_source_retention.to_string(),
+            &format!(
+                "must be {MIN_RETENTION} to {MAX_RETENTION} seconds. Fix: set a retention in \
+                 that range"
+            ),
+        ));
+    }
     if c.http.max_header_bytes < 8192 {
         return Err(invalid(
             "http.max_header_bytes",
@@ -553,6 +579,11 @@ impl Config {
                 self.drop_source_entries,
                 new.drop_source_entries,
             ),
+            (
+                "drop_source_retention",
+                self.drop_source_retention,
+                new.drop_source_retention,
+            ),
         ] {
             if old != now {
                 out.push((key, old.to_string(), now.to_string()));
@@ -603,6 +634,7 @@ impl Config {
         self.drop_source_prefix_v4 = running.drop_source_prefix_v4;
         self.drop_source_prefix_v6 = running.drop_source_prefix_v6;
         self.drop_source_entries = running.drop_source_entries;
+        self.drop_source_retention = running.drop_source_retention;
         self.drop_source_addresses_remote = running.drop_source_addresses_remote;
     }
 }
@@ -934,6 +966,23 @@ mod tests {
     }
 
     #[test]
+    fn a_retention_out_of_range_in_a_file_is_rejected_with_the_range() {
+        let dir = std::env::temp_dir().join(format!("backlogd-ret-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("retention.toml");
+        std::fs::write(&path, "drop_source_retention = 5\n").unwrap();
+        let err = Source::new(Some(path.clone()), Layer::default())
+            .resolve()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("drop_source_retention") && err.contains("10 to 86400 seconds"),
+            "{err}"
+        );
+        std::fs::remove_dir_all(dir).ok();
+    }
+
+    #[test]
     fn restart_only_settings_are_reported() {
         let a = Config::default();
         let mut b = a.clone();
@@ -955,6 +1004,7 @@ mod tests {
         new.drop_source_prefix_v4 = 20;
         new.drop_source_prefix_v6 = 56;
         new.drop_source_entries = 3;
+        new.drop_source_retention = 60;
         new.drop_source_addresses_remote = true;
         new.rescan_interval = 1;
         let keys: Vec<_> = running
@@ -970,6 +1020,7 @@ mod tests {
                 "drop_source_prefix_v4",
                 "drop_source_prefix_v6",
                 "drop_source_entries",
+                "drop_source_retention",
                 "drop_source_addresses_remote",
                 "accept_wait",
                 "pin_dir",

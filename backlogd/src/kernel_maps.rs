@@ -55,6 +55,10 @@ pub struct KernelMaps {
     /// Dropped and cookie-answered segments per listener and source prefix
     /// (`sources.rs` in the eBPF crate).
     pub drop_sources: BpfHashMap<MapData, SourceKey, SourceCounts>,
+    /// Expired counts removed from `drop_sources` whose listener's expired entry could not
+    /// be written (the map full), by listener inode: written at the next expiry pass, read
+    /// as part of that entry until then.
+    pub expired_pending: HashMap<u64, SourceCounts>,
     /// Attempts in the map as of the last sweep.
     pub tracked: u64,
     /// Sweeps so far: `tracked` is as of the last one.
@@ -168,9 +172,69 @@ impl KernelMaps {
         }
     }
 
-    /// Every listener's source prefixes, as the kernel counted them so far.
+    /// Every listener's source prefixes, as the kernel counted them so far, and its expired
+    /// entry (`SourceKey::EXPIRED`).
     pub fn drop_sources(&self) -> Vec<(SourceKey, SourceCounts)> {
-        self.drop_sources.iter().filter_map(Result::ok).collect()
+        let mut entries: Vec<(SourceKey, SourceCounts)> =
+            self.drop_sources.iter().filter_map(Result::ok).collect();
+        for (ino, pending) in &self.expired_pending {
+            let key = SourceKey::expired(*ino);
+            match entries.iter_mut().find(|(k, _)| *k == key) {
+                Some((_, c)) => add_counts(c, pending),
+                None => entries.push((key, *pending)),
+            }
+        }
+        entries
+    }
+
+    /// Forgets every source prefix whose newest segment is `retention_ns` or more before
+    /// `now_ns` (client addresses are kept no longer), adding its counts to its listener's
+    /// expired entry, so the listener's entries still add up to its drops and syncookies.
+    /// Returns how many prefixes went.
+    ///
+    /// The one loss it allows: the programs add to an entry through a pointer they looked
+    /// up, without the map's lock, so a segment from a prefix silent for `retention_ns`
+    /// that is counted in the microseconds between the read of its entry here and its
+    /// removal is lost. Each entry is read again just before it is removed, to keep that
+    /// gap to one syscall.
+    pub fn expire_drop_sources(&mut self, now_ns: u64, retention_ns: u64) -> u64 {
+        let mut stale: HashMap<u64, Vec<SourceKey>> = HashMap::new();
+        for (key, counts) in self.drop_sources.iter().filter_map(Result::ok) {
+            if key.version != SourceKey::EXPIRED
+                && now_ns.saturating_sub(counts.last_ns) >= retention_ns
+            {
+                stale.entry(key.listener_ino).or_default().push(key);
+            }
+        }
+        let mut removed = 0;
+        let listeners: HashSet<u64> = stale
+            .keys()
+            .chain(self.expired_pending.keys())
+            .copied()
+            .collect();
+        for ino in listeners {
+            let mut gone = self.expired_pending.remove(&ino).unwrap_or_default();
+            for key in stale.remove(&ino).unwrap_or_default() {
+                let Ok(counts) = self.drop_sources.get(&key, 0) else {
+                    continue;
+                };
+                if self.drop_sources.remove(&key).is_ok() {
+                    add_counts(&mut gone, &counts);
+                    removed += 1;
+                }
+            }
+            let key = SourceKey::expired(ino);
+            let mut expired = self.drop_sources.get(&key, 0).unwrap_or_default();
+            add_counts(&mut expired, &gone);
+            expired.last_ns = expired.last_ns.max(now_ns);
+            if let Err(e) = self.drop_sources.insert(key, expired, 0) {
+                // Only a new entry can fail (the map full, the programs having taken the
+                // slots just freed): the counts wait here for the next pass.
+                tracing::debug!(listener = ino, error = %e, "expired drop sources held over");
+                self.expired_pending.insert(ino, gone);
+            }
+        }
+        removed
     }
 
     /// Removes `inodes` from the per-listener maps; returns how many entries went.
@@ -193,6 +257,7 @@ impl KernelMaps {
             for key in gone {
                 let _ = self.drop_sources.remove(&key);
             }
+            self.expired_pending.retain(|ino, _| !inodes.contains(ino));
         }
         removed
     }
@@ -328,6 +393,14 @@ fn for_each_batched(map: BorrowedFd<'_>, mut f: impl FnMut(AttemptKey, Attempt))
             return true;
         }
     }
+}
+
+/// Adds `more`'s counts to `to`'s, keeping the newer segment time.
+fn add_counts(to: &mut SourceCounts, more: &SourceCounts) {
+    for (a, b) in to.counts.iter_mut().zip(&more.counts) {
+        *a += b;
+    }
+    to.last_ns = to.last_ns.max(more.last_ns);
 }
 
 /// CLOCK_MONOTONIC in ns: the clock of `bpf_ktime_get_ns()`.

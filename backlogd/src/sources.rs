@@ -3,8 +3,10 @@
 //! summarised per listener for the JSON API and `/metrics`.
 //!
 //! The kernel's counts are exact for every prefix that holds a slot of the map; what found
-//! no slot is in the listener's `untracked_source` counters, so for every listener the
-//! prefixes plus the untracked counts equal its drops and syncookies.
+//! no slot is in the listener's `untracked_source` counters. The daemon forgets a prefix
+//! `drop_source_retention` after its newest segment (`KernelMaps::expire_drop_sources`),
+//! adding its counts to the listener's expired entry. So for every listener the prefixes,
+//! the expired and the untracked counts add up to its drops and syncookies.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
@@ -69,9 +71,13 @@ pub struct DropSources {
     pub prefixes: u64,
     /// Segments counted under a prefix, summed.
     pub counted: Counts,
+    /// Segments of prefixes forgotten `drop_source_retention` after their newest segment
+    /// (client addresses are kept no longer): counted, no longer by prefix.
+    #[serde(default)]
+    pub expired: Counts,
     /// Segments no prefix holds: the map was full when their prefix was new, or the
-    /// segment was gone before its source was read. Zero means `counted` is every drop
-    /// and cookie of the listener.
+    /// segment was gone before its source was read. `counted`, `expired` and `untracked`
+    /// add up to every drop and cookie of the listener.
     pub untracked: Counts,
     /// The largest prefix's share (0 when none).
     pub top_share: f64,
@@ -83,6 +89,11 @@ pub struct DropSources {
     /// `drop_source_addresses_remote` is off: client addresses are personal data.
     #[serde(default)]
     pub withheld: bool,
+    /// The same figures over the snapshot's `impact_window` (the last five minutes):
+    /// `prefixes` those with a segment in it. Absent before the daemon's first record and
+    /// from older daemons.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recent: Option<Box<DropSources>>,
 }
 
 impl DropSources {
@@ -91,8 +102,54 @@ impl DropSources {
         if self.top.take().is_some() {
             self.withheld = true;
         }
+        if let Some(recent) = &mut self.recent {
+            recent.withhold();
+        }
+    }
+
+    /// Every drop and cookie: under a prefix, expired or untracked.
+    pub fn all(&self) -> Counts {
+        let sum = |f: fn(&Counts) -> u64| f(&self.counted) + f(&self.expired) + f(&self.untracked);
+        Counts {
+            syn_drops: sum(|c| c.syn_drops),
+            final_ack_drops: sum(|c| c.final_ack_drops),
+            cookies: sum(|c| c.cookies),
+        }
+    }
+
+    /// The largest prefix and its share, "192.0.2.0/24 41%", or its share alone when the
+    /// addresses are withheld; None without prefixes.
+    pub fn largest(&self) -> Option<String> {
+        match self.top.as_ref().and_then(|t| t.first()) {
+            Some(s) => Some(format!("{} {:.0}%", s.prefix, s.share * 100.0)),
+            None if self.withheld && self.prefixes > 0 => Some(format!(
+                "{:.0}% (its address withheld from readers not on the host)",
+                self.top_share * 100.0
+            )),
+            None => None,
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.prefixes == 0 && self.expired.total() == 0 && self.untracked.total() == 0
     }
 }
+
+/// One key's counts by [`source`] index: what the recent figures' history records.
+pub type Tally = [u64; source::COUNT];
+
+/// The history's key for a listener's untracked counts (the kernel keeps them in the
+/// listener's counters, not in DROP_SOURCES): a version no map entry has.
+pub fn untracked_key(listener_ino: u64) -> SourceKey {
+    SourceKey {
+        listener_ino,
+        version: u8::MAX,
+        ..SourceKey::default()
+    }
+}
+
+/// What each key of the history counted over the recent window, given its counts now.
+pub type Since<'a> = &'a dyn Fn(&SourceKey, &Tally) -> Tally;
 
 /// `key`'s prefix as text: `192.0.2.0/24`, `2001:db8::/48`.
 pub fn prefix_text(key: &SourceKey) -> String {
@@ -105,70 +162,111 @@ pub fn prefix_text(key: &SourceKey) -> String {
     format!("{addr}/{}", key.prefix_len)
 }
 
+/// One listener's entries of the map, apart.
+#[derive(Default)]
+struct Entries {
+    prefixes: Vec<(SourceKey, SourceCounts)>,
+    expired: Tally,
+}
+
 /// Every listener's sources from one read of the map (`entries`) and of its counters
 /// (`stats`, for the untracked counts), `now_ns` being the programs' clock
-/// (CLOCK_MONOTONIC) at the read. A listener with neither prefixes nor untracked counts
-/// is absent.
+/// (CLOCK_MONOTONIC) at the read, with the recent window's figures where `recent` gives
+/// them. A listener with neither prefixes nor expired nor untracked counts is absent.
 pub fn summarise(
     entries: Vec<(SourceKey, SourceCounts)>,
     stats: &ByInode<ListenerStats>,
     now_ns: u64,
+    recent: Option<Since<'_>>,
 ) -> ByInode<DropSources> {
-    let mut by_listener: ByInode<Vec<(SourceKey, SourceCounts)>> = ByInode::default();
+    let mut by_listener: ByInode<Entries> = ByInode::default();
     for (key, counts) in entries {
-        by_listener
-            .entry(key.listener_ino)
-            .or_default()
-            .push((key, counts));
-    }
-    let mut out: ByInode<DropSources> = stats
-        .iter()
-        .filter(|(_, s)| s.untracked_source.iter().any(|&n| n > 0))
-        .map(|(ino, s)| {
-            (
-                *ino,
-                DropSources {
-                    untracked: Counts::of(&s.untracked_source),
-                    top: Some(Vec::new()),
-                    ..DropSources::default()
-                },
-            )
-        })
-        .collect();
-    for (ino, mut prefixes) in by_listener {
-        let entry = out.entry(ino).or_insert_with(|| DropSources {
-            top: Some(Vec::new()),
-            ..DropSources::default()
-        });
-        let total: u64 = prefixes
-            .iter()
-            .map(|(_, c)| Counts::of(&c.counts).total())
-            .sum();
-        // Most first; equal counts by prefix, so the order is stable between reads.
-        prefixes.sort_by(|(ka, a), (kb, b)| {
-            Counts::of(&b.counts)
-                .total()
-                .cmp(&Counts::of(&a.counts).total())
-                .then_with(|| (ka.version, ka.prefix).cmp(&(kb.version, kb.prefix)))
-        });
-        let share = |n: u64| {
-            if total == 0 {
-                0.0
-            } else {
-                n as f64 / total as f64
-            }
-        };
-        entry.prefixes = prefixes.len() as u64;
-        for (_, c) in &prefixes {
-            let c = Counts::of(&c.counts);
-            entry.counted.syn_drops += c.syn_drops;
-            entry.counted.final_ack_drops += c.final_ack_drops;
-            entry.counted.cookies += c.cookies;
+        let e = by_listener.entry(key.listener_ino).or_default();
+        if key.version == SourceKey::EXPIRED {
+            e.expired = counts.counts;
+        } else {
+            e.prefixes.push((key, counts));
         }
-        entry.top_share = prefixes
+    }
+    for (ino, s) in stats {
+        if s.untracked_source.iter().any(|&n| n > 0) {
+            by_listener.entry(*ino).or_default();
+        }
+    }
+    by_listener
+        .into_iter()
+        .filter_map(|(ino, e)| {
+            let untracked = stats
+                .get(&ino)
+                .map_or([0; source::COUNT], |s| s.untracked_source);
+            let mut all = tally(&e.prefixes, e.expired, untracked, now_ns);
+            if all.is_empty() {
+                return None;
+            }
+            all.recent = recent.map(|since| {
+                let prefixes: Vec<_> = e
+                    .prefixes
+                    .iter()
+                    .map(|(k, c)| {
+                        let counts = since(k, &c.counts);
+                        (*k, SourceCounts { counts, ..*c })
+                    })
+                    .filter(|(_, c)| c.counts.iter().any(|&n| n > 0))
+                    .collect();
+                Box::new(tally(
+                    &prefixes,
+                    since(&SourceKey::expired(ino), &e.expired),
+                    since(&untracked_key(ino), &untracked),
+                    now_ns,
+                ))
+            });
+            Some((ino, all))
+        })
+        .collect()
+}
+
+/// One listener's figures from its prefixes and its expired and untracked counts.
+fn tally(
+    prefixes: &[(SourceKey, SourceCounts)],
+    expired: Tally,
+    untracked: Tally,
+    now_ns: u64,
+) -> DropSources {
+    let mut prefixes: Vec<_> = prefixes.iter().collect();
+    let total: u64 = prefixes
+        .iter()
+        .map(|(_, c)| Counts::of(&c.counts).total())
+        .sum();
+    // Most first; equal counts by prefix, so the order is stable between reads.
+    prefixes.sort_by(|(ka, a), (kb, b)| {
+        Counts::of(&b.counts)
+            .total()
+            .cmp(&Counts::of(&a.counts).total())
+            .then_with(|| (ka.version, ka.prefix).cmp(&(kb.version, kb.prefix)))
+    });
+    let share = |n: u64| {
+        if total == 0 {
+            0.0
+        } else {
+            n as f64 / total as f64
+        }
+    };
+    let mut counted = Counts::default();
+    for (_, c) in &prefixes {
+        let c = Counts::of(&c.counts);
+        counted.syn_drops += c.syn_drops;
+        counted.final_ack_drops += c.final_ack_drops;
+        counted.cookies += c.cookies;
+    }
+    DropSources {
+        prefixes: prefixes.len() as u64,
+        counted,
+        expired: Counts::of(&expired),
+        untracked: Counts::of(&untracked),
+        top_share: prefixes
             .first()
-            .map_or(0.0, |(_, c)| share(Counts::of(&c.counts).total()));
-        entry.top = Some(
+            .map_or(0.0, |(_, c)| share(Counts::of(&c.counts).total())),
+        top: Some(
             prefixes
                 .iter()
                 .take(TOP)
@@ -182,9 +280,10 @@ pub fn summarise(
                     }
                 })
                 .collect(),
-        );
+        ),
+        withheld: false,
+        recent: None,
     }
-    out
 }
 
 #[cfg(test)]
@@ -245,6 +344,7 @@ mod tests {
             ],
             &stats,
             now,
+            None,
         );
         let l = &got[&7];
         assert_eq!(l.prefixes, 3);
@@ -298,8 +398,80 @@ mod tests {
                 )
             })
             .collect();
-        let got = summarise(entries, &ByInode::default(), 0);
+        let got = summarise(entries, &ByInode::default(), 0, None);
         assert_eq!(got[&1].prefixes, TOP as u64 + 5);
         assert_eq!(got[&1].top.as_ref().unwrap().len(), TOP);
+    }
+
+    #[test]
+    fn expired_counts_are_apart_from_the_prefixes_and_the_window_subtracts_its_bases() {
+        let mut stats = ByInode::default();
+        stats.insert(
+            7,
+            ListenerStats {
+                untracked_source: [4, 0, 0],
+                ..ListenerStats::default()
+            },
+        );
+        let entries = vec![
+            (key(7, 4, v4(10, 0, 1), 24), counts(10, 0, 0, 5)),
+            (key(7, 4, v4(10, 0, 2), 24), counts(3, 0, 2, 5)),
+            (SourceKey::expired(7), counts(6, 1, 0, 5)),
+            // A listener whose every prefix expired.
+            (SourceKey::expired(8), counts(2, 0, 0, 5)),
+        ];
+        // The window's bases: 10.0.1.0/24 had 9 then, 10.0.2.0/24 was not there yet,
+        // the expired entry had 6 SYN drops, the untracked counts 1.
+        let since = |k: &SourceKey, now: &Tally| -> Tally {
+            let base: Tally = match (k.version, k.prefix[2], k.listener_ino) {
+                (4, 1, 7) => [9, 0, 0],
+                (SourceKey::EXPIRED, _, 7) => [6, 0, 0],
+                (u8::MAX, _, 7) => [1, 0, 0],
+                _ => [0; 3],
+            };
+            std::array::from_fn(|i| now[i] - base[i])
+        };
+        let got = summarise(entries, &stats, 10, Some(&since));
+        let l = &got[&7];
+        assert_eq!((l.prefixes, l.counted.total()), (2, 15));
+        assert_eq!((l.expired.syn_drops, l.expired.final_ack_drops), (6, 1));
+        assert_eq!(l.untracked.syn_drops, 4);
+        let r = l.recent.as_ref().unwrap();
+        assert_eq!((r.prefixes, r.counted.total()), (2, 6));
+        let order: Vec<(&str, u64)> = r
+            .top
+            .as_ref()
+            .unwrap()
+            .iter()
+            .map(|s| (s.prefix.as_str(), s.counts.total()))
+            .collect();
+        assert_eq!(order, [("10.0.2.0/24", 5), ("10.0.1.0/24", 1)]);
+        assert_eq!(
+            (
+                r.expired.final_ack_drops,
+                r.expired.syn_drops,
+                r.untracked.syn_drops
+            ),
+            (1, 0, 3)
+        );
+        let gone = &got[&8];
+        assert_eq!((gone.prefixes, gone.expired.syn_drops), (0, 2));
+        assert_eq!(gone.recent.as_ref().unwrap().expired.syn_drops, 2);
+        // A prefix quiet over the window is not among the recent ones.
+        let quiet =
+            |k: &SourceKey, now: &Tally| -> Tally { if k.prefix[2] == 1 { [0; 3] } else { *now } };
+        let mut stats = ByInode::default();
+        stats.insert(7, ListenerStats::default());
+        let got = summarise(
+            vec![
+                (key(7, 4, v4(10, 0, 1), 24), counts(10, 0, 0, 5)),
+                (key(7, 4, v4(10, 0, 2), 24), counts(1, 0, 0, 5)),
+            ],
+            &stats,
+            10,
+            Some(&quiet),
+        );
+        let r = got[&7].recent.as_ref().unwrap();
+        assert_eq!((r.prefixes, r.top_share), (1, 1.0));
     }
 }

@@ -80,8 +80,34 @@ fn v4_sources(octets: [u8; 3], clients: u16) -> Vec<IpAddr> {
         .collect()
 }
 
-/// The listener's `drop_sources` in the API, once its prefixes and untracked counts add
-/// up to its drops and syncookies in the same snapshot (the programs settle a segment
+/// A daemon started with `args`, and a listener with backlog 1 on `addr` in a new
+/// namespace (syncookies off) whose accept queue is held full by backlog + 1 connections
+/// from the listener's own address (not under any test prefix): every SYN that arrives
+/// next is dropped. Destructured by each test, which drops the parts in its own order.
+struct FullQueue {
+    daemon: Daemon,
+    ns: Netns,
+    listener: Listener,
+    held: Vec<Socket>,
+}
+
+fn full_queue(args: &[&str], addr: &str) -> FullQueue {
+    let daemon = Daemon::start_with(args);
+    let ns = Netns::new();
+    ns.sysctl("net.ipv4.tcp_syncookies", "0");
+    let listener = Listener::open(&ns, addr, 1);
+    daemon.wait_for_listener(listener.inode);
+    let held = fill_accept_queue(&ns, &listener, listener.addr, 2);
+    FullQueue {
+        daemon,
+        ns,
+        listener,
+        held,
+    }
+}
+
+/// The listener's `drop_sources` in the API, once its prefixes, expired and untracked
+/// counts add up to its drops and syncookies in the same snapshot (the programs settle a segment
 /// when the kernel is done with it: in tracepoint mode possibly at the next segment).
 fn settled_sources(daemon: &Daemon, l: &Listener) -> Value {
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
@@ -99,7 +125,9 @@ fn settled_sources(daemon: &Daemon, l: &Listener) -> Value {
             .map(|o| o.values().filter_map(Value::as_u64).sum())
             .unwrap_or(0);
         let cookies = listener["syncookies_sent"].as_u64().unwrap_or(0);
-        if !d.is_null() && sum(&d["counted"]) + sum(&d["untracked"]) == drops + cookies {
+        if !d.is_null()
+            && sum(&d["counted"]) + sum(&d["expired"]) + sum(&d["untracked"]) == drops + cookies
+        {
             return d.clone();
         }
         assert!(
@@ -134,13 +162,12 @@ fn count(v: &Value, key: &str) -> u64 {
 #[test]
 fn syn_drops_per_source_prefix_equal_the_syns_each_prefix_sent() {
     let _shared = shared();
-    let daemon = Daemon::start();
-    let ns = Netns::new();
-    ns.sysctl("net.ipv4.tcp_syncookies", "0");
-    let listener = Listener::open(&ns, "127.0.0.1:0", 1);
-    daemon.wait_for_listener(listener.inode);
-    // Room for backlog + 1 before the measured interval (sources 127.0.0.1: not counted).
-    let held = fill_accept_queue(&ns, &listener, listener.addr, 2);
+    let FullQueue {
+        daemon,
+        ns,
+        listener,
+        held,
+    } = full_queue(&[], "127.0.0.1:0");
     let prefixes: Vec<&str> = V4.iter().map(|(p, _, _)| *p).collect();
     ns.count_incoming_syns_from(listener.addr.port(), &prefixes);
     let before = tcp_ext(&ns);
@@ -317,16 +344,16 @@ fn syncookies_per_source_prefix_equal_the_syns_each_prefix_sent() {
 #[test]
 fn ipv6_sources_are_counted_per_48() {
     let _shared = shared();
-    let daemon = Daemon::start();
-    let ns = Netns::new();
-    ns.sysctl("net.ipv4.tcp_syncookies", "0");
+    let FullQueue {
+        daemon,
+        ns,
+        listener,
+        held,
+    } = full_queue(&[], "[::1]:0");
     ns.command(
         "ip",
         &["-6", "route", "add", "local", "fd00:20::/32", "dev", "lo"],
     );
-    let listener = Listener::open(&ns, "[::1]:0", 1);
-    daemon.wait_for_listener(listener.inode);
-    let held = fill_accept_queue(&ns, &listener, listener.addr, 2);
     let groups: [(&str, &str, u16); 3] = [
         ("fd00:20:1::/48", "fd00:20:1:", 30),
         ("fd00:20:2::/48", "fd00:20:2:", 20),
@@ -387,12 +414,12 @@ fn ipv6_sources_are_counted_per_48() {
 #[test]
 fn a_full_source_map_counts_the_rest_untracked_exactly() {
     let _alone = alone();
-    let daemon = Daemon::start_with(&["--drop-source-entries", "3"]);
-    let ns = Netns::new();
-    ns.sysctl("net.ipv4.tcp_syncookies", "0");
-    let listener = Listener::open(&ns, "127.0.0.1:0", 1);
-    daemon.wait_for_listener(listener.inode);
-    let held = fill_accept_queue(&ns, &listener, listener.addr, 2);
+    let FullQueue {
+        daemon,
+        ns,
+        listener,
+        held,
+    } = full_queue(&["--drop-source-entries", "3"], "127.0.0.1:0");
     let prefixes: Vec<&str> = V4.iter().map(|(p, _, _)| *p).collect();
     ns.count_incoming_syns_from(listener.addr.port(), &prefixes);
     let before = tcp_ext(&ns);
@@ -604,12 +631,12 @@ fn inodes_with_sources(daemon: &Daemon) -> Vec<u64> {
 #[test]
 fn a_closed_listeners_prefixes_are_removed_by_the_rescans() {
     let _shared = shared();
-    let daemon = Daemon::start_with(&["--rescan-interval", "1"]);
-    let ns = Netns::new();
-    ns.sysctl("net.ipv4.tcp_syncookies", "0");
-    let listener = Listener::open(&ns, "127.0.0.1:0", 1);
-    daemon.wait_for_listener(listener.inode);
-    let held = fill_accept_queue(&ns, &listener, listener.addr, 2);
+    let FullQueue {
+        daemon,
+        ns,
+        listener,
+        held,
+    } = full_queue(&["--rescan-interval", "1"], "127.0.0.1:0");
     drop(connect_from(
         &ns,
         listener.addr,
@@ -633,6 +660,135 @@ fn a_closed_listeners_prefixes_are_removed_by_the_rescans() {
         );
         std::thread::sleep(Duration::from_millis(200));
     }
+}
+
+/// Client addresses are kept no longer than `drop_source_retention` after a prefix's newest
+/// segment. With 10 s: two prefixes' SYN drops are counted exactly (against nft), also in
+/// the recent window (a young daemon's window is its whole life); then the daemon removes
+/// both prefixes from the API and from the kernel's map, which keeps one entry for the
+/// listener, and their counts stay, exactly, as the listener's expired counts, since start
+/// and in the window. The gauges of the window go to zero.
+#[test]
+fn prefixes_are_forgotten_after_their_retention_and_their_counts_stay_as_expired() {
+    let _shared = shared();
+    let FullQueue {
+        daemon,
+        ns,
+        listener,
+        held,
+    } = full_queue(&["--drop-source-retention", "10"], "127.0.0.1:0");
+    let two = &V4[3..];
+    let prefixes: Vec<&str> = two.iter().map(|(p, _, _)| *p).collect();
+    ns.count_incoming_syns_from(listener.addr.port(), &prefixes);
+    let before = tcp_ext(&ns);
+    let start = daemon.program_misses();
+    let mut clients = Vec::new();
+    for (_, octets, n) in two {
+        clients.extend(connect_from(&ns, listener.addr, v4_sources(*octets, *n)));
+    }
+    drop(clients);
+    std::thread::sleep(Duration::from_millis(100));
+    let kernel = ListenCounters::delta(&before, &tcp_ext(&ns));
+    let sent = ns.incoming_syns_from();
+    let held_sources = settled_sources(&daemon, &listener);
+    let total: u64 = sent.iter().sum();
+
+    // Forgotten within the retention plus the 10 s between expiry passes.
+    let deadline = std::time::Instant::now() + Duration::from_secs(40);
+    let expired = loop {
+        let d = settled_sources(&daemon, &listener);
+        if count(&d, "prefixes") == 0 {
+            break d;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "prefixes still held 40 s after their last segment with a 10 s retention: {d:#}"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    let scrape = daemon.scrape();
+    let socket = listener.inode.to_string();
+    let labels = [("socket", socket.as_str())];
+    let map_entries = inodes_with_sources(&daemon)
+        .into_iter()
+        .filter(|i| *i == listener.inode)
+        .count();
+
+    let mut exact = Exact::listener(&daemon, &ns, &listener);
+    exact.interval(&daemon, &start);
+    exact
+        .evidence("kernel TcpExt delta", kernel)
+        .evidence("nft SYNs per prefix", &sent)
+        .evidence("drop_sources while held", &held_sources)
+        .evidence("drop_sources once expired", &expired);
+    for ((name, _, _), syns) in two.iter().zip(&sent) {
+        exact.eq_fed(
+            &format!("{name} while held: SYN drops vs nft"),
+            &[figure::DROPS],
+            count(prefix(&held_sources, name), "syn_drops"),
+            *syns,
+        );
+        exact.eq_fed(
+            &format!("{name} in the recent window while held: SYN drops vs nft"),
+            &[figure::DROPS],
+            count(prefix(&held_sources["recent"], name), "syn_drops"),
+            *syns,
+        );
+    }
+    exact
+        .eq_fed(
+            "expired SYN drops vs the SYNs nft counted from both prefixes",
+            &[figure::DROPS],
+            count(&expired["expired"], "syn_drops"),
+            total,
+        )
+        .eq_fed(
+            "expired SYN drops vs ListenDrops",
+            &[figure::DROPS],
+            count(&expired["expired"], "syn_drops"),
+            kernel.listen_drops,
+        )
+        .eq_fed(
+            "expired SYN drops in the recent window vs nft",
+            &[figure::DROPS],
+            count(&expired["recent"]["expired"], "syn_drops"),
+            total,
+        )
+        .eq(
+            "counted under a prefix once expired",
+            count(&expired["counted"], "syn_drops"),
+            0,
+        )
+        .eq("untracked", count(&expired["untracked"], "syn_drops"), 0)
+        .eq(
+            "prefixes in the recent window once expired",
+            count(&expired["recent"], "prefixes"),
+            0,
+        )
+        .eq(
+            "the listener's entries in the kernel's map: its expired entry only",
+            map_entries as u64,
+            1,
+        )
+        .eq(
+            "backlogd_listen_drop_source_prefixes once expired",
+            scrape
+                .value("backlogd_listen_drop_source_prefixes", &labels)
+                .unwrap_or_else(|| panic!("no prefixes series:\n{}", scrape.text))
+                as u64,
+            0,
+        );
+    exact.verify();
+    assert_eq!(
+        expired["top"].as_array().map(Vec::len),
+        Some(0),
+        "no address is kept: {expired:#}"
+    );
+    assert_eq!(
+        scrape.value("backlogd_listen_drop_source_top_share", &labels),
+        Some(0.0)
+    );
+    drop(held);
 }
 
 /// One TCP SYN from `src` (any address: spoofed) to `to`, IPv4, through a raw socket in

@@ -180,7 +180,8 @@ async fn serve(
     // The recent figures start from what the maps hold now: counts a pinned map kept
     // from before this daemon are not recent. (Attempts whose horizon passed while no
     // daemon ran are, like the abandoned counter: this daemon's sweeps count them.)
-    sampler::record_impact(&maps, &live.recent);
+    let retention_ns = current.drop_source_retention * 1_000_000_000;
+    sampler::record_recent(&maps, &live.recent, retention_ns);
     let sampler = tokio::spawn(sampler::sample_queues(
         maps,
         windows.clone(),
@@ -188,6 +189,7 @@ async fn serve(
         heartbeats.clone(),
         current.max_listeners,
         current.client_impact_horizon * 1_000_000_000,
+        retention_ns,
     ));
     live.accept_wait = current.accept_wait;
     live.drop_source_addresses_remote = current.drop_source_addresses_remote;

@@ -1,6 +1,7 @@
 //! The queue sampler: every second the kernel's queue maxima into the high-water-mark
 //! windows, every few seconds the attempts past the client-impact horizon counted
-//! abandoned, about every 10 s the client-impact counters recorded for the recent figures.
+//! abandoned, about every 10 s the source prefixes past their retention expired and the
+//! client-impact and drop-source counters recorded for the recent figures.
 //! What it writes is the daemon's live state (`crate::state`), which the exporters read.
 
 use std::{
@@ -12,32 +13,49 @@ use crate::{
     kernel_maps::{self, SharedMaps},
     queues::QueueWindows,
     service::health::Heartbeats,
+    sources,
     state::recent,
 };
 
-/// Records every listener's client-impact counters for the recent figures.
-pub fn record_impact(maps: &SharedMaps, history: &Mutex<recent::ImpactHistory>) {
-    // A Vec: the history looks nothing up by inode here, so no table is worth building.
-    let stats: Vec<_> = maps
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .listener_stats();
-    history.lock().unwrap_or_else(|e| e.into_inner()).record(
-        std::time::Instant::now(),
-        stats.iter().map(|(k, v)| (*k, v)),
+/// Expires the source prefixes past `retention_ns`, then records every listener's
+/// client-impact counters and drop sources for the recent figures, at one instant.
+pub fn record_recent(maps: &SharedMaps, history: &Mutex<recent::Histories>, retention_ns: u64) {
+    let (stats, sources): (Vec<_>, _) = {
+        let mut maps = maps.lock().unwrap_or_else(|e| e.into_inner());
+        let expired = maps.expire_drop_sources(kernel_maps::monotonic_ns(), retention_ns);
+        if expired > 0 {
+            tracing::debug!(expired, "source prefixes past their retention");
+        }
+        // A Vec: the history looks nothing up by inode here, so no table is worth building.
+        (maps.listener_stats(), maps.drop_sources())
+    };
+    let now = std::time::Instant::now();
+    let mut history = history.lock().unwrap_or_else(|e| e.into_inner());
+    history
+        .impact
+        .record(now, stats.iter().map(|(k, v)| (*k, recent::Counts::of(v))));
+    history.sources.record(
+        now,
+        sources.into_iter().map(|(k, c)| (k, c.counts)).chain(
+            stats
+                .iter()
+                .map(|(ino, s)| (sources::untracked_key(*ino), s.untracked_source)),
+        ),
     );
 }
 
 /// Every second, moves the kernel's queue maxima into the high-water-mark windows; every
 /// [`sweep_every`] seconds, counts the connection attempts past the client-impact horizon
-/// abandoned; about every [`recent::EVERY`], records the client-impact counters.
+/// abandoned; about every [`recent::EVERY`], expires source prefixes past `retention_ns`
+/// and records the recent figures.
 pub async fn sample_queues(
     maps: SharedMaps,
     windows: Arc<Mutex<QueueWindows>>,
-    recent: Arc<Mutex<recent::ImpactHistory>>,
+    recent: Arc<Mutex<recent::Histories>>,
     heartbeats: Arc<Heartbeats>,
     max_listeners: u64,
     horizon_ns: u64,
+    retention_ns: u64,
 ) {
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -86,9 +104,10 @@ pub async fn sample_queues(
         if recent
             .lock()
             .unwrap_or_else(|e| e.into_inner())
+            .impact
             .due(std::time::Instant::now())
         {
-            record_impact(&maps, &recent);
+            record_recent(&maps, &recent, retention_ns);
         }
         heartbeats.sampled();
     }

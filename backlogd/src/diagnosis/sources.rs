@@ -31,25 +31,35 @@ fn resolved(l: &ListenerSnapshot) -> Option<(u64, f64)> {
     (resolved >= MIN_RESOLVED).then(|| (resolved, delayed as f64 / resolved as f64))
 }
 
-/// "1,800 prefixes, the largest (192.0.2.0/24) 41%", from what the reader may see.
+/// The figures a finding quotes: the recent window's when it has prefixes (what is going
+/// on now, and where an nft rule would act), else those since counting began; with words
+/// for which.
+fn current(d: &DropSources) -> (&DropSources, &'static str) {
+    match d.recent.as_deref() {
+        Some(r) if r.prefixes > 0 => (r, "in the last 5 min"),
+        _ => (d, "since backlogd began counting"),
+    }
+}
+
+/// "sources in the last 5 min: 1,800 prefixes, the largest 192.0.2.0/24 41% of ...", from
+/// what the reader may see.
 fn sources_line(d: &DropSources) -> String {
-    let largest = match d.top.as_ref().and_then(|t| t.first()) {
-        Some(s) => format!("the largest, {}, {:.0}%", s.prefix, s.share * 100.0),
-        None if d.withheld => format!(
-            "the largest {:.0}% (its address withheld from readers not on the host)",
-            d.top_share * 100.0
-        ),
-        None => "none".to_owned(),
-    };
-    let untracked = d.untracked.total();
-    let lower = if untracked > 0 {
-        format!(" (at least: {untracked} drops and cookies are under no prefix)")
+    let (d, when) = current(d);
+    let unsourced = d.untracked.total() + d.expired.total();
+    let lower = if unsourced > 0 {
+        format!(
+            " (at least: {} drops and cookies are under no prefix, {} of them of prefixes \
+             expired)",
+            unsourced,
+            d.expired.total()
+        )
     } else {
         String::new()
     };
     format!(
-        "sources: {} prefixes{lower}, {largest} of the drops and cookies",
-        d.prefixes
+        "sources {when}: {} prefixes{lower}, the largest {} of the drops and cookies",
+        d.prefixes,
+        d.largest().unwrap_or_else(|| "none".to_owned())
     )
 }
 
@@ -72,7 +82,8 @@ pub fn flood(l: &ListenerSnapshot, cx: &Context<'_>) -> Option<Finding> {
     }
     let syncookies = cx.namespace(l).map(|n| n.sysctls.tcp_syncookies);
     let mut remedy = String::new();
-    let largest = d.top.as_ref().and_then(|t| t.first());
+    let (now, _) = current(d);
+    let largest = now.top.as_ref().and_then(|t| t.first());
     match largest {
         Some(s) if s.share >= CONCENTRATED => {
             let family = if s.prefix.contains(':') { "ip6" } else { "ip" };
@@ -86,10 +97,10 @@ pub fn flood(l: &ListenerSnapshot, cx: &Context<'_>) -> Option<Finding> {
                 l.listener.port
             ));
         }
-        None if d.withheld && d.top_share >= CONCENTRATED => remedy.push_str(&format!(
+        None if now.withheld && now.top_share >= CONCENTRATED => remedy.push_str(&format!(
             "{:.0}% comes from one prefix (withheld from readers not on the host: read it \
              there) and can be dropped before it reaches the listener with an nft rule; ",
-            d.top_share * 100.0
+            now.top_share * 100.0
         )),
         _ => remedy
             .push_str("the sources are spread (or spoofed): a per-prefix rule will not hold it; "),
@@ -120,7 +131,7 @@ pub fn flood(l: &ListenerSnapshot, cx: &Context<'_>) -> Option<Finding> {
         summary: format!(
             "{} SYNs dropped on {}:{}, {:.1}% of the dropped attempts ever connected: a \
              flood, not clients",
-            d.counted.syn_drops + d.untracked.syn_drops,
+            d.all().syn_drops,
             l.listener.addr,
             l.listener.port,
             share * 100.0
@@ -155,9 +166,15 @@ pub fn burst(l: &ListenerSnapshot, cx: &Context<'_>) -> Option<Finding> {
         kind: FindingKind::ConnectionBurst,
         subject: subject(l),
         summary: format!(
-            "{} drops over {} prefixes on {}:{}, {:.0}% of the dropped attempts connected \
+            "{} drops over {}{} prefixes on {}:{}, {:.0}% of the dropped attempts connected \
              on a retry: a burst of real clients",
-            d.counted.drops() + d.untracked.drops(),
+            d.all().drops(),
+            // Expired prefixes are no longer told apart.
+            if d.expired.total() > 0 {
+                "at least "
+            } else {
+                ""
+            },
             d.prefixes,
             l.listener.addr,
             l.listener.port,

@@ -913,7 +913,8 @@ fn syn_flood_when_dropped_attempts_almost_never_connect_with_a_rule_for_a_concen
         [
             "of 202 connection attempts with a dropped segment that are resolved, 2 connected \
              on a retry (1.0%) and 200 never did",
-            "sources: 3 prefixes, the largest, 192.0.2.0/24, 80% of the drops and cookies",
+            "sources since backlogd began counting: 3 prefixes, the largest 192.0.2.0/24 80% \
+             of the drops and cookies",
             "net.ipv4.tcp_syncookies = 1",
         ]
     );
@@ -964,6 +965,50 @@ fn connection_burst_when_most_dropped_attempts_connect_on_a_retry_sized_from_the
     assert!(
         f.remedy
             .contains("a backlog up to 90 larger than the one they met"),
+        "{}",
+        f.remedy
+    );
+}
+
+#[test]
+fn a_flood_is_described_by_its_last_five_minutes_when_they_have_sources() {
+    // Since start 192.0.2.0/24 held 80%; in the window another prefix holds 90%, and
+    // prefixes of an earlier flood expired.
+    let mut l = dropped_by(400, 2, 200, 0.8);
+    if let Some(d) = &mut l.drop_sources {
+        d.expired.syn_drops = 50;
+        d.recent = Some(Box::new(crate::sources::DropSources {
+            prefixes: 2,
+            top_share: 0.9,
+            top: Some(vec![crate::sources::Source {
+                prefix: "198.51.100.0/24".into(),
+                counts: crate::sources::Counts {
+                    syn_drops: 90,
+                    ..Default::default()
+                },
+                share: 0.9,
+                last_seen_seconds_ago: 1.0,
+            }]),
+            ..Default::default()
+        }));
+    }
+    let found = diagnose(&snapshot(vec![l], vec![namespace(NETNS, 4096)]));
+    let [f] = &of_kind(found, "syn_flood")[..] else {
+        panic!("one syn_flood finding")
+    };
+    assert_eq!(
+        f.summary,
+        "450 SYNs dropped on 0.0.0.0:80, 1.0% of the dropped attempts ever connected: a \
+         flood, not clients"
+    );
+    assert_eq!(
+        f.evidence[1],
+        "sources in the last 5 min: 2 prefixes, the largest 198.51.100.0/24 90% of the drops \
+         and cookies"
+    );
+    assert!(
+        f.remedy
+            .contains("ip saddr 198.51.100.0/24 tcp dport 80 drop"),
         "{}",
         f.remedy
     );

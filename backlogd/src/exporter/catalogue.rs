@@ -215,12 +215,14 @@ catalogue! {
          with a drop, a delayed connection or an abandoned attempt.";
     ListenDropSourcePrefixes: "backlogd_listen_drop_source_prefixes", Gauge, Listener,
         "Distinct source prefixes (drop_source_prefix_v4 / _v6 bits) this listener dropped \
-         a segment of or answered with a syncookie, since counting began: exact (each holds \
-         a slot of the kernel's map). Served for listeners with a drop or a syncookie.";
+         a segment of or answered with a syncookie in the last five minutes: exact (each \
+         holds a slot of the kernel's map until drop_source_retention after its newest \
+         segment). Served for listeners with a drop or a syncookie.";
     ListenDropSourceTopShare: "backlogd_listen_drop_source_top_share", Gauge, Listener,
-        "Part of this listener's source-counted drops and syncookies that came from its \
-         largest source prefix, 0 to 1: near 1, a few networks; near 0, many. Served for \
-         listeners with a drop or a syncookie.";
+        "Part of this listener's source-counted drops and syncookies of the last five \
+         minutes that came from its largest source prefix, 0 to 1: near 1, a few networks; \
+         near 0, many (0: none in the window). Served for listeners with a drop or a \
+         syncookie.";
     ListenDropSourcesUntracked: "backlogd_listen_drop_sources_untracked_total", Counter,
         Listener,
         "Drops and syncookies of this listener counted under no source prefix: the \

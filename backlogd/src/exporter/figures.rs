@@ -1,8 +1,8 @@
 //! What the exporters show, read once per request from the daemon's live state
 //! (`crate::state`): the listener table, the kernel maps and the high-water-mark windows,
 //! joined per listener. `/metrics` (`page/`) and the JSON snapshot are both made from a
-//! [`Figures`]; the snapshot adds the last five minutes' client impact from the sampler's
-//! records (`state/recent.rs`). Nothing here writes the state.
+//! [`Figures`], with the last five minutes' client impact and drop sources from the
+//! sampler's records (`state/recent.rs`). Nothing here writes the state.
 
 use std::collections::HashMap;
 
@@ -13,7 +13,7 @@ use crate::{
     kernel_maps,
     queues::{QueueFigures, ScanPass},
     sources::{self, DropSources},
-    state::Live,
+    state::{Live, recent::Recent},
 };
 
 /// The client-impact sweep's figures (see `kernel_maps.rs`).
@@ -44,6 +44,8 @@ pub struct Figures {
     pub scan: Option<ScanPass>,
     /// Drops and syncookies by source prefix, for listeners with any.
     pub sources: ByInode<DropSources>,
+    /// What the recent client-impact figures subtract (None before the first record).
+    pub recent: Option<Recent>,
 }
 
 /// Reads the kernel maps and the high-water-mark windows once, after a scan pass if the
@@ -83,7 +85,20 @@ pub fn gather(live: &Live) -> Figures {
             sources,
         )
     };
-    let sources = sources::summarise(sources, &stats, kernel_maps::monotonic_ns());
+    let (recent, source_bases) = {
+        let history = live.recent.lock().unwrap_or_else(|e| e.into_inner());
+        let now = std::time::Instant::now();
+        (history.impact.at(now), history.sources.at(now))
+    };
+    let since = |k: &_, c: &_| source_bases.as_ref().map_or(*c, |b| b.since(k, c));
+    let sources = sources::summarise(
+        sources,
+        &stats,
+        kernel_maps::monotonic_ns(),
+        source_bases
+            .is_some()
+            .then_some(&since as sources::Since<'_>),
+    );
     let (queues, scan) = {
         let windows = live.windows.lock().unwrap_or_else(|e| e.into_inner());
         let queues = live
@@ -108,6 +123,7 @@ pub fn gather(live: &Live) -> Figures {
         queues,
         scan,
         sources,
+        recent,
     }
 }
 
@@ -120,16 +136,12 @@ pub fn snapshot(live: &Live) -> Snapshot {
         queues,
         scan,
         mut sources,
+        recent,
         ..
     } = gather(live);
     // Before the table is locked: reading a namespace's sysctls may lock it too.
     let sysctls = live.shared.netns_sysctls();
     let somaxconn: HashMap<u32, u32> = sysctls.iter().map(|(ns, s)| (*ns, s.somaxconn)).collect();
-    let recent = live
-        .recent
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .at(std::time::Instant::now());
     let mut listeners: Vec<ListenerSnapshot> = live
         .shared
         .listeners()

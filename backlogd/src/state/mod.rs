@@ -6,8 +6,8 @@
 //! Who writes what:
 //! - [`Shared`]: the listener table and how to read each namespace, by the event loop and
 //!   the rescans;
-//! - [`Live::windows`] (queue high-water marks) and [`Live::recent`] (client impact over
-//!   the last five minutes, [`recent`]), by the queue sampler;
+//! - [`Live::windows`] (queue high-water marks) and [`Live::recent`] (client impact and
+//!   drop sources over the last five minutes, [`recent`]), by the queue sampler;
 //! - [`Live::accept_wait_buckets`], by a SIGHUP reload;
 //! - [`Live::maps`]: the kernel's maps, which the programs write; the sampler and the
 //!   rescans tend them (epochs, expired attempts, orphans) and a scrape reads them.
@@ -19,7 +19,7 @@ use std::{
     sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard},
 };
 
-use self::recent::ImpactHistory;
+use self::recent::Histories;
 use crate::{
     config::AcceptWaitBuckets,
     kernel_maps::SharedMaps,
@@ -48,8 +48,9 @@ pub struct Live {
     /// Serve source prefixes to API readers not on this host
     /// (`drop_source_addresses_remote`).
     pub drop_source_addresses_remote: bool,
-    /// Client impact's records for the last five minutes (the sampler records).
-    pub recent: Arc<Mutex<ImpactHistory>>,
+    /// Client impact's and drop sources' records for the last five minutes (the sampler
+    /// records).
+    pub recent: Arc<Mutex<Histories>>,
     /// The scan pass, run by the readers of its figures (`None`: this kernel has none).
     pub scan: Option<Arc<LiveScan>>,
 }

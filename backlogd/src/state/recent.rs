@@ -1,24 +1,29 @@
-//! Client impact over the last five minutes, for `doctor` and `top`: "312 connections
-//! waited and 41 never connected in the last 5 min" tells an operator whether the damage
-//! is going on now, which the counters since start (a daemon up for weeks) cannot.
-//! Prometheus users have `increase(...[5m])`; the JSON API's clients have no history but
-//! this one.
+//! The last five minutes, for `doctor` and `top`: "312 connections waited and 41 never
+//! connected in the last 5 min" tells an operator whether the damage is going on now, which
+//! the counters since start (a daemon up for weeks) cannot. Prometheus users have
+//! `increase(...[5m])`; the JSON API's clients have no history but this one. Two histories
+//! are kept this way: each listener's client-impact counters, and each listener's drops
+//! and syncookies by source prefix (`crate::sources`).
 //!
-//! About every [`EVERY`] the daemon's sampler records the time, and each listener's
-//! cumulative client-impact counters where they changed since its last record. A snapshot
-//! subtracts each listener's counters as of the newest record at least [`WINDOW`] old (the
-//! daemon's first, at its start, while it is younger). A listener costs nothing until its
-//! clients pay something, then one entry, plus one per record its counters changed at
-//! within the window; a listener the kernel no longer counts is forgotten.
+//! About every [`EVERY`] the daemon's sampler records the time, and each key's cumulative
+//! counters where they changed since its last record. A snapshot subtracts each key's
+//! counters as of the newest record at least [`WINDOW`] old (the daemon's first, at its
+//! start, while it is younger). A key costs nothing until it counts something, then one
+//! entry, plus one per record its counters changed at within the window; a key the kernel
+//! no longer counts is forgotten.
 
 use std::{
     collections::VecDeque,
+    hash::Hash,
     time::{Duration, Instant},
 };
 
-use backlogd_common::{DELAY_BUCKETS, ListenerStats, cause};
+use backlogd_common::{DELAY_BUCKETS, ListenerStats, SourceKey, cause};
 
-use crate::api::{ClientImpact, ImpactWindow};
+use crate::{
+    api::{ClientImpact, ImpactWindow},
+    sources::Tally,
+};
 
 /// How far back the recent figures reach.
 pub const WINDOW: Duration = Duration::from_secs(300);
@@ -27,9 +32,26 @@ pub const WINDOW: Duration = Duration::from_secs(300);
 /// when the sampler was held up).
 pub const EVERY: Duration = Duration::from_secs(10);
 
-/// By socket inode: kernel-made keys, a fast hash suits (as the scrape's `ByInode`,
-/// `exporter/figures.rs`).
-type ByInode<V> = foldhash::HashMap<u64, V>;
+/// Counters that only grow, as a history records them.
+pub trait Cumulative: Copy + Default + PartialEq {
+    /// What was counted after `base`. The counters only grow: one below its base belongs
+    /// to a new key that took a gone one's place (a closed listener's inode reused, a
+    /// forgotten prefix counted again), and all of its counts are recent.
+    fn since(&self, base: &Self) -> Self;
+
+    fn is_zero(&self) -> bool {
+        *self == Self::default()
+    }
+}
+
+impl Cumulative for Tally {
+    fn since(&self, base: &Self) -> Self {
+        if self.iter().zip(base).any(|(now, then)| now < then) {
+            return *self;
+        }
+        std::array::from_fn(|i| self[i] - base[i])
+    }
+}
 
 /// A listener's cumulative client-impact counters (those of [`ListenerStats`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -50,10 +72,6 @@ impl Counts {
         }
     }
 
-    fn is_zero(&self) -> bool {
-        *self == Self::default()
-    }
-
     fn fields(&self) -> impl Iterator<Item = u64> + '_ {
         self.delayed
             .iter()
@@ -62,8 +80,12 @@ impl Counts {
             .copied()
     }
 
-    /// What was counted after `base`. The counters only grow: one below its base belongs
-    /// to a new listener that took a closed one's inode, and all of its counts are recent.
+    fn impact(&self) -> ClientImpact {
+        ClientImpact::of(self.delayed, self.delay, self.delay_sum_ns, self.abandoned)
+    }
+}
+
+impl Cumulative for Counts {
     fn since(&self, base: &Self) -> Self {
         if self
             .fields()
@@ -79,23 +101,28 @@ impl Counts {
             abandoned: self.abandoned - base.abandoned,
         }
     }
+}
 
-    fn impact(&self) -> ClientImpact {
-        ClientImpact::of(self.delayed, self.delay, self.delay_sum_ns, self.abandoned)
+/// One key's counters where they changed, oldest first.
+#[derive(Debug)]
+struct Changes<C> {
+    /// The record that last saw the key in the kernel's counters.
+    seen: Option<Instant>,
+    points: VecDeque<(Instant, C)>,
+}
+
+impl<C> Default for Changes<C> {
+    fn default() -> Self {
+        Self {
+            seen: None,
+            points: VecDeque::new(),
+        }
     }
 }
 
-/// One listener's counters where they changed, oldest first.
-#[derive(Debug, Default)]
-struct Changes {
-    /// The record that last saw the listener in the kernel's counters.
-    seen: Option<Instant>,
-    points: VecDeque<(Instant, Counts)>,
-}
-
-impl Changes {
+impl<C: Cumulative> Changes<C> {
     /// The counters as of `at`: the last change at or before it (zero before the first).
-    fn at(&self, at: Instant) -> Option<Counts> {
+    fn at(&self, at: Instant) -> Option<C> {
         self.points
             .iter()
             .rev()
@@ -104,16 +131,42 @@ impl Changes {
     }
 }
 
-#[derive(Debug, Default)]
-pub struct ImpactHistory {
+/// The records of one kind of counters, by key `K` (kernel-made keys: a fast hash suits,
+/// as the scrape's `ByInode` in `exporter/figures.rs`).
+#[derive(Debug)]
+pub struct History<K, C> {
     /// The daemon's first record.
     start: Option<Instant>,
     /// The records a snapshot after the last one may subtract, oldest first.
     records: VecDeque<Instant>,
-    changes: ByInode<Changes>,
+    changes: foldhash::HashMap<K, Changes<C>>,
 }
 
-impl ImpactHistory {
+impl<K, C> Default for History<K, C> {
+    fn default() -> Self {
+        Self {
+            start: None,
+            records: VecDeque::new(),
+            changes: foldhash::HashMap::default(),
+        }
+    }
+}
+
+/// Client impact by listener inode.
+pub type ImpactHistory = History<u64, Counts>;
+
+/// Drops and syncookies by listener and source prefix (with each listener's expired and
+/// untracked counts under their own keys, `crate::sources`).
+pub type SourceHistory = History<SourceKey, Tally>;
+
+/// Both histories, recorded at the same instants, so their windows are one.
+#[derive(Debug, Default)]
+pub struct Histories {
+    pub impact: ImpactHistory,
+    pub sources: SourceHistory,
+}
+
+impl<K: Hash + Eq + Copy, C: Cumulative> History<K, C> {
     /// Whether a record is due at `now` (EVERY after the last).
     pub fn due(&self, now: Instant) -> bool {
         self.records
@@ -121,13 +174,9 @@ impl ImpactHistory {
             .is_none_or(|last| now.saturating_duration_since(*last) >= EVERY)
     }
 
-    /// Records the cumulative counters of every listener in `stats` as of `now`, and forgets
+    /// Records the cumulative counters of every key in `counters` as of `now`, and forgets
     /// what no snapshot after `now` subtracts.
-    pub fn record<'a>(
-        &mut self,
-        now: Instant,
-        stats: impl IntoIterator<Item = (u64, &'a ListenerStats)>,
-    ) {
+    pub fn record(&mut self, now: Instant, counters: impl IntoIterator<Item = (K, C)>) {
         self.start.get_or_insert(now);
         self.records.push_back(now);
         // Later snapshots subtract the newest record at least WINDOW old, or a newer one:
@@ -140,12 +189,11 @@ impl ImpactHistory {
             self.records.pop_front();
         }
         let oldest = self.records[0];
-        for (inode, s) in stats {
-            let counts = Counts::of(s);
-            if counts.is_zero() && !self.changes.contains_key(&inode) {
+        for (key, counts) in counters {
+            if counts.is_zero() && !self.changes.contains_key(&key) {
                 continue;
             }
-            let changes = self.changes.entry(inode).or_default();
+            let changes = self.changes.entry(key).or_default();
             changes.seen = Some(now);
             if changes
                 .points
@@ -159,13 +207,13 @@ impl ImpactHistory {
                 changes.points.pop_front();
             }
         }
-        // Closed: out of every later snapshot.
+        // Gone: out of every later snapshot.
         self.changes.retain(|_, c| c.seen == Some(now));
     }
 
     /// What a snapshot at `now` subtracts (None before the first record). Copied out, so the
-    /// history's lock is held for the listeners with some impact only.
-    pub fn at(&self, now: Instant) -> Option<Recent> {
+    /// history's lock is held for the keys that counted something only.
+    pub fn at(&self, now: Instant) -> Option<Bases<K, C>> {
         let base = self
             .records
             .iter()
@@ -173,7 +221,7 @@ impl ImpactHistory {
             .find(|at| now.saturating_duration_since(**at) >= WINDOW)
             .or_else(|| self.records.front())
             .copied()?;
-        Some(Recent {
+        Some(Bases {
             window: ImpactWindow {
                 window_seconds: now.saturating_duration_since(base).as_secs_f64(),
                 since_start: Some(base) == self.start,
@@ -181,24 +229,34 @@ impl ImpactHistory {
             bases: self
                 .changes
                 .iter()
-                .filter_map(|(inode, c)| Some((*inode, c.at(base)?)))
+                .filter_map(|(key, c)| Some((*key, c.at(base)?)))
                 .collect(),
         })
     }
 }
 
 /// The counters one snapshot subtracts.
-pub struct Recent {
+#[derive(Debug)]
+pub struct Bases<K, C> {
     pub window: ImpactWindow,
-    bases: ByInode<Counts>,
+    bases: foldhash::HashMap<K, C>,
 }
+
+impl<K: Hash + Eq, C: Cumulative> Bases<K, C> {
+    /// What key `key`, whose counters are now `current`, counted in the window.
+    pub fn since(&self, key: &K, current: &C) -> C {
+        current.since(&self.bases.get(key).copied().unwrap_or_default())
+    }
+}
+
+/// The client-impact counters one snapshot subtracts.
+pub type Recent = Bases<u64, Counts>;
 
 impl Recent {
     /// What listener `inode`, whose counters are now `current`, cost its clients in the
     /// window: None when nothing.
     pub fn of(&self, inode: u64, current: &ListenerStats) -> Option<ClientImpact> {
-        let base = self.bases.get(&inode).copied().unwrap_or_default();
-        let recent = Counts::of(current).since(&base);
+        let recent = self.since(&inode, &Counts::of(current));
         (!recent.is_zero()).then(|| recent.impact())
     }
 }
@@ -234,8 +292,11 @@ mod tests {
         let t0 = Instant::now();
         let mut h = ImpactHistory::default();
         // Pinned maps: listener 7 had figures before this daemon started.
-        h.record(t0, [(7, &stats(2, 1))]);
-        h.record(t0 + EVERY, [(7, &stats(5, 1)), (8, &stats(4, 0))]);
+        h.record(t0, [(7, Counts::of(&stats(2, 1)))]);
+        h.record(
+            t0 + EVERY,
+            [(7, Counts::of(&stats(5, 1))), (8, Counts::of(&stats(4, 0)))],
+        );
         let r = h.at(t0 + Duration::from_secs(25)).unwrap();
         assert_eq!(
             r.window,
@@ -261,7 +322,10 @@ mod tests {
         for i in 0..=records {
             let at = t0 + EVERY * i as u32;
             assert!(h.due(at));
-            h.record(at, [(7, &stats(i, 0)), (9, &stats(1, 0))]);
+            h.record(
+                at,
+                [(7, Counts::of(&stats(i, 0))), (9, Counts::of(&stats(1, 0)))],
+            );
             assert!(!h.due(at + EVERY / 2));
         }
         let last = t0 + EVERY * records as u32;
@@ -297,14 +361,14 @@ mod tests {
     fn quiet_and_closed_listeners_take_no_room_and_a_reused_inode_starts_over() {
         let t0 = Instant::now();
         let mut h = ImpactHistory::default();
-        h.record(t0, [(7, &stats(9, 2)), (8, &ListenerStats::default())]);
+        h.record(t0, [(7, Counts::of(&stats(9, 2))), (8, Counts::default())]);
         assert_eq!(h.changes.len(), 1, "the quiet listener 8 takes no room");
         // Inode 7 closed and a new listener took it: its counters restarted below the
         // base. It shows all it has, not a wrapped (or clamped) subtraction.
         let r = h.at(t0 + EVERY).unwrap();
         assert_eq!(figures(&r, 7, &stats(1, 0)), (1, 1, 0));
         // Gone from the kernel's counters: forgotten.
-        h.record(t0 + EVERY, [(8, &ListenerStats::default())]);
+        h.record(t0 + EVERY, [(8, Counts::default())]);
         assert!(h.changes.is_empty());
     }
 }

@@ -20,7 +20,9 @@ pub fn draw(frame: &mut Frame, app: &App) {
     let [header, table, bottom] = Layout::vertical([
         Constraint::Length(2),
         Constraint::Min(5),
-        Constraint::Length(if app.detail { 13 } else { 5 }),
+        // The detail pane: a border, the listener, its backlog, two findings and eleven
+        // lines of figures; with a 2-line header and a 5-row table, 22 rows.
+        Constraint::Length(if app.detail { 16 } else { 5 }),
     ])
     .areas(area);
     draw_header(frame, app, header);
@@ -466,7 +468,7 @@ fn draw_detail(frame: &mut Frame, app: &App, area: Rect) {
         Some(r) => {
             let l = &r.l;
             let long = crate::api::ClientImpact::bounds()[0];
-            vec![
+            let lines = vec![
                 TextLine::raw(format!(
                     "{}:{}  socket {}  netns {}  {}[{}]",
                     l.listener.addr,
@@ -533,20 +535,26 @@ fn draw_detail(frame: &mut Frame, app: &App, area: Rect) {
                 )),
             ]
             .into_iter()
-            .chain(sources_line(l))
             .chain(recent_impact(app.impact_window.as_ref(), l, long))
-            .chain(
-                app.findings
-                    .iter()
-                    .filter(|f| f.subject == crate::diagnosis::finding::subject(l))
-                    .map(|f| {
-                        TextLine::styled(
-                            format!("doctor: {} ({:?}): {}", f.kind, f.severity, f.summary),
-                            Style::new().fg(Color::Yellow),
-                        )
-                    }),
-            )
-            .collect()
+            .chain(sources_lines(app.impact_window.as_ref(), l))
+            .collect::<Vec<_>>();
+            // What doctor finds right under the listener's identity and backlog: on a
+            // small terminal the figures below it are cut, not the findings.
+            let findings = app
+                .findings
+                .iter()
+                .filter(|f| f.subject == crate::diagnosis::finding::subject(l))
+                .map(|f| {
+                    TextLine::styled(
+                        format!("doctor: {} ({:?}): {}", f.kind, f.severity, f.summary),
+                        Style::new().fg(Color::Yellow),
+                    )
+                });
+            let mut lines = lines;
+            let figures = lines.split_off(2.min(lines.len()));
+            lines.extend(findings);
+            lines.extend(figures);
+            lines
         }
     };
     frame.render_widget(
@@ -555,30 +563,50 @@ fn draw_detail(frame: &mut Frame, app: &App, area: Rect) {
     );
 }
 
-/// Who the listener dropped (or answered with a cookie), by source prefix: how many
-/// prefixes and the largest, or only its share when the daemon withholds addresses.
-fn sources_line(l: &crate::api::ListenerSnapshot) -> Option<TextLine<'static>> {
-    let d = l.drop_sources.as_ref()?;
-    let largest = match d.top.as_ref().and_then(|t| t.first()) {
-        Some(s) => format!(
-            "largest {} {:.0}% ({} SYN drops, {} final-ACK drops, {} cookies)",
-            s.prefix,
-            s.share * 100.0,
-            s.counts.syn_drops,
-            s.counts.final_ack_drops,
-            s.counts.cookies
-        ),
-        None if d.withheld => format!(
-            "largest {:.0}% (addresses withheld from readers not on the host)",
-            d.top_share * 100.0
-        ),
-        None => "none".to_owned(),
+/// Who the listener dropped (or answered with a cookie), by source prefix: in the recent
+/// window (what is going on now) and since counting began, how many prefixes and the
+/// largest, or only its share when the daemon withholds addresses.
+fn sources_lines(window: Option<&ImpactWindow>, l: &ListenerSnapshot) -> Vec<TextLine<'static>> {
+    let Some(d) = l.drop_sources.as_ref() else {
+        return Vec::new();
     };
-    Some(TextLine::raw(format!(
-        "drop sources: {} prefixes, {largest}, untracked {}",
-        d.prefixes,
-        d.untracked.total()
-    )))
+    // The largest prefix's counts in the recent line only: the pane may be 120 columns.
+    let line = |when: String, d: &crate::sources::DropSources, detail: bool| {
+        let counts = d
+            .top
+            .as_ref()
+            .and_then(|t| t.first())
+            .filter(|_| detail)
+            .map(|s| {
+                format!(
+                    " ({} SYN drops, {} final-ACK drops, {} cookies)",
+                    s.counts.syn_drops, s.counts.final_ack_drops, s.counts.cookies
+                )
+            })
+            .unwrap_or_default();
+        // Expired and untracked in the line since start only, for the same reason.
+        let unsourced = if detail {
+            String::new()
+        } else {
+            format!(
+                ", expired {}, untracked {}",
+                d.expired.total(),
+                d.untracked.total()
+            )
+        };
+        TextLine::raw(format!(
+            "drop sources {when}: {} prefixes, largest {}{counts}{unsourced}",
+            d.prefixes,
+            d.largest().unwrap_or_else(|| "none".to_owned()),
+        ))
+    };
+    let recent = window
+        .zip(d.recent.as_deref())
+        .map(|(w, r)| line(crate::diagnosis::impact::window(w), r, true));
+    recent
+        .into_iter()
+        .chain([line("since start".to_owned(), d, false)])
+        .collect()
 }
 
 fn draw_help(frame: &mut Frame, area: Rect) {
@@ -729,19 +757,27 @@ mod tests {
         };
         busy[0].impact = fixtures::impact(10, 2, &[2, 9, 1], 3);
         busy[0].recent_impact = Some(fixtures::impact(4, 0, &[1, 3], 1));
-        busy[0].drop_sources = Some(crate::sources::DropSources {
+        let largest = |syn_drops, share| crate::sources::DropSources {
             prefixes: 3,
-            top_share: 0.5,
+            top_share: share,
             top: Some(vec![crate::sources::Source {
                 prefix: "192.0.2.0/24".into(),
                 counts: crate::sources::Counts {
-                    syn_drops: 25,
+                    syn_drops,
                     ..Default::default()
                 },
-                share: 0.5,
+                share,
                 last_seen_seconds_ago: 1.0,
             }]),
             ..Default::default()
+        };
+        busy[0].drop_sources = Some(crate::sources::DropSources {
+            expired: crate::sources::Counts {
+                syn_drops: 7,
+                ..Default::default()
+            },
+            recent: Some(Box::new(largest(25, 0.5))),
+            ..largest(40, 0.4)
         });
         let mut app = App::new(Duration::from_secs(1));
         app.update(snapshot(quiet), Duration::from_secs(1));
@@ -987,8 +1023,10 @@ mod tests {
              waited > 0.5 s)  attempts abandoned 3",
             "impact in the last 5.0 min: connections delayed 4 (3 waited > 0.5 s)  attempts \
              abandoned 1",
-            "drop sources: 3 prefixes, largest 192.0.2.0/24 50% (25 SYN drops, 0 \
-             final-ACK drops, 0 cookies), untracked 0",
+            "drop sources in the last 5.0 min: 3 prefixes, largest 192.0.2.0/24 50% (25 SYN \
+             drops, 0 final-ACK drops, 0 cookies)",
+            "drop sources since start: 3 prefixes, largest 192.0.2.0/24 40%, expired 7, \
+             untracked 0",
         ] {
             assert!(
                 screen.iter().any(|l| l.contains(line)),

@@ -176,16 +176,20 @@ fn impact(e: &mut Exposition<'_>, rows: &[Row<'_>], found: &[(&ListenerStats, Qu
     }
 }
 
-/// Who each listener dropped: distinct source prefixes, the largest one's share and what
-/// no prefix holds. Like the client-impact families, they appear with a listener's first
-/// drop or syncookie: a quiet listener's would be zeros.
+/// Who each listener dropped: distinct source prefixes and the largest one's share in the
+/// last five minutes (gauges: what is going on now), and what no prefix holds. Like the
+/// client-impact families, they appear with a listener's first drop or syncookie: a quiet
+/// listener's would be zeros.
 fn sources(e: &mut Exposition<'_>, rows: &[Row<'_>], figures: &Figures) {
     let counted: Vec<(&Row<'_>, Option<&DropSources>, &ListenerStats)> = rows
         .iter()
         .filter_map(|r| {
             let s = figures.stats.get(&r.listener.inode)?;
-            (s.drops.iter().any(|&d| d > 0) || s.syncookies > 0)
-                .then(|| (r, figures.sources.get(&r.listener.inode), s))
+            let recent = figures
+                .sources
+                .get(&r.listener.inode)
+                .map(|d| d.recent.as_deref().unwrap_or(d));
+            (s.drops.iter().any(|&d| d > 0) || s.syncookies > 0).then_some((r, recent, s))
         })
         .collect();
     Metric::ListenDropSourcePrefixes.open(e);

@@ -86,6 +86,7 @@ fn figures() -> Figures {
         )]
         .into_iter()
         .collect(),
+        recent: None,
     }
 }
 
