@@ -278,3 +278,131 @@ fn doctor_standalone_watches_for_the_duration_without_a_daemon() {
         d.findings
     );
 }
+
+/// An application that accepts in batches every 50 ms (waits far under 100 ms: it keeps
+/// up) behind a 5-slot queue, and a burst of 12 real clients arriving within one batch.
+/// Returns the clients (connected when it returns), the accept thread's stop flag and the
+/// connections it took.
+struct BatchAcceptor {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<Vec<std::net::TcpStream>>>,
+}
+
+impl BatchAcceptor {
+    fn start(l: &Listener) -> Self {
+        let socket: std::net::TcpListener = l.socket.try_clone().expect("dup listener").into();
+        socket.set_nonblocking(true).expect("non-blocking listener");
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut taken = Vec::new();
+            while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(50));
+                while let Ok((c, _)) = socket.accept() {
+                    taken.push(c);
+                }
+            }
+            taken
+        });
+        Self {
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    fn stop(mut self) -> usize {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread
+            .take()
+            .expect("running")
+            .join()
+            .expect("acceptor")
+            .len()
+    }
+}
+
+/// Clients connect all at once to `l`, which a [`BatchAcceptor`] serves; returns each
+/// client's SYN retransmissions once every client is accepted.
+fn burst_through(ns: &Netns, l: &Listener, clients: usize) -> Vec<u32> {
+    let acceptor = BatchAcceptor::start(l);
+    let sockets = connect_burst(ns, l.addr, clients);
+    // A client dropped once retries its SYN 1 s later and finds room: the batch drained
+    // the queue meanwhile.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let states: Vec<(u8, u32)> = sockets
+            .iter()
+            .map(backlogd_tests::sockets::tcp_state)
+            .collect();
+        if states
+            .iter()
+            .all(|(state, _)| *state == 1 /* TCP_ESTABLISHED */)
+        {
+            std::thread::sleep(Duration::from_millis(200));
+            assert_eq!(acceptor.stop(), clients, "every client accepted");
+            return states.into_iter().map(|(_, retrans)| retrans).collect();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "clients still connecting after 10 s: {states:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Doctor's remedy for an overflowing queue weighs the figures: an application that
+/// asked for a 5-slot queue and takes connections within 50 ms is not "accepting too
+/// slowly"; doctor sizes the backlog from what was measured (the peak plus the connections
+/// that waited for room), and that backlog, tried for real, holds the same burst with no
+/// drop at all.
+#[test]
+fn doctor_sizes_the_backlog_of_an_application_that_keeps_up_and_that_backlog_holds_the_burst() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let daemon = Daemon::start();
+    let ns = Netns::new();
+    ns.sysctl("net.ipv4.tcp_syncookies", "0");
+    const CLIENTS: usize = 12;
+    let small = Listener::open(&ns, "127.0.0.1:0", 5);
+    daemon.wait_for_listener(small.inode);
+    let before = backlogd_tests::kernel::ListenCounters::of(&tcp_ext(&ns));
+    let retrans = burst_through(&ns, &small, CLIENTS);
+    let first = backlogd_tests::kernel::ListenCounters::of(&tcp_ext(&ns));
+    let waited = retrans.iter().filter(|r| **r > 0).count();
+    // The situation is what the test is for: the queue overflowed and every dropped
+    // client got in on its first retry.
+    assert!(
+        first.listen_drops > before.listen_drops && waited > 0,
+        "the burst overflowed the 5-slot queue: {retrans:?}"
+    );
+    assert!(retrans.iter().all(|r| *r <= 1), "{retrans:?}");
+
+    let d = Doctor::run(&daemon, &[]);
+    let f = d.on("accept_queue_overflow", &ns, &small);
+    let remedy = f["remedy"].as_str().expect("remedy");
+    assert!(
+        remedy.starts_with("the application keeps up"),
+        "not an accept loop that cannot keep up: {remedy}"
+    );
+    // The queue held backlog + 1 = 6 at its peak (it was full at each drop).
+    let sized = format!(
+        "a backlog of at least {} (the peak of 6 plus the {waited} connections that waited \
+         for room after a drop",
+        6 + waited
+    );
+    assert!(remedy.contains(&sized), "{sized}: {remedy}");
+    drop(small);
+
+    // The advice, taken: the same burst against the backlog doctor gave.
+    let sized = Listener::open(&ns, "127.0.0.1:0", (6 + waited) as i32);
+    let retrans = burst_through(&ns, &sized, CLIENTS);
+    let second = backlogd_tests::kernel::ListenCounters::of(&tcp_ext(&ns));
+    assert_eq!(
+        second.listen_drops - first.listen_drops,
+        0,
+        "the sized backlog dropped nothing"
+    );
+    assert!(
+        retrans.iter().all(|r| *r == 0),
+        "no client retried: {retrans:?}"
+    );
+}

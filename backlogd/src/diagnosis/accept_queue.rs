@@ -17,6 +17,67 @@ const ACCEPTS_SLOWLY: &str = "the application accepts too slowly for the arrival
     accept in a loop until EAGAIN, add workers (SO_REUSEPORT), or move work out of the \
     accept path; a larger backlog only hides this and adds latency";
 
+/// An accept-wait p99 from this on: connections sit in the queue because the application
+/// takes them slowly, not because a burst outgrew it.
+const SLOW_WAIT_P99_SECONDS: f64 = 0.1;
+
+/// What keeps the accept queue full, by the figures: `None` when they show a queue that
+/// drains quickly (accept waits short, not full now, connections accepted) and bursts that
+/// outgrow it; else why the accept loop is the limit.
+fn accept_loop_limit(l: &ListenerSnapshot) -> Option<String> {
+    let granted = l.listener.granted;
+    if l.queues.accept_depth > granted {
+        return Some(format!(
+            "the queue is full now ({} of capacity {granted})",
+            l.queues.accept_depth
+        ));
+    }
+    if l.accepted == 0 {
+        return Some("no connection was accepted".to_owned());
+    }
+    match wait_p99(l) {
+        None => Some(
+            "accept waits are not timed (accept_wait = false), so the figures cannot \
+                      tell a slow accept loop from bursts"
+                .to_owned(),
+        ),
+        Some(p99) if p99 >= SLOW_WAIT_P99_SECONDS => {
+            Some(format!("accept wait p99 {}", wait_text(p99)))
+        }
+        Some(_) => None,
+    }
+}
+
+/// The overflow's remedy, weighed: an accept loop that cannot keep up gets
+/// [`ACCEPTS_SLOWLY`]; a queue that drains quickly but overflows in bursts gets a backlog
+/// sized from what was measured: the peak plus the connections that waited for room after
+/// a drop (in the last five minutes when known), which had all fitted had the queue been
+/// that long.
+fn overflow_remedy(l: &ListenerSnapshot, cx: &Context<'_>) -> String {
+    if let Some(why) = accept_loop_limit(l) {
+        return format!("{why}: {ACCEPTS_SLOWLY}");
+    }
+    let (delayed, when) = match &l.recent_impact {
+        Some(r) => (r.delayed(), "in the last five minutes"),
+        None => (l.impact.delayed(), "since backlogd started"),
+    };
+    let peak = l.queues.accept_max.max(l.listener.granted + 1);
+    let needed = u64::from(peak) + delayed;
+    let somaxconn = cx
+        .namespace(l)
+        .map(|n| format!(" ({} now)", n.sysctls.somaxconn))
+        .unwrap_or_default();
+    format!(
+        "the application keeps up (accept wait p99 {}, the queue not full now) but bursts \
+         outgrow the queue: a backlog of at least {needed} (the peak of {peak} plus the \
+         {delayed} connections that waited for room after a drop {when}) would have held \
+         them; pass it to listen(), raise net.core.somaxconn to at least it{somaxconn}, and \
+         restart {}: a socket keeps the backlog it was granted",
+        wait_p99(l).map_or_else(|| "unknown".to_owned(), wait_text),
+        l.listener.comm
+    )
+}
+
 /// SYNs and final ACKs dropped because the accept queue was full (segments, not
 /// connections).
 fn overflows(l: &ListenerSnapshot) -> u64 {
@@ -47,7 +108,7 @@ pub fn overflow(l: &ListenerSnapshot, cx: &Context<'_>) -> Option<Finding> {
             l.listener.addr, l.listener.port
         ),
         evidence,
-        remedy: ACCEPTS_SLOWLY.to_owned(),
+        remedy: overflow_remedy(l, cx),
         client_impact: impact.as_ref().map(|i| i.total.clone()),
         recent_client_impact: impact.as_ref().and_then(|i| i.recent.clone()),
     })
@@ -98,22 +159,26 @@ fn queue_evidence(l: &ListenerSnapshot) -> Vec<String> {
         peak_line,
         format!("{} connections accepted of {} queued", l.accepted, l.queued),
     ];
-    if let Some(p99) = wait_quantile(l, 0.99) {
-        evidence.push(format!("accept wait p99 {p99}"));
+    if let Some(p99) = wait_p99(l) {
+        evidence.push(format!("accept wait p99 {}", wait_text(p99)));
     }
     evidence
 }
 
-/// Smallest bucket bound below which `q` of the accept waits fall, in seconds.
-fn wait_quantile(l: &ListenerSnapshot, q: f64) -> Option<String> {
+/// Smallest bucket bound below which 99% of the accept waits fall, in seconds (infinite
+/// past the last bound); None when no wait was timed.
+fn wait_p99(l: &ListenerSnapshot) -> Option<f64> {
     let counts: Vec<u64> = l.accept_wait.buckets.iter().map(|b| b.count).collect();
-    l.accept_wait.quantile(&counts, q).map(|le| {
-        if le.is_infinite() {
-            "> 8.4 s".to_owned()
-        } else {
-            format!("<= {}", human_seconds(le))
-        }
-    })
+    l.accept_wait.quantile(&counts, 0.99)
+}
+
+/// A bucket bound as the evidence says it.
+fn wait_text(le: f64) -> String {
+    if le.is_infinite() {
+        "> 8.4 s".to_owned()
+    } else {
+        format!("<= {}", human_seconds(le))
+    }
 }
 
 fn human_seconds(s: f64) -> String {

@@ -358,6 +358,76 @@ fn accept_wait_p99_joins_the_queue_evidence() {
     assert_eq!(f.evidence.last().unwrap(), "accept wait p99 > 8.4 s");
 }
 
+/// A listener that asked for a 5-slot queue and accepts quickly (every wait under 1 us)
+/// but met bursts: 40 SYNs dropped at a full accept queue, the peak 6, 30 connections
+/// delayed in the last five minutes, 2 in the queue now.
+fn quick_but_small() -> ListenerSnapshot {
+    let mut l = listener(1, 8080, "app", Some(5), 5);
+    l.drops[DropReason::AcceptQueueFull] = 40;
+    l.queues = queues(2, 6, 0);
+    l.queued = 102;
+    l.accepted = 100;
+    l.accept_wait.buckets[0].count = 100;
+    l.impact = impact(35, 0, &[0, 35], 0);
+    l.recent_impact = Some(impact(30, 0, &[0, 30], 0));
+    l
+}
+
+#[test]
+fn a_queue_that_drains_quickly_but_overflows_gets_a_backlog_sized_from_the_figures() {
+    let f = only(
+        diagnose(&snapshot(
+            vec![quick_but_small()],
+            vec![namespace(NETNS, 4096)],
+        )),
+        "accept_queue_overflow",
+    );
+    assert_eq!(
+        f.remedy,
+        "the application keeps up (accept wait p99 <= 1 us, the queue not full now) but \
+         bursts outgrow the queue: a backlog of at least 36 (the peak of 6 plus the 30 \
+         connections that waited for room after a drop in the last five minutes) would have \
+         held them; pass it to listen(), raise net.core.somaxconn to at least it (4096 \
+         now), and restart app: a socket keeps the backlog it was granted"
+    );
+}
+
+#[test]
+fn an_accept_loop_that_cannot_keep_up_is_named_with_the_figure_that_shows_it() {
+    let slow = |edit: fn(&mut ListenerSnapshot)| {
+        let mut l = quick_but_small();
+        edit(&mut l);
+        only(
+            diagnose(&snapshot(vec![l], vec![])),
+            "accept_queue_overflow",
+        )
+        .remedy
+    };
+    let full_now = slow(|l| l.queues.accept_depth = 6);
+    assert!(
+        full_now.starts_with(
+            "the queue is full now (6 of capacity 5): the application accepts too slowly"
+        ),
+        "{full_now}"
+    );
+    // 2 of 100 waits in the 2^17 us (~131 ms) bucket: p99 past 100 ms.
+    let long_waits = slow(|l| {
+        l.accept_wait.buckets[0].count = 98;
+        l.accept_wait.buckets[17].count = 2;
+    });
+    assert!(
+        long_waits.starts_with("accept wait p99 <= 131.1 ms: the application accepts too slowly"),
+        "{long_waits}"
+    );
+    let never = slow(|l| l.accepted = 0);
+    assert!(never.starts_with("no connection was accepted: "), "{never}");
+    let untimed = slow(|l| l.accept_wait.buckets[0].count = 0);
+    assert!(
+        untimed.starts_with("accept waits are not timed (accept_wait = false)"),
+        "{untimed}"
+    );
+}
+
 /// 312 connections delayed (300 after a SYN drop, 12 after a final-ACK drop): 22 by up
 /// to 0.5 s, 250 by 0.5-1.5 s (a first retry), 40 by more (30 by 2.5-3.5 s, 9 by 5.5-9 s,
 /// 1 by 9-17 s); 41 attempts abandoned.
