@@ -119,6 +119,13 @@ pub struct Layer {
     /// 10 to 86400 [default: 300].
     #[arg(long, value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(MIN_RETENTION..=MAX_RETENTION))]
     pub drop_source_retention: Option<u64>,
+    /// Serve, in /metrics, a series per source prefix for each listener's largest prefixes
+    /// of the last five minutes (backlogd_listen_drop_source_recent_segments{prefix=...}),
+    /// this many per listener, 0 to 10. The prefix label holds client addresses, which
+    /// every scraper reads, and each prefix is a series of its own: off by default
+    /// [default: 0].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(0..=MAX_TOP_SERIES))]
+    pub drop_source_top_series: Option<u64>,
     /// Serve the source prefixes of drops (the JSON API's drop_sources.top) to readers
     /// that are not on this host. Client addresses are personal data in many
     /// jurisdictions: off, a reader not connecting over loopback gets the counts and
@@ -185,6 +192,7 @@ pub struct Config {
     pub drop_source_prefix_v6: u8,
     pub drop_source_entries: u64,
     pub drop_source_retention: u64,
+    pub drop_source_top_series: u64,
     pub drop_source_addresses_remote: bool,
     pub log: String,
     pub http: HttpConfig,
@@ -202,6 +210,9 @@ pub const MAX_DROP_SOURCES: u64 = 1 << 20;
 /// longer than any incident needs its sources kept.
 pub const MIN_RETENTION: u64 = 10;
 pub const MAX_RETENTION: u64 = 86_400;
+/// Most `drop_source_top_series`: the JSON API's top list, a hard cap on the series a
+/// listener adds.
+pub const MAX_TOP_SERIES: u64 = crate::sources::TOP as u64;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct HttpConfig {
@@ -233,6 +244,7 @@ impl Default for Config {
             drop_source_prefix_v6: 48,
             drop_source_entries: u64::from(backlogd_common::DROP_SOURCES_ENTRIES),
             drop_source_retention: 300,
+            drop_source_top_series: 0,
             drop_source_addresses_remote: false,
             log: "info".into(),
             http: HttpConfig {
@@ -357,6 +369,7 @@ impl Layer {
             "drop_source_prefix_v6" => self.drop_source_prefix_v6.is_some(),
             "drop_source_entries" => self.drop_source_entries.is_some(),
             "drop_source_retention" => self.drop_source_retention.is_some(),
+            "drop_source_top_series" => self.drop_source_top_series.is_some(),
             "drop_source_addresses_remote" => self.drop_source_addresses_remote.is_some(),
             "log" => self.log.is_some(),
             "http.web_config_file" => self.http.web_config_file.is_some(),
@@ -397,6 +410,7 @@ pub fn merge(file: Option<&Layer>, cli: &Layer) -> Config {
         drop_source_prefix_v6: pick!(drop_source_prefix_v6, d.drop_source_prefix_v6),
         drop_source_entries: pick!(drop_source_entries, d.drop_source_entries),
         drop_source_retention: pick!(drop_source_retention, d.drop_source_retention),
+        drop_source_top_series: pick!(drop_source_top_series, d.drop_source_top_series),
         drop_source_addresses_remote: pick!(
             drop_source_addresses_remote,
             d.drop_source_addresses_remote
@@ -470,6 +484,11 @@ fn validate(c: &Config, origin: impl Fn(&str) -> String) -> Result<(), ConfigErr
             "drop_source_entries",
             c.drop_source_entries,
             MAX_DROP_SOURCES,
+        ),
+        (
+            "drop_source_top_series",
+            c.drop_source_top_series,
+            MAX_TOP_SERIES,
         ),
     ] {
         if value > max {
@@ -584,6 +603,11 @@ impl Config {
                 self.drop_source_retention,
                 new.drop_source_retention,
             ),
+            (
+                "drop_source_top_series",
+                self.drop_source_top_series,
+                new.drop_source_top_series,
+            ),
         ] {
             if old != now {
                 out.push((key, old.to_string(), now.to_string()));
@@ -635,6 +659,7 @@ impl Config {
         self.drop_source_prefix_v6 = running.drop_source_prefix_v6;
         self.drop_source_entries = running.drop_source_entries;
         self.drop_source_retention = running.drop_source_retention;
+        self.drop_source_top_series = running.drop_source_top_series;
         self.drop_source_addresses_remote = running.drop_source_addresses_remote;
     }
 }
@@ -1005,6 +1030,7 @@ mod tests {
         new.drop_source_prefix_v6 = 56;
         new.drop_source_entries = 3;
         new.drop_source_retention = 60;
+        new.drop_source_top_series = 3;
         new.drop_source_addresses_remote = true;
         new.rescan_interval = 1;
         let keys: Vec<_> = running
@@ -1021,6 +1047,7 @@ mod tests {
                 "drop_source_prefix_v6",
                 "drop_source_entries",
                 "drop_source_retention",
+                "drop_source_top_series",
                 "drop_source_addresses_remote",
                 "accept_wait",
                 "pin_dir",

@@ -268,6 +268,74 @@ fn syn_drops_per_source_prefix_equal_the_syns_each_prefix_sent() {
         scrape.value("backlogd_listen_drop_sources_untracked_total", &labels),
         Some(0.0)
     );
+    assert!(
+        !scrape.text.contains("prefix="),
+        "no client address in /metrics unless opted in:\n{}",
+        scrape.text
+    );
+    drop(held);
+}
+
+/// Opted in with `--drop-source-top-series 2`: /metrics serves a series for each of the
+/// listener's two largest prefixes of the last five minutes, equal to the SYNs nft counted
+/// from it, and none for the third.
+#[test]
+fn the_opt_in_series_serve_the_largest_prefixes_exactly_and_no_more() {
+    let _shared = shared();
+    let FullQueue {
+        daemon,
+        ns,
+        listener,
+        held,
+    } = full_queue(&["--drop-source-top-series", "2"], "127.0.0.1:0");
+    let three = &V4[1..4];
+    let prefixes: Vec<&str> = three.iter().map(|(p, _, _)| *p).collect();
+    ns.count_incoming_syns_from(listener.addr.port(), &prefixes);
+    let start = daemon.program_misses();
+    let mut clients = Vec::new();
+    for (_, octets, n) in three {
+        clients.extend(connect_from(
+            &ns,
+            listener.addr,
+            v4_sources(*octets, *n / 5),
+        ));
+    }
+    drop(clients);
+    std::thread::sleep(Duration::from_millis(100));
+    let sent = ns.incoming_syns_from();
+    let sources = settled_sources(&daemon, &listener);
+    let scrape = daemon.scrape();
+    let socket = listener.inode.to_string();
+    let series = |prefix: &str| {
+        scrape.value(
+            "backlogd_listen_drop_source_recent_segments",
+            &[("socket", &socket), ("prefix", prefix)],
+        )
+    };
+    let mut exact = Exact::listener(&daemon, &ns, &listener);
+    exact.interval(&daemon, &start);
+    exact
+        .evidence("nft SYNs per prefix", &sent)
+        .evidence("drop_sources", &sources);
+    for ((name, _, _), syns) in three.iter().zip(&sent).take(2) {
+        exact.eq_fed(
+            &format!("{name}: its series vs the SYNs nft counted from it"),
+            &[figure::DROPS],
+            series(name).unwrap_or_else(|| panic!("no series for {name}:\n{}", scrape.text)) as u64,
+            *syns,
+        );
+    }
+    exact.verify();
+    assert_eq!(series(three[2].0), None, "the third prefix has no series");
+    assert_eq!(
+        scrape
+            .text
+            .lines()
+            .filter(|l| l.starts_with("backlogd_listen_drop_source_recent_segments{"))
+            .filter(|l| l.contains(&format!("socket=\"{socket}\"")))
+            .count(),
+        2
+    );
     drop(held);
 }
 

@@ -193,6 +193,8 @@ async fn serve(
     ));
     live.accept_wait = current.accept_wait;
     live.drop_source_addresses_remote = current.drop_source_addresses_remote;
+    // validate() bounds it by MAX_TOP_SERIES.
+    live.drop_source_top_series = usize::try_from(current.drop_source_top_series).unwrap_or(0);
     *live
         .accept_wait_buckets
         .write()

@@ -25,6 +25,8 @@ pub const OWNER_LABELS: [&str; 8] = [
     "pod",
     "pod_namespace",
 ];
+/// The label the opt-in top drop sources add: a source prefix at the configured length.
+pub const PREFIX: &str = "prefix";
 /// Labels of a SO_REUSEPORT group's series.
 pub const GROUP_LABELS: [&str; 3] = ["netns", "address", "port"];
 /// Labels of a process's series.
@@ -51,6 +53,7 @@ const fn and<const N: usize, const M: usize>(
 
 const LISTENER_AND_REASON: [&str; 7] = and(LISTENER_LABELS, REASON);
 const LISTENER_AND_CAUSE: [&str; 7] = and(LISTENER_LABELS, CAUSE);
+const LISTENER_AND_PREFIX: [&str; 7] = and(LISTENER_LABELS, PREFIX);
 const GROUP_AND_REASON: [&str; 4] = and(GROUP_LABELS, REASON);
 const GROUP_AND_CAUSE: [&str; 4] = and(GROUP_LABELS, CAUSE);
 const PROCESS_AND_REASON: [&str; 3] = and(PROCESS_LABELS, REASON);
@@ -65,6 +68,7 @@ pub enum Labels {
     Listener,
     ListenerAndReason,
     ListenerAndCause,
+    ListenerAndPrefix,
     Owner,
     Group,
     GroupAndReason,
@@ -86,6 +90,7 @@ impl Labels {
             Labels::Listener => &LISTENER_LABELS,
             Labels::ListenerAndReason => &LISTENER_AND_REASON,
             Labels::ListenerAndCause => &LISTENER_AND_CAUSE,
+            Labels::ListenerAndPrefix => &LISTENER_AND_PREFIX,
             Labels::Owner => &OWNER_LABELS,
             Labels::Group => &GROUP_LABELS,
             Labels::GroupAndReason => &GROUP_AND_REASON,
@@ -223,6 +228,12 @@ catalogue! {
          minutes that came from its largest source prefix, 0 to 1: near 1, a few networks; \
          near 0, many (0: none in the window). Served for listeners with a drop or a \
          syncookie.";
+    ListenDropSourceRecentSegments: "backlogd_listen_drop_source_recent_segments", Gauge,
+        ListenerAndPrefix,
+        "SYNs and final ACKs this listener dropped and SYNs it answered with a syncookie \
+         from one source prefix in the last five minutes, for its largest prefixes only \
+         (drop_source_top_series of them, at most 10). Off by default: the prefix label \
+         holds client addresses, served to every scraper.";
     ListenDropSourcesUntracked: "backlogd_listen_drop_sources_untracked_total", Counter,
         Listener,
         "Drops and syncookies of this listener counted under no source prefix: the \
@@ -450,6 +461,9 @@ mod tests {
                     }
                     if first.contains("cause=") {
                         labels.push(CAUSE.to_owned());
+                    }
+                    if first.contains("prefix=") {
+                        labels.push(PREFIX.to_owned());
                     }
                     labels
                 }

@@ -48,6 +48,9 @@ pub struct Live {
     /// Serve source prefixes to API readers not on this host
     /// (`drop_source_addresses_remote`).
     pub drop_source_addresses_remote: bool,
+    /// How many of each listener's largest source prefixes /metrics serves a series of
+    /// (`drop_source_top_series`; 0: none).
+    pub drop_source_top_series: usize,
     /// Client impact's and drop sources' records for the last five minutes (the sampler
     /// records).
     pub recent: Arc<Mutex<Histories>>,
@@ -75,6 +78,7 @@ impl Live {
             accept_wait_buckets: Arc::default(),
             accept_wait: true,
             drop_source_addresses_remote: false,
+            drop_source_top_series: 0,
             recent: Arc::default(),
             scan,
         }

@@ -8,7 +8,7 @@ use crate::{
     api::{AcceptWait, ClientImpact},
     config::AcceptWaitBuckets,
     exporter::{
-        catalogue::{CAUSE, DELAY_CAUSES, Metric},
+        catalogue::{CAUSE, DELAY_CAUSES, Metric, PREFIX},
         figures::Figures,
         text::{Exposition, HistogramNames},
     },
@@ -37,12 +37,14 @@ const QUEUES: [(Metric, QueueField); 3] = [
 ];
 
 /// `accept_wait`: the accept-wait bounds to export; `None`: waits are not timed
-/// (`accept_wait = false`), and the family is not served.
+/// (`accept_wait = false`), and the family is not served. `top_sources`: how many of each
+/// listener's largest source prefixes get a series (`drop_source_top_series`, 0: none).
 pub fn render(
     e: &mut Exposition<'_>,
     rows: &[Row<'_>],
     figures: &Figures,
     accept_wait: Option<&AcceptWaitBuckets>,
+    top_sources: usize,
 ) {
     owners(e, rows);
     Metric::ListenBacklogRequested.open(e);
@@ -111,7 +113,7 @@ pub fn render(
     }
 
     impact(e, rows, &found);
-    sources(e, rows, figures);
+    sources(e, rows, figures, top_sources);
 
     let Some(accept_wait) = accept_wait else {
         return;
@@ -180,7 +182,7 @@ fn impact(e: &mut Exposition<'_>, rows: &[Row<'_>], found: &[(&ListenerStats, Qu
 /// last five minutes (gauges: what is going on now), and what no prefix holds. Like the
 /// client-impact families, they appear with a listener's first drop or syncookie: a quiet
 /// listener's would be zeros.
-fn sources(e: &mut Exposition<'_>, rows: &[Row<'_>], figures: &Figures) {
+fn sources(e: &mut Exposition<'_>, rows: &[Row<'_>], figures: &Figures, top_sources: usize) {
     let counted: Vec<(&Row<'_>, Option<&DropSources>, &ListenerStats)> = rows
         .iter()
         .filter_map(|r| {
@@ -209,6 +211,21 @@ fn sources(e: &mut Exposition<'_>, rows: &[Row<'_>], figures: &Figures) {
             &[],
             d.map_or(0.0, |d| d.top_share),
         );
+    }
+    // Opt-in: the prefix label holds client addresses, and every scraper reads it.
+    if top_sources > 0 {
+        Metric::ListenDropSourceRecentSegments.open(e);
+        for (r, d, _) in &counted {
+            let top = d.and_then(|d| d.top.as_deref()).unwrap_or_default();
+            for source in top.iter().take(top_sources) {
+                e.sample_with(
+                    Metric::ListenDropSourceRecentSegments.name(),
+                    &r.set,
+                    &[(PREFIX, &source.prefix)],
+                    source.counts.total(),
+                );
+            }
+        }
     }
     Metric::ListenDropSourcesUntracked.open(e);
     for (r, _, s) in &counted {

@@ -65,7 +65,13 @@ fn render_into(live: &Live, retired: &Mutex<Retired>, e: &mut Exposition<'_>) {
         .read()
         .unwrap_or_else(|e| e.into_inner())
         .clone();
-    listeners::render(e, &rows, &figures, live.accept_wait.then_some(&accept_wait));
+    listeners::render(
+        e,
+        &rows,
+        &figures,
+        live.accept_wait.then_some(&accept_wait),
+        live.drop_source_top_series,
+    );
     aggregates::render(e, &sums);
     netns::render(e, &namespaces, crate::names::netns::named());
 

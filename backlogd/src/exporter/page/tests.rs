@@ -79,8 +79,27 @@ fn figures() -> Figures {
         sources: [(
             1,
             crate::sources::DropSources {
-                prefixes: 2,
-                top_share: 0.75,
+                prefixes: 3,
+                top_share: 0.5,
+                // The last five minutes: what the gauges and the series serve.
+                recent: Some(Box::new(crate::sources::DropSources {
+                    prefixes: 2,
+                    top_share: 0.75,
+                    top: Some(
+                        [("192.0.2.0/24", 3), ("198.51.100.0/24", 1)]
+                            .map(|(prefix, syn_drops)| crate::sources::Source {
+                                prefix: prefix.to_owned(),
+                                counts: crate::sources::Counts {
+                                    syn_drops,
+                                    ..Default::default()
+                                },
+                                share: 0.0,
+                                last_seen_seconds_ago: 0.0,
+                            })
+                            .to_vec(),
+                    ),
+                    ..Default::default()
+                })),
                 ..Default::default()
             },
         )]
@@ -90,13 +109,23 @@ fn figures() -> Figures {
     }
 }
 
+/// Source prefixes per listener the page serves a series of (`drop_source_top_series`):
+/// fewer than listener 1 has, so the cap shows.
+const TOP_SERIES: usize = 1;
+
 /// The whole page, every collector in page order, without a kernel.
 fn page() -> String {
     let table = listeners();
     let rows: Vec<Row<'_>> = table.iter().map(Row::new).collect();
     let figures = figures();
     let mut e = Exposition::default();
-    listeners::render(&mut e, &rows, &figures, Some(&AcceptWaitBuckets::default()));
+    listeners::render(
+        &mut e,
+        &rows,
+        &figures,
+        Some(&AcceptWaitBuckets::default()),
+        TOP_SERIES,
+    );
     let sums = aggregates::sum(
         &rows,
         &figures.stats,
@@ -223,6 +252,8 @@ fn drop_source_families_only_for_the_dropping_listener_and_their_help_reads_well
         ("backlogd_listen_drop_source_prefixes", "2"),
         ("backlogd_listen_drop_source_top_share", "0.75"),
         ("backlogd_listen_drop_sources_untracked_total", "0"),
+        // The largest prefix only: the cap is 1.
+        ("backlogd_listen_drop_source_recent_segments", "3"),
     ] {
         let samples: Vec<&str> = page
             .lines()
@@ -231,6 +262,13 @@ fn drop_source_families_only_for_the_dropping_listener_and_their_help_reads_well
         // Listener 1 dropped; listener 2 only waited: one series each.
         assert_eq!(samples.len(), 1, "{name}: {samples:?}");
         assert!(samples[0].contains("socket=\"1\""), "{}", samples[0]);
+        if name.ends_with("recent_segments") {
+            assert!(
+                samples[0].contains(",prefix=\"192.0.2.0/24\"}"),
+                "{}",
+                samples[0]
+            );
+        }
         assert!(samples[0].ends_with(&format!(" {value}")), "{}", samples[0]);
         let help = page
             .lines()
