@@ -231,6 +231,13 @@ pub struct SourceCounts {
     pub counts: [u64; source::COUNT],
     /// `bpf_ktime_get_ns()` (CLOCK_MONOTONIC) of the newest segment counted.
     pub last_ns: u64,
+    /// Connection attempts from the prefix that had a segment dropped, each once (at its
+    /// first drop), among those client impact tracks (`ATTEMPTS`).
+    pub attempts: u64,
+    /// Of those, attempts that connected within `client_impact_horizon` of their first
+    /// drop, while the prefix was held (a completion after the prefix expired is not
+    /// counted here).
+    pub connected: u64,
 }
 
 /// The prefix lengths sources are folded to, injected as the read-only global

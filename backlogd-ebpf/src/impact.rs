@@ -13,7 +13,8 @@
 //!   here for a segment that was not dropped.
 //! - [`completed`]: a connection queued for accept (the same places `accept::enqueued` is
 //!   called from) whose attempt is in `ATTEMPTS` with the same ISN was delayed: the entry
-//!   is removed and the listener's `delayed` and delay histogram counted. Until a drop is
+//!   is removed and the listener's `delayed` and delay histogram counted, and the
+//!   attempt's source prefix its `connected` (`sources.rs`). Until a drop is
 //!   recorded and for one horizon after the last one, `LAST_DROP` keeps this to one array
 //!   load and a clock read per connection: no hash lookup.
 //! - the daemon removes entries older than the horizon and counts them abandoned
@@ -174,23 +175,25 @@ fn record<K: Kmem>(sk: KPtr, ino: u64, net: u64, skb: K, outcome: Outcome) -> Re
     let seq = segment(net, skb, key)?;
     let now = now_ns();
     let kind = outcome.kind();
-    let counted = sources::count(
+    // The attempt first: its prefix counts it if this drop is its first.
+    let attempt = outcome.drops() != 0 && record_drop(sk, ino, key, seq, kind, now);
+    Ok(sources::count(
         ino,
         key.version,
         &key.client,
         kind == segment_kind::SYN,
         outcome.drops(),
         outcome.cookies(),
+        attempt,
         now,
-    );
-    if outcome.drops() != 0 {
-        record_drop(sk, ino, key, seq, kind, now);
-    }
-    Ok(counted)
+    ))
 }
 
+/// Records the dropped segment's attempt; true when the drop is the attempt's first (a
+/// new entry), false for a later segment of an attempt already recorded or one the map
+/// had no room for.
 #[inline(always)]
-fn record_drop(sk: KPtr, ino: u64, key: &AttemptKey, seq: u32, kind: u32, now: u64) {
+fn record_drop(sk: KPtr, ino: u64, key: &AttemptKey, seq: u32, kind: u32, now: u64) -> bool {
     let (why, isn) = if kind == segment_kind::SYN {
         (cause::SYN_DROP, seq)
     } else {
@@ -209,6 +212,7 @@ fn record_drop(sk: KPtr, ino: u64, key: &AttemptKey, seq: u32, kind: u32, now: u
     // Insert first: nearly every dropped segment is its attempt's first (a retransmission
     // comes a second later), and an insert that finds the key costs less than a lookup
     // before every insert.
+    let mut first = true;
     if let Err(e) = ATTEMPTS.insert(key, &fresh, u64::from(BPF_NOEXIST)) {
         let entry = match ATTEMPTS.get_ptr_mut(key) {
             Some(entry) if e == errno::EEXIST => entry,
@@ -218,7 +222,7 @@ fn record_drop(sk: KPtr, ino: u64, key: &AttemptKey, seq: u32, kind: u32, now: u
                     // SAFETY: this CPU's counter.
                     unsafe { *lost += 1 };
                 }
-                return;
+                return false;
             }
         };
         // SAFETY: a value of the map; only this attempt's segments (processed one at a
@@ -235,6 +239,7 @@ fn record_drop(sk: KPtr, ino: u64, key: &AttemptKey, seq: u32, kind: u32, now: u
         };
         if same {
             entry.drops = entry.drops.saturating_add(1);
+            first = false;
         } else {
             // A new attempt on the 4-tuple (the client bound its port): the one before
             // it never completed. It is counted on this listener, which has the same
@@ -253,6 +258,7 @@ fn record_drop(sk: KPtr, ino: u64, key: &AttemptKey, seq: u32, kind: u32, now: u
             }
         }
     }
+    first
 }
 
 /// Listener `sk` (inode `ino`, netns `net`) queued `child` for accept, on the segment
@@ -306,6 +312,9 @@ fn match_completion<K: Kmem>(sk: KPtr, ino: u64, net: u64, skb: K, child: KPtr) 
             *b += 1;
         }
     });
+    // On the prefix of the listener that dropped it (a SO_REUSEPORT member may complete
+    // an attempt another member dropped).
+    sources::connected(entry.listener_ino, key.version, &key.client);
     Ok(())
 }
 

@@ -3,7 +3,9 @@
 //!
 //! [`count`] runs only for a segment a listener dropped or answered with a cookie
 //! ([`impact::dropped`](crate::impact::dropped) calls it with the source address it has
-//! already read from the headers), so a handshake that met neither pays nothing here.
+//! already read from the headers, and whether the drop was its attempt's first), and
+//! [`connected`] only for an attempt with a dropped segment that connected
+//! (`impact::completed`), so a handshake that met neither pays nothing here.
 //!
 //! The source is folded to a prefix (`SOURCE_PREFIXES`: /24 and /48 by default; an
 //! IPv4-mapped IPv6 source counts as IPv4) and counted in `DROP_SOURCES`, one entry per
@@ -59,9 +61,10 @@ static SOURCE_SCRATCH: PerCpuArray<Scratch> = PerCpuArray::with_max_entries(1, 0
 
 /// Counts one segment's `drops` (of a SYN window when `syn`, else a final-ACK one) and
 /// `cookies` for the source `client` (IP version `version`, as read from the packet) of
-/// listener `ino`, at `now`. False: not counted (no room for a new prefix), and the caller
-/// counts them untracked.
+/// listener `ino`, at `now`; `attempt`: the drop was its attempt's first. False: not
+/// counted (no room for a new prefix), and the caller counts them untracked.
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn count(
     ino: u64,
     version: u8,
@@ -69,6 +72,7 @@ pub(crate) fn count(
     syn: bool,
     drops: u64,
     cookies: u64,
+    attempt: bool,
     now: u64,
 ) -> bool {
     let Some(scratch) = SOURCE_SCRATCH.get_ptr_mut(0) else {
@@ -77,24 +81,7 @@ pub(crate) fn count(
     // SAFETY: this CPU's element; a segment is settled start to finish on one CPU, and
     // settling does not nest (softirq context).
     let Scratch { key, fresh } = unsafe { &mut *scratch };
-    let settings = prefixes();
-    key.listener_ino = ino;
-    key._pad = [0; 6];
-    if version == 6 && client[..10] == [0; 10] && client[10] == 0xff && client[11] == 0xff {
-        // ::ffff:a.b.c.d is an IPv4 client of a dual-stack socket.
-        key.version = 4;
-        key.prefix = [0; 16];
-        key.prefix[..4].copy_from_slice(&client[12..16]);
-    } else {
-        key.version = version;
-        key.prefix = *client;
-    }
-    key.prefix_len = if key.version == 4 {
-        settings.v4
-    } else {
-        settings.v6
-    };
-    fold(&mut key.prefix, key.prefix_len);
+    prefix_key(key, ino, version, client);
     fresh.counts = [0; source::COUNT];
     if syn {
         fresh.counts[source::SYN_DROP] = drops;
@@ -103,6 +90,8 @@ pub(crate) fn count(
         fresh.counts[source::ACK_DROP] = drops;
     }
     fresh.last_ns = now;
+    fresh.attempts = u64::from(attempt);
+    fresh.connected = 0;
     // Look up first: a prefix aggregates many clients, so most segments find their entry
     // (the inverse of impact.rs's attempts, nearly all new), and a failed insert costs a
     // whole hash insert before the lookup anyway.
@@ -126,6 +115,46 @@ pub(crate) fn count(
     }
 }
 
+/// An attempt from `client` (IP version `version`) that listener `ino` dropped a segment
+/// of connected (`impact::completed`): counted on its prefix if the prefix is held. Runs
+/// only for such attempts: a handshake that met no drop never gets here.
+#[inline(always)]
+pub(crate) fn connected(ino: u64, version: u8, client: &[u8; 16]) {
+    let Some(scratch) = SOURCE_SCRATCH.get_ptr_mut(0) else {
+        return;
+    };
+    // SAFETY: as in `count`: this CPU's element, a completion does not nest.
+    let Scratch { key, .. } = unsafe { &mut *scratch };
+    prefix_key(key, ino, version, client);
+    if let Some(entry) = DROP_SOURCES.get_ptr_mut(&*key) {
+        // SAFETY: a value of the map, which other CPUs add to at the same time.
+        add_to(unsafe { &mut (*entry).connected }, 1);
+    }
+}
+
+/// `key` for listener `ino`'s prefix of `client`, at the configured length.
+#[inline(always)]
+fn prefix_key(key: &mut SourceKey, ino: u64, version: u8, client: &[u8; 16]) {
+    let settings = prefixes();
+    key.listener_ino = ino;
+    key._pad = [0; 6];
+    if version == 6 && client[..10] == [0; 10] && client[10] == 0xff && client[11] == 0xff {
+        // ::ffff:a.b.c.d is an IPv4 client of a dual-stack socket.
+        key.version = 4;
+        key.prefix = [0; 16];
+        key.prefix[..4].copy_from_slice(&client[12..16]);
+    } else {
+        key.version = version;
+        key.prefix = *client;
+    }
+    key.prefix_len = if key.version == 4 {
+        settings.v4
+    } else {
+        settings.v6
+    };
+    fold(&mut key.prefix, key.prefix_len);
+}
+
 /// Adds `fresh`'s counts to `entry` and stamps its time.
 #[inline(always)]
 fn add_all(entry: *mut SourceCounts, fresh: &SourceCounts) {
@@ -142,6 +171,7 @@ fn add_all(entry: *mut SourceCounts, fresh: &SourceCounts) {
             fresh.counts[source::ACK_DROP],
         );
         add_to(&mut counts[source::COOKIE], fresh.counts[source::COOKIE]);
+        add_to(&mut (*entry).attempts, fresh.attempts);
         // The newest of racing CPUs' times is not worth a compare-and-swap: the daemon
         // reads it to the second.
         (*entry).last_ns = fresh.last_ns;

@@ -400,6 +400,8 @@ fn add_counts(to: &mut SourceCounts, more: &SourceCounts) {
     for (a, b) in to.counts.iter_mut().zip(&more.counts) {
         *a += b;
     }
+    to.attempts += more.attempts;
+    to.connected += more.connected;
     to.last_ns = to.last_ns.max(more.last_ns);
 }
 

@@ -29,15 +29,32 @@ pub struct Counts {
     pub final_ack_drops: u64,
     /// SYNs answered with a syncookie.
     pub cookies: u64,
+    /// Connection attempts with a dropped segment, each once (client impact's: none for
+    /// untracked drops, whose prefix is unknown).
+    #[serde(default)]
+    pub attempts: u64,
+    /// Of those, attempts that connected on a retry within `client_impact_horizon`.
+    #[serde(default)]
+    pub connected: u64,
 }
 
 impl Counts {
-    pub fn of(counts: &[u64; source::COUNT]) -> Self {
+    pub fn of(t: &Tally) -> Self {
         Self {
-            syn_drops: counts[source::SYN_DROP],
-            final_ack_drops: counts[source::ACK_DROP],
-            cookies: counts[source::COOKIE],
+            syn_drops: t[source::SYN_DROP],
+            final_ack_drops: t[source::ACK_DROP],
+            cookies: t[source::COOKIE],
+            attempts: t[ATTEMPTS],
+            connected: t[CONNECTED],
         }
+    }
+
+    fn add(&mut self, other: &Self) {
+        self.syn_drops += other.syn_drops;
+        self.final_ack_drops += other.final_ack_drops;
+        self.cookies += other.cookies;
+        self.attempts += other.attempts;
+        self.connected += other.connected;
     }
 
     pub fn drops(&self) -> u64 {
@@ -109,12 +126,10 @@ impl DropSources {
 
     /// Every drop and cookie: under a prefix, expired or untracked.
     pub fn all(&self) -> Counts {
-        let sum = |f: fn(&Counts) -> u64| f(&self.counted) + f(&self.expired) + f(&self.untracked);
-        Counts {
-            syn_drops: sum(|c| c.syn_drops),
-            final_ack_drops: sum(|c| c.final_ack_drops),
-            cookies: sum(|c| c.cookies),
-        }
+        let mut all = self.counted;
+        all.add(&self.expired);
+        all.add(&self.untracked);
+        all
     }
 
     /// The largest prefix and its share, "192.0.2.0/24 41%", or its share alone when the
@@ -135,8 +150,23 @@ impl DropSources {
     }
 }
 
-/// One key's counts by [`source`] index: what the recent figures' history records.
-pub type Tally = [u64; source::COUNT];
+/// One key's counts by [`source`] index, then its attempts and connected ones
+/// ([`ATTEMPTS`], [`CONNECTED`]): what the recent figures' history records.
+pub type Tally = [u64; source::COUNT + 2];
+pub const ATTEMPTS: usize = source::COUNT;
+pub const CONNECTED: usize = source::COUNT + 1;
+
+/// An entry's [`Tally`].
+pub fn tally_of(c: &SourceCounts) -> Tally {
+    let [syn, ack, cookie] = c.counts;
+    [syn, ack, cookie, c.attempts, c.connected]
+}
+
+/// A listener's untracked counts as a [`Tally`] (no attempts: no prefix to count them on).
+pub fn untracked_tally(s: &ListenerStats) -> Tally {
+    let [syn, ack, cookie] = s.untracked_source;
+    [syn, ack, cookie, 0, 0]
+}
 
 /// The history's key for a listener's untracked counts (the kernel keeps them in the
 /// listener's counters, not in DROP_SOURCES): a version no map entry has.
@@ -165,7 +195,8 @@ pub fn prefix_text(key: &SourceKey) -> String {
 /// One listener's entries of the map, apart.
 #[derive(Default)]
 struct Entries {
-    prefixes: Vec<(SourceKey, SourceCounts)>,
+    /// Each prefix's key, counts and newest segment time.
+    prefixes: Vec<(SourceKey, Tally, u64)>,
     expired: Tally,
 }
 
@@ -183,9 +214,9 @@ pub fn summarise(
     for (key, counts) in entries {
         let e = by_listener.entry(key.listener_ino).or_default();
         if key.version == SourceKey::EXPIRED {
-            e.expired = counts.counts;
+            e.expired = tally_of(&counts);
         } else {
-            e.prefixes.push((key, counts));
+            e.prefixes.push((key, tally_of(&counts), counts.last_ns));
         }
     }
     for (ino, s) in stats {
@@ -196,9 +227,7 @@ pub fn summarise(
     by_listener
         .into_iter()
         .filter_map(|(ino, e)| {
-            let untracked = stats
-                .get(&ino)
-                .map_or([0; source::COUNT], |s| s.untracked_source);
+            let untracked = stats.get(&ino).map_or([0; 5], untracked_tally);
             let mut all = tally(&e.prefixes, e.expired, untracked, now_ns);
             if all.is_empty() {
                 return None;
@@ -207,11 +236,10 @@ pub fn summarise(
                 let prefixes: Vec<_> = e
                     .prefixes
                     .iter()
-                    .map(|(k, c)| {
-                        let counts = since(k, &c.counts);
-                        (*k, SourceCounts { counts, ..*c })
-                    })
-                    .filter(|(_, c)| c.counts.iter().any(|&n| n > 0))
+                    .map(|(k, t, last)| (*k, since(k, t), *last))
+                    // Quiet in the window: not one of its prefixes. (Only a drop or a
+                    // cookie counts: a completion alone is not a segment from it.)
+                    .filter(|(_, t, _)| Counts::of(t).total() > 0)
                     .collect();
                 Box::new(tally(
                     &prefixes,
@@ -227,21 +255,20 @@ pub fn summarise(
 
 /// One listener's figures from its prefixes and its expired and untracked counts.
 fn tally(
-    prefixes: &[(SourceKey, SourceCounts)],
+    prefixes: &[(SourceKey, Tally, u64)],
     expired: Tally,
     untracked: Tally,
     now_ns: u64,
 ) -> DropSources {
-    let mut prefixes: Vec<_> = prefixes.iter().collect();
-    let total: u64 = prefixes
+    let mut prefixes: Vec<(&SourceKey, Counts, u64)> = prefixes
         .iter()
-        .map(|(_, c)| Counts::of(&c.counts).total())
-        .sum();
+        .map(|(k, t, last)| (k, Counts::of(t), *last))
+        .collect();
+    let total: u64 = prefixes.iter().map(|(_, c, _)| c.total()).sum();
     // Most first; equal counts by prefix, so the order is stable between reads.
-    prefixes.sort_by(|(ka, a), (kb, b)| {
-        Counts::of(&b.counts)
-            .total()
-            .cmp(&Counts::of(&a.counts).total())
+    prefixes.sort_by(|(ka, a, _), (kb, b, _)| {
+        b.total()
+            .cmp(&a.total())
             .then_with(|| (ka.version, ka.prefix).cmp(&(kb.version, kb.prefix)))
     });
     let share = |n: u64| {
@@ -252,32 +279,24 @@ fn tally(
         }
     };
     let mut counted = Counts::default();
-    for (_, c) in &prefixes {
-        let c = Counts::of(&c.counts);
-        counted.syn_drops += c.syn_drops;
-        counted.final_ack_drops += c.final_ack_drops;
-        counted.cookies += c.cookies;
+    for (_, c, _) in &prefixes {
+        counted.add(c);
     }
     DropSources {
         prefixes: prefixes.len() as u64,
         counted,
         expired: Counts::of(&expired),
         untracked: Counts::of(&untracked),
-        top_share: prefixes
-            .first()
-            .map_or(0.0, |(_, c)| share(Counts::of(&c.counts).total())),
+        top_share: prefixes.first().map_or(0.0, |(_, c, _)| share(c.total())),
         top: Some(
             prefixes
                 .iter()
                 .take(TOP)
-                .map(|(k, c)| {
-                    let counts = Counts::of(&c.counts);
-                    Source {
-                        prefix: prefix_text(k),
-                        counts,
-                        share: share(counts.total()),
-                        last_seen_seconds_ago: now_ns.saturating_sub(c.last_ns) as f64 / 1e9,
-                    }
+                .map(|(k, counts, last)| Source {
+                    prefix: prefix_text(k),
+                    counts: *counts,
+                    share: share(counts.total()),
+                    last_seen_seconds_ago: now_ns.saturating_sub(*last) as f64 / 1e9,
                 })
                 .collect(),
         ),
@@ -310,6 +329,7 @@ mod tests {
         SourceCounts {
             counts: [syn, ack, cookies],
             last_ns,
+            ..SourceCounts::default()
         }
     }
 
@@ -353,7 +373,8 @@ mod tests {
             Counts {
                 syn_drops: 6,
                 final_ack_drops: 1,
-                cookies: 3
+                cookies: 3,
+                ..Counts::default()
             }
         );
         assert_eq!(
@@ -361,7 +382,8 @@ mod tests {
             Counts {
                 syn_drops: 2,
                 final_ack_drops: 0,
-                cookies: 1
+                cookies: 1,
+                ..Counts::default()
             }
         );
         let top = l.top.as_ref().unwrap();
@@ -424,10 +446,10 @@ mod tests {
         // the expired entry had 6 SYN drops, the untracked counts 1.
         let since = |k: &SourceKey, now: &Tally| -> Tally {
             let base: Tally = match (k.version, k.prefix[2], k.listener_ino) {
-                (4, 1, 7) => [9, 0, 0],
-                (SourceKey::EXPIRED, _, 7) => [6, 0, 0],
-                (u8::MAX, _, 7) => [1, 0, 0],
-                _ => [0; 3],
+                (4, 1, 7) => [9, 0, 0, 0, 0],
+                (SourceKey::EXPIRED, _, 7) => [6, 0, 0, 0, 0],
+                (u8::MAX, _, 7) => [1, 0, 0, 0, 0],
+                _ => [0; 5],
             };
             std::array::from_fn(|i| now[i] - base[i])
         };
@@ -459,7 +481,7 @@ mod tests {
         assert_eq!(gone.recent.as_ref().unwrap().expired.syn_drops, 2);
         // A prefix quiet over the window is not among the recent ones.
         let quiet =
-            |k: &SourceKey, now: &Tally| -> Tally { if k.prefix[2] == 1 { [0; 3] } else { *now } };
+            |k: &SourceKey, now: &Tally| -> Tally { if k.prefix[2] == 1 { [0; 5] } else { *now } };
         let mut stats = ByInode::default();
         stats.insert(7, ListenerStats::default());
         let got = summarise(

@@ -18,12 +18,15 @@ use backlogd_common::names::figure;
 use backlogd_tests::{
     Daemon, Exact, Netns,
     kernel::{ListenCounters, tcp_ext},
-    sockets::{Listener, fill_accept_queue, kernel_queue},
+    sockets::{Listener, fill_accept_queue, kernel_queue, tcp_state},
 };
 use serde_json::Value;
 use socket2::{Domain, Socket, Type};
 
 static ALONE: RwLock<()> = RwLock::new(());
+
+/// `tcpi_state` of an established socket.
+const TCP_ESTABLISHED: u8 = 1;
 
 /// Held by the capacity test: no other test's drops while it runs.
 fn alone() -> RwLockWriteGuard<'static, ()> {
@@ -197,7 +200,7 @@ fn syn_drops_per_source_prefix_equal_the_syns_each_prefix_sent() {
         .evidence("kernel TcpExt delta", kernel)
         .evidence("nft SYNs per prefix", &sent)
         .evidence("drop_sources", &sources);
-    for ((name, _, _), syns) in V4.iter().zip(&sent) {
+    for ((name, _, clients), syns) in V4.iter().zip(&sent) {
         let p = prefix(&sources, name);
         exact.eq_fed(
             &format!("{name}: SYN drops vs the SYNs nft counted from it"),
@@ -205,6 +208,14 @@ fn syn_drops_per_source_prefix_equal_the_syns_each_prefix_sent() {
             count(p, "syn_drops"),
             *syns,
         );
+        // Every client's first SYN was dropped, and none connected (closed meanwhile).
+        exact.eq_fed(
+            &format!("{name}: dropped attempts vs its clients"),
+            &[figure::CLIENT_IMPACT],
+            count(p, "attempts"),
+            u64::from(*clients),
+        );
+        exact.eq(&format!("{name}: connected"), count(p, "connected"), 0);
         exact.eq(
             &format!("{name}: final-ACK drops"),
             count(p, "final_ack_drops"),
@@ -992,6 +1003,44 @@ fn doctor_tells_a_spoofed_flood_from_a_burst_of_clients() {
             &[figure::DROPS],
             count(prefix(&sources, name), "syn_drops"),
             *syns,
+        );
+        // Each raw SYN is an attempt of its own, and none ever connects.
+        exact.eq_fed(
+            &format!("{name}: dropped attempts vs the raw SYNs nft counted"),
+            &[figure::CLIENT_IMPACT],
+            count(prefix(&sources, name), "attempts"),
+            *syns,
+        );
+        exact.eq_fed(
+            &format!("{name}: attempts that connected"),
+            &[figure::CLIENT_IMPACT],
+            count(prefix(&sources, name), "connected"),
+            0,
+        );
+    }
+    // The burst: every client's first SYN met the full queue, and each connected on its
+    // retry (the kernel's own client sockets say so), 10 per /24.
+    let burst = settled_sources(&daemon, &bursty);
+    exact.evidence("burst drop_sources", &burst);
+    for third in 1..=3u8 {
+        let name = format!("127.40.{third}.0/24");
+        let established = clients
+            .iter()
+            .zip(1..=30u8)
+            .filter(|(c, h)| h % 3 + 1 == third && tcp_state(c).0 == TCP_ESTABLISHED)
+            .count() as u64;
+        exact.eq("the prefix's clients, all established", established, 10);
+        exact.eq_fed(
+            &format!("{name}: dropped attempts vs its clients"),
+            &[figure::CLIENT_IMPACT],
+            count(prefix(&burst, &name), "attempts"),
+            established,
+        );
+        exact.eq_fed(
+            &format!("{name}: attempts that connected vs its established clients"),
+            &[figure::CLIENT_IMPACT],
+            count(prefix(&burst, &name), "connected"),
+            established,
         );
     }
     exact.verify();

@@ -36,11 +36,14 @@ pub fn record_recent(maps: &SharedMaps, history: &Mutex<recent::Histories>, rete
         .record(now, stats.iter().map(|(k, v)| (*k, recent::Counts::of(v))));
     history.sources.record(
         now,
-        sources.into_iter().map(|(k, c)| (k, c.counts)).chain(
-            stats
-                .iter()
-                .map(|(ino, s)| (sources::untracked_key(*ino), s.untracked_source)),
-        ),
+        sources
+            .into_iter()
+            .map(|(k, c)| (k, sources::tally_of(&c)))
+            .chain(
+                stats
+                    .iter()
+                    .map(|(ino, s)| (sources::untracked_key(*ino), sources::untracked_tally(s))),
+            ),
     );
 }
 

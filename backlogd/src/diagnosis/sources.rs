@@ -63,6 +63,35 @@ fn sources_line(d: &DropSources) -> String {
     )
 }
 
+/// Whether a prefix's own dropped attempts connect more often than a flood's.
+fn connects(c: &crate::sources::Counts) -> bool {
+    c.connected as f64 > FLOOD_AT_MOST * c.attempts as f64
+}
+
+/// "by prefix, dropped attempts that connected: 192.0.2.0/24 0 of 4000, ...": the
+/// largest prefixes' own verdicts, for a flood mixed with real clients.
+fn prefixes_line(d: &DropSources) -> Option<String> {
+    let (d, when) = current(d);
+    let top = d.top.as_ref()?;
+    let each: Vec<String> = top
+        .iter()
+        .filter(|s| s.counts.attempts > 0)
+        .take(3)
+        .map(|s| {
+            format!(
+                "{} {} of {}",
+                s.prefix, s.counts.connected, s.counts.attempts
+            )
+        })
+        .collect();
+    (!each.is_empty()).then(|| {
+        format!(
+            "dropped attempts that connected on a retry, by prefix {when}: {}",
+            each.join(", ")
+        )
+    })
+}
+
 fn connected_line(l: &ListenerSnapshot, resolved: u64, share: f64) -> String {
     format!(
         "of {resolved} connection attempts with a dropped segment that are resolved, {} \
@@ -85,6 +114,17 @@ pub fn flood(l: &ListenerSnapshot, cx: &Context<'_>) -> Option<Finding> {
     let (now, _) = current(d);
     let largest = now.top.as_ref().and_then(|t| t.first());
     match largest {
+        // Its own attempts connect: a rule would drop real clients with the flood.
+        Some(s) if s.share >= CONCENTRATED && connects(&s.counts) => {
+            remedy.push_str(&format!(
+                "{:.0}% comes from {}, but {} of its {} dropped attempts connected on a \
+                 retry: real clients, not to be dropped by a rule; ",
+                s.share * 100.0,
+                s.prefix,
+                s.counts.connected,
+                s.counts.attempts
+            ));
+        }
         Some(s) if s.share >= CONCENTRATED => {
             let family = if s.prefix.contains(':') { "ip6" } else { "ip" };
             remedy.push_str(&format!(
@@ -136,14 +176,14 @@ pub fn flood(l: &ListenerSnapshot, cx: &Context<'_>) -> Option<Finding> {
             l.listener.port,
             share * 100.0
         ),
-        evidence: vec![
-            connected_line(l, resolved, share),
-            sources_line(d),
-            match syncookies {
+        evidence: vec![connected_line(l, resolved, share), sources_line(d)]
+            .into_iter()
+            .chain(prefixes_line(d))
+            .chain([match syncookies {
                 Some(v) => format!("net.ipv4.tcp_syncookies = {v}"),
                 None => "net.ipv4.tcp_syncookies unknown".to_owned(),
-            },
-        ],
+            }])
+            .collect(),
         remedy,
         client_impact: impact.as_ref().map(|i| i.total.clone()),
         recent_client_impact: impact.as_ref().and_then(|i| i.recent.clone()),
@@ -180,16 +220,16 @@ pub fn burst(l: &ListenerSnapshot, cx: &Context<'_>) -> Option<Finding> {
             l.listener.port,
             share * 100.0
         ),
-        evidence: vec![
-            connected_line(l, resolved, share),
-            sources_line(d),
-            format!(
+        evidence: vec![connected_line(l, resolved, share), sources_line(d)]
+            .into_iter()
+            .chain(prefixes_line(d))
+            .chain([format!(
                 "accept queue peak {} in the window; granted backlog now {granted} (the queue \
                  is full at {})",
                 l.queues.accept_max,
                 u64::from(granted) + 1
-            ),
-        ],
+            )])
+            .collect(),
         remedy: format!(
             "these clients waited a retransmission (1 s or more) for room: each of the \
              {delayed} delayed connections needed a slot the queue did not have, so a \

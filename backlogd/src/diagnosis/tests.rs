@@ -947,6 +947,9 @@ fn dropped_by(drops: u64, delayed: u64, abandoned: u64, top_share: f64) -> Liste
             prefix: "192.0.2.0/24".into(),
             counts: crate::sources::Counts {
                 syn_drops: (drops as f64 * top_share) as u64,
+                // Its part of the attempts, connected as the listener's are.
+                attempts: ((delayed + abandoned) as f64 * top_share) as u64,
+                connected: (delayed as f64 * top_share) as u64,
                 ..Default::default()
             },
             share: top_share,
@@ -985,6 +988,8 @@ fn syn_flood_when_dropped_attempts_almost_never_connect_with_a_rule_for_a_concen
              on a retry (1.0%) and 200 never did",
             "sources since backlogd began counting: 3 prefixes, the largest 192.0.2.0/24 80% \
              of the drops and cookies",
+            "dropped attempts that connected on a retry, by prefix since backlogd began \
+             counting: 192.0.2.0/24 1 of 161",
             "net.ipv4.tcp_syncookies = 1",
         ]
     );
@@ -1035,6 +1040,29 @@ fn connection_burst_when_most_dropped_attempts_connect_on_a_retry_sized_from_the
     assert!(
         f.remedy
             .contains("a backlog up to 90 larger than the one they met"),
+        "{}",
+        f.remedy
+    );
+}
+
+#[test]
+fn no_rule_drops_a_concentrated_prefix_whose_own_attempts_connect() {
+    // The listener's attempts almost never connect (a flood), but the largest prefix's
+    // do: the flood is elsewhere (spread, spoofed), and that prefix is real clients.
+    let mut l = dropped_by(400, 2, 200, 0.8);
+    if let Some(top) = l.drop_sources.as_mut().and_then(|d| d.top.as_mut()) {
+        top[0].counts.connected = 100;
+    }
+    let found = diagnose(&snapshot(vec![l], vec![namespace(NETNS, 4096)]));
+    let [f] = &of_kind(found, "syn_flood")[..] else {
+        panic!("one syn_flood finding")
+    };
+    assert!(!f.remedy.contains("nft add rule"), "{}", f.remedy);
+    assert!(
+        f.remedy.starts_with(
+            "80% comes from 192.0.2.0/24, but 100 of its 161 dropped attempts connected on a \
+             retry: real clients, not to be dropped by a rule; "
+        ),
         "{}",
         f.remedy
     );
