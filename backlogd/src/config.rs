@@ -128,8 +128,9 @@ pub struct Layer {
     pub drop_source_top_series: Option<u64>,
     /// Serve the source prefixes of drops (the JSON API's drop_sources.top) to readers
     /// that are not on this host. Client addresses are personal data in many
-    /// jurisdictions: off, a reader not connecting over loopback gets the counts and
-    /// shares but no prefix [default: false].
+    /// jurisdictions: off, a reader of the JSON API not connecting over loopback gets the
+    /// counts and shares but no prefix (/metrics serves prefixes only with
+    /// drop_source_top_series, to every scraper) [default: false].
     #[arg(long, value_name = "true|false", value_parser = clap::value_parser!(bool))]
     pub drop_source_addresses_remote: Option<bool>,
     /// Log filter. On the command line this is the global `--log` flag (or BACKLOGD_LOG).

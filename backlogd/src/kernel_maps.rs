@@ -192,11 +192,12 @@ impl KernelMaps {
     /// expired entry, so the listener's entries still add up to its drops and syncookies.
     /// Returns how many prefixes went.
     ///
-    /// The one loss it allows: the programs add to an entry through a pointer they looked
-    /// up, without the map's lock, so a segment from a prefix silent for `retention_ns`
-    /// that is counted in the microseconds between the read of its entry here and its
-    /// removal is lost. Each entry is read again just before it is removed, to keep that
-    /// gap to one syscall.
+    /// The one miscount it allows: the programs add to an entry through a pointer they
+    /// looked up, without the map's lock, and a removed element of a preallocated map is
+    /// reused at once. So a segment from a prefix silent for `retention_ns` that is counted
+    /// in the microseconds between the read of its entry here and its removal is lost, or
+    /// lands on whatever prefix took the element next. Each entry is read again (and its
+    /// age checked again) just before it is removed, to keep that gap to one syscall.
     pub fn expire_drop_sources(&mut self, now_ns: u64, retention_ns: u64) -> u64 {
         let mut stale: HashMap<u64, Vec<SourceKey>> = HashMap::new();
         for (key, counts) in self.drop_sources.iter().filter_map(Result::ok) {
@@ -215,9 +216,13 @@ impl KernelMaps {
         for ino in listeners {
             let mut gone = self.expired_pending.remove(&ino).unwrap_or_default();
             for key in stale.remove(&ino).unwrap_or_default() {
+                // Read again: it may have had a segment since the scan above.
                 let Ok(counts) = self.drop_sources.get(&key, 0) else {
                     continue;
                 };
+                if now_ns.saturating_sub(counts.last_ns) < retention_ns {
+                    continue;
+                }
                 if self.drop_sources.remove(&key).is_ok() {
                     add_counts(&mut gone, &counts);
                     removed += 1;
@@ -230,7 +235,13 @@ impl KernelMaps {
             if let Err(e) = self.drop_sources.insert(key, expired, 0) {
                 // Only a new entry can fail (the map full, the programs having taken the
                 // slots just freed): the counts wait here for the next pass.
-                tracing::debug!(listener = ino, error = %e, "expired drop sources held over");
+                tracing::warn!(
+                    listener = ino,
+                    error = %e,
+                    "the expired counts of a listener's drop sources found the map full: held \
+                     in memory until the next pass (a restart before then loses them, and the \
+                     listener's sources then add up to less than its drops)"
+                );
                 self.expired_pending.insert(ino, gone);
             }
         }

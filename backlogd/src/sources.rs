@@ -49,6 +49,12 @@ impl Counts {
         }
     }
 
+    /// Whether these attempts connect more often than a flood's (more than 5% of them):
+    /// real clients, whom no rule should drop.
+    pub fn connect(&self) -> bool {
+        self.connected as f64 > 0.05 * self.attempts as f64
+    }
+
     fn add(&mut self, other: &Self) {
         self.syn_drops += other.syn_drops;
         self.final_ack_drops += other.final_ack_drops;
@@ -106,6 +112,11 @@ pub struct DropSources {
     /// `drop_source_addresses_remote` is off: client addresses are personal data.
     #[serde(default)]
     pub withheld: bool,
+    /// With `withheld`: whether the largest prefix's own dropped attempts connect
+    /// ([`Counts::connect`]), so a finding made from the withheld view writes no rule
+    /// against it either.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub largest_connects: bool,
     /// The same figures over the snapshot's `impact_window` (the last five minutes):
     /// `prefixes` those with a segment in it. Absent before the daemon's first record and
     /// from older daemons.
@@ -116,8 +127,9 @@ pub struct DropSources {
 impl DropSources {
     /// Leaves out the addresses (see `withheld`).
     pub fn withhold(&mut self) {
-        if self.top.take().is_some() {
+        if let Some(top) = self.top.take() {
             self.withheld = true;
+            self.largest_connects = top.first().is_some_and(|s| s.counts.connect());
         }
         if let Some(recent) = &mut self.recent {
             recent.withhold();
@@ -181,6 +193,16 @@ pub fn untracked_key(listener_ino: u64) -> SourceKey {
 /// What each key of the history counted over the recent window, given its counts now.
 pub type Since<'a> = &'a dyn Fn(&SourceKey, &Tally) -> Tally;
 
+/// The recent window, as [`summarise`] needs it.
+#[derive(Clone, Copy)]
+pub struct Window<'a> {
+    pub since: Since<'a>,
+    /// Per listener: the counts, at the window's start, of its prefixes expired since. All
+    /// of an expired prefix's counts went to the expired entry, those from before the
+    /// window too, which the window's expired counts must not include.
+    pub expired_before: &'a ByInode<Tally>,
+}
+
 /// `key`'s prefix as text: `192.0.2.0/24`, `2001:db8::/48`.
 pub fn prefix_text(key: &SourceKey) -> String {
     let addr = if key.version == 4 {
@@ -208,7 +230,7 @@ pub fn summarise(
     entries: Vec<(SourceKey, SourceCounts)>,
     stats: &ByInode<ListenerStats>,
     now_ns: u64,
-    recent: Option<Since<'_>>,
+    recent: Option<Window<'_>>,
 ) -> ByInode<DropSources> {
     let mut by_listener: ByInode<Entries> = ByInode::default();
     for (key, counts) in entries {
@@ -232,22 +254,29 @@ pub fn summarise(
             if all.is_empty() {
                 return None;
             }
-            all.recent = recent.map(|since| {
-                let prefixes: Vec<_> = e
-                    .prefixes
-                    .iter()
-                    .map(|(k, t, last)| (*k, since(k, t), *last))
-                    // Quiet in the window: not one of its prefixes. (Only a drop or a
-                    // cookie counts: a completion alone is not a segment from it.)
-                    .filter(|(_, t, _)| Counts::of(t).total() > 0)
-                    .collect();
-                Box::new(tally(
-                    &prefixes,
-                    since(&SourceKey::expired(ino), &e.expired),
-                    since(&untracked_key(ino), &untracked),
-                    now_ns,
-                ))
-            });
+            all.recent = recent.map(
+                |Window {
+                     since,
+                     expired_before,
+                 }| {
+                    let prefixes: Vec<_> = e
+                        .prefixes
+                        .iter()
+                        .map(|(k, t, last)| (*k, since(k, t), *last))
+                        // Quiet in the window: not one of its prefixes. (Only a drop or a
+                        // cookie counts: a completion alone is not a segment from it.)
+                        .filter(|(_, t, _)| Counts::of(t).total() > 0)
+                        .collect();
+                    let before = expired_before.get(&ino).copied().unwrap_or_default();
+                    let expired = since(&SourceKey::expired(ino), &e.expired);
+                    Box::new(tally(
+                        &prefixes,
+                        std::array::from_fn(|i| expired[i].saturating_sub(before[i])),
+                        since(&untracked_key(ino), &untracked),
+                        now_ns,
+                    ))
+                },
+            );
             Some((ino, all))
         })
         .collect()
@@ -301,6 +330,7 @@ fn tally(
                 .collect(),
         ),
         withheld: false,
+        largest_connects: false,
         recent: None,
     }
 }
@@ -453,7 +483,12 @@ mod tests {
             };
             std::array::from_fn(|i| now[i] - base[i])
         };
-        let got = summarise(entries, &stats, 10, Some(&since));
+        let before = ByInode::default();
+        let window = Window {
+            since: &since,
+            expired_before: &before,
+        };
+        let got = summarise(entries, &stats, 10, Some(window));
         let l = &got[&7];
         assert_eq!((l.prefixes, l.counted.total()), (2, 15));
         assert_eq!((l.expired.syn_drops, l.expired.final_ack_drops), (6, 1));
@@ -491,7 +526,10 @@ mod tests {
             ],
             &stats,
             10,
-            Some(&quiet),
+            Some(Window {
+                since: &quiet,
+                expired_before: &before,
+            }),
         );
         let r = got[&7].recent.as_ref().unwrap();
         assert_eq!((r.prefixes, r.top_share), (1, 1.0));

@@ -38,7 +38,7 @@ fn accept_loop_limit(l: &ListenerSnapshot) -> Option<String> {
     match wait_p99(l) {
         None => Some(
             "accept waits are not timed (accept_wait = false), so the figures cannot \
-                      tell a slow accept loop from bursts"
+                      tell a slow accept loop from bursts; if the loop is the limit"
                 .to_owned(),
         ),
         Some(p99) if p99 >= SLOW_WAIT_P99_SECONDS => {

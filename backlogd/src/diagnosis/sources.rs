@@ -63,11 +63,6 @@ fn sources_line(d: &DropSources) -> String {
     )
 }
 
-/// Whether a prefix's own dropped attempts connect more often than a flood's.
-fn connects(c: &crate::sources::Counts) -> bool {
-    c.connected as f64 > FLOOD_AT_MOST * c.attempts as f64
-}
-
 /// "by prefix, dropped attempts that connected: 192.0.2.0/24 0 of 4000, ...": the
 /// largest prefixes' own verdicts, for a flood mixed with real clients.
 fn prefixes_line(d: &DropSources) -> Option<String> {
@@ -115,7 +110,7 @@ pub fn flood(l: &ListenerSnapshot, cx: &Context<'_>) -> Option<Finding> {
     let largest = now.top.as_ref().and_then(|t| t.first());
     match largest {
         // Its own attempts connect: a rule would drop real clients with the flood.
-        Some(s) if s.share >= CONCENTRATED && connects(&s.counts) => {
+        Some(s) if s.share >= CONCENTRATED && s.counts.connect() => {
             remedy.push_str(&format!(
                 "{:.0}% comes from {}, but {} of its {} dropped attempts connected on a \
                  retry: real clients, not to be dropped by a rule; ",
@@ -137,6 +132,13 @@ pub fn flood(l: &ListenerSnapshot, cx: &Context<'_>) -> Option<Finding> {
                 l.listener.port
             ));
         }
+        None if now.withheld && now.top_share >= CONCENTRATED && now.largest_connects => remedy
+            .push_str(&format!(
+                "{:.0}% comes from one prefix (withheld from readers not on the host), but its \
+                 own dropped attempts connect on a retry: real clients, not to be dropped by a \
+                 rule; ",
+                now.top_share * 100.0
+            )),
         None if now.withheld && now.top_share >= CONCENTRATED => remedy.push_str(&format!(
             "{:.0}% comes from one prefix (withheld from readers not on the host: read it \
              there) and can be dropped before it reaches the listener with an nft rule; ",

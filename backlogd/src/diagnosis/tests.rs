@@ -1066,6 +1066,24 @@ fn no_rule_drops_a_concentrated_prefix_whose_own_attempts_connect() {
         "{}",
         f.remedy
     );
+    // A reader the addresses are withheld from is told the same, without the address.
+    let mut l = dropped_by(400, 2, 200, 0.8);
+    if let Some(d) = l.drop_sources.as_mut() {
+        if let Some(top) = d.top.as_mut() {
+            top[0].counts.connected = 100;
+        }
+        d.withhold();
+    }
+    let found = diagnose(&snapshot(vec![l], vec![namespace(NETNS, 4096)]));
+    let [f] = &of_kind(found, "syn_flood")[..] else {
+        panic!("one syn_flood finding")
+    };
+    assert!(
+        f.remedy.starts_with("80% comes from one prefix (withheld from readers not on the host), but its own dropped attempts connect")
+            && !f.remedy.contains("nft rule"),
+        "{}",
+        f.remedy
+    );
 }
 
 #[test]

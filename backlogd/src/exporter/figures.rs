@@ -91,13 +91,25 @@ pub fn gather(live: &Live) -> Figures {
         (history.impact.at(now), history.sources.at(now))
     };
     let since = |k: &_, c: &_| source_bases.as_ref().map_or(*c, |b| b.since(k, c));
+    // Prefixes gone since the window began: expired (their whole counts went to the
+    // expired entry), or their listener closed.
+    let mut expired_before: ByInode<sources::Tally> = ByInode::default();
+    for (key, base) in source_bases.iter().flat_map(|b| b.gone()) {
+        if key.version == 4 || key.version == 6 {
+            let sum = expired_before.entry(key.listener_ino).or_default();
+            for (s, b) in sum.iter_mut().zip(base) {
+                *s += b;
+            }
+        }
+    }
     let sources = sources::summarise(
         sources,
         &stats,
         kernel_maps::monotonic_ns(),
-        source_bases
-            .is_some()
-            .then_some(&since as sources::Since<'_>),
+        source_bases.is_some().then_some(sources::Window {
+            since: &since,
+            expired_before: &expired_before,
+        }),
     );
     let (queues, scan) = {
         let windows = live.windows.lock().unwrap_or_else(|e| e.into_inner());

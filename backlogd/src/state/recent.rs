@@ -9,8 +9,10 @@
 //! counters where they changed since its last record. A snapshot subtracts each key's
 //! counters as of the newest record at least [`WINDOW`] old (the daemon's first, at its
 //! start, while it is younger). A key costs nothing until it counts something, then one
-//! entry, plus one per record its counters changed at within the window; a key the kernel
-//! no longer counts is forgotten.
+//! entry, plus one per record its counters changed at within the window. A key the kernel
+//! no longer counts (a closed listener, an expired prefix) gets a zero record and is kept
+//! until no snapshot subtracts a value of its: a snapshot then knows it went away after its
+//! window began ([`Bases::gone`]), and that a key of that name now is a new one.
 
 use std::{
     collections::VecDeque,
@@ -121,13 +123,20 @@ impl<C> Default for Changes<C> {
 }
 
 impl<C: Cumulative> Changes<C> {
-    /// The counters as of `at`: the last change at or before it (zero before the first).
-    fn at(&self, at: Instant) -> Option<C> {
-        self.points
+    /// The counters as of `at` (the last change at or before it; None before the first),
+    /// and whether the key went away after it (a zero record).
+    fn at(&self, at: Instant) -> Option<(C, bool)> {
+        let base = self
+            .points
             .iter()
             .rev()
             .find(|(when, _)| *when <= at)
-            .map(|(_, c)| *c)
+            .map(|(_, c)| *c)?;
+        let gone = self
+            .points
+            .iter()
+            .any(|(when, c)| *when > at && c.is_zero());
+        Some((base, gone))
     }
 }
 
@@ -207,8 +216,17 @@ impl<K: Hash + Eq + Copy, C: Cumulative> History<K, C> {
                 changes.points.pop_front();
             }
         }
-        // Gone: out of every later snapshot.
-        self.changes.retain(|_, c| c.seen == Some(now));
+        // Gone: a zero record, kept while a snapshot may subtract a value from before it.
+        for c in self.changes.values_mut().filter(|c| c.seen != Some(now)) {
+            if c.points.back().is_some_and(|(_, last)| !last.is_zero()) {
+                c.points.push_back((now, C::default()));
+            }
+            while c.points.get(1).is_some_and(|(at, _)| *at <= oldest) {
+                c.points.pop_front();
+            }
+        }
+        self.changes
+            .retain(|_, c| c.seen == Some(now) || c.points.iter().any(|(_, p)| !p.is_zero()));
     }
 
     /// What a snapshot at `now` subtracts (None before the first record). Copied out, so the
@@ -239,13 +257,26 @@ impl<K: Hash + Eq + Copy, C: Cumulative> History<K, C> {
 #[derive(Debug)]
 pub struct Bases<K, C> {
     pub window: ImpactWindow,
-    bases: foldhash::HashMap<K, C>,
+    /// Each key's counters at the window's start, and whether it went away since.
+    bases: foldhash::HashMap<K, (C, bool)>,
 }
 
 impl<K: Hash + Eq, C: Cumulative> Bases<K, C> {
-    /// What key `key`, whose counters are now `current`, counted in the window.
+    /// What key `key`, whose counters are now `current`, counted in the window: all of
+    /// them if the key went away since the window began (a key of that name now is new).
     pub fn since(&self, key: &K, current: &C) -> C {
-        current.since(&self.bases.get(key).copied().unwrap_or_default())
+        match self.bases.get(key) {
+            Some((base, false)) => current.since(base),
+            _ => *current,
+        }
+    }
+
+    /// The keys that went away since the window began, with their counters at its start.
+    pub fn gone(&self) -> impl Iterator<Item = (&K, &C)> {
+        self.bases
+            .iter()
+            .filter(|(_, (_, gone))| *gone)
+            .map(|(k, (c, _))| (k, c))
     }
 }
 
@@ -367,8 +398,44 @@ mod tests {
         // base. It shows all it has, not a wrapped (or clamped) subtraction.
         let r = h.at(t0 + EVERY).unwrap();
         assert_eq!(figures(&r, 7, &stats(1, 0)), (1, 1, 0));
-        // Gone from the kernel's counters: forgotten.
+        // Gone from the kernel's counters: a zero record, kept while a window may start
+        // before it, then forgotten.
         h.record(t0 + EVERY, [(8, Counts::default())]);
+        assert_eq!(h.changes.len(), 1);
+        let r = h.at(t0 + WINDOW).unwrap();
+        assert_eq!(
+            r.gone().count(),
+            1,
+            "gone since the window's start, the first record"
+        );
+        assert_eq!(
+            figures(&r, 7, &stats(1, 0)),
+            (1, 1, 0),
+            "a new listener on inode 7"
+        );
+        for i in 2..=(WINDOW.as_secs() / EVERY.as_secs() + 2) as u32 {
+            h.record(t0 + EVERY * i, [(8, Counts::default())]);
+        }
         assert!(h.changes.is_empty());
+    }
+
+    /// A prefix that expires inside the window: its base stays known, so the window
+    /// subtracts it from what its expiry moved into the listener's expired counts.
+    #[test]
+    fn a_key_gone_inside_the_window_is_reported_with_its_base() {
+        let t0 = Instant::now();
+        let mut h: History<u32, [u64; 5]> = History::default();
+        // Prefix 1 held 10 before the window; 3 more in it; then it expired, its 13 going
+        // to the expired key 0.
+        h.record(t0, [(1, [10, 0, 0, 0, 0])]);
+        h.record(t0 + EVERY, [(1, [13, 0, 0, 0, 0])]);
+        h.record(t0 + EVERY * 2, [(0, [13, 0, 0, 0, 0])]);
+        let b = h.at(t0 + WINDOW).unwrap();
+        assert_eq!(b.gone().collect::<Vec<_>>(), [(&1, &[10, 0, 0, 0, 0])]);
+        // The expired key was new in the window: all of its 13 count, less the 10 from
+        // before the window, the 3 prefix 1 sent in it.
+        assert_eq!(b.since(&0, &[13, 0, 0, 0, 0]), [13, 0, 0, 0, 0]);
+        // Prefix 1 again, a new entry: all of it is recent.
+        assert_eq!(b.since(&1, &[2, 0, 0, 0, 0]), [2, 0, 0, 0, 0]);
     }
 }

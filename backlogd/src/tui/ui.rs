@@ -20,8 +20,8 @@ pub fn draw(frame: &mut Frame, app: &App) {
     let [header, table, bottom] = Layout::vertical([
         Constraint::Length(2),
         Constraint::Min(5),
-        // The detail pane: a border, the listener, its backlog, two findings and eleven
-        // lines of figures; with a 2-line header and a 5-row table, 22 rows.
+        // The detail pane: its top border, the listener, its backlog, two findings and up to
+        // ten lines of figures; with a 2-line header and a 5-row table, 23 rows.
         Constraint::Length(if app.detail { 16 } else { 5 }),
     ])
     .areas(area);
