@@ -20,6 +20,10 @@ type ByInode<V> = foldhash::HashMap<u64, V>;
 /// Most prefixes per listener the JSON API lists, most drops and cookies first.
 pub const TOP: usize = 10;
 
+/// At most this share of a flood's dropped attempts connect (spoofed sources never do):
+/// doctor's line between a flood and real clients, for a listener and for a prefix.
+pub const FLOOD_CONNECTED_AT_MOST: f64 = 0.05;
+
 /// Segments of one prefix (or untracked), by what happened to them.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Counts {
@@ -49,10 +53,10 @@ impl Counts {
         }
     }
 
-    /// Whether these attempts connect more often than a flood's (more than 5% of them):
-    /// real clients, whom no rule should drop.
+    /// Whether these attempts connect more often than a flood's (more than
+    /// [`FLOOD_CONNECTED_AT_MOST`] of them): real clients, whom no rule should drop.
     pub fn connect(&self) -> bool {
-        self.connected as f64 > 0.05 * self.attempts as f64
+        self.connected as f64 > FLOOD_CONNECTED_AT_MOST * self.attempts as f64
     }
 
     fn add(&mut self, other: &Self) {

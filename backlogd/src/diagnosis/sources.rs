@@ -18,7 +18,7 @@ use crate::{api::ListenerSnapshot, sources::DropSources};
 /// Fewest resolved attempts (delayed + abandoned) worth a verdict.
 const MIN_RESOLVED: u64 = 20;
 /// At most this share of the resolved attempts connected: a flood.
-const FLOOD_AT_MOST: f64 = 0.05;
+const FLOOD_AT_MOST: f64 = crate::sources::FLOOD_CONNECTED_AT_MOST;
 /// At least this share connected on a retry: a burst of real clients.
 const BURST_AT_LEAST: f64 = 0.5;
 /// From this share on, the largest prefix is worth a rule of its own.

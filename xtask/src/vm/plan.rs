@@ -50,8 +50,8 @@ pub(crate) const CI_SUITE_KERNELS: &[(&str, &[&str], &[&str], &str)] = &[
         "drop_sources",
         &["debian-5.10", "trixie-backports"],
         &["fentry", "tracepoint"],
-        "time: 10 daemons and about 800 handshakes, about 70 guest s per mode (100 s with a \
-         10 s retention waited out). It counts where every mode's drops are settled \
+        "time: 10 daemons and about 800 handshakes, 82-110 guest s per mode (measured in \
+         stop 43, a 10 s retention waited out among them). It counts where every mode's drops are settled \
          (`syn.rs`, then `impact.rs` and `sources.rs`, one code for every mode); what is \
          kprobe mode's own there, its windows and the calls from kprobes into that code, \
          syn_drops and client_impact check in the kprobe cells. So CI runs it on the oldest \
