@@ -531,10 +531,12 @@ fn test(
     } else {
         Ok("not run (filtered run)")
     };
-    // One closing line for the whole run, so a log reader sees the total at the end.
+    // One closing line for the whole run, so a log reader sees the total at the end, after
+    // what the failed host tests printed.
+    print!("{}", totals.describe_failures());
     println!(
         "tests (host): {} checked, {} skipped at run time ({} unexpected), {} not exact, \
-         {} failed, {} ignored; systemd guest: {}; kernel matrix: {}; {}",
+         {} failed{}, {} ignored; systemd guest: {}; kernel matrix: {}; {}",
         totals
             .passed
             .saturating_sub(host.skipped.len() as u64 + host.unexpected.len() as u64),
@@ -542,6 +544,7 @@ fn test(
         host.unexpected.len(),
         host.not_exact.len(),
         totals.failed,
+        totals.failed_names(),
         totals.ignored,
         match &systemd {
             Ok(what) => what,
@@ -565,6 +568,9 @@ struct TestCounts {
     passed: u64,
     failed: u64,
     ignored: u64,
+    /// Each failed test's name and what it printed (libtest's `---- NAME stdout ----`
+    /// section), repeated at the end of the run: a CI log is often read from its tail.
+    failures: Vec<(String, Vec<String>)>,
 }
 
 impl TestCounts {
@@ -592,6 +598,50 @@ impl TestCounts {
         self.failed += other.failed;
         self.ignored += other.ignored;
     }
+
+    /// Lines kept of each failure's output: its last ones, where the panic message and the
+    /// evidence of a failed exact check are.
+    const FAILURE_LINES: usize = 60;
+
+    /// Follows libtest's output line by line, keeping each failed test's own section.
+    fn watch(&mut self, line: &str, capturing: &mut bool) {
+        if let Some(name) = line
+            .strip_prefix("---- ")
+            .and_then(|rest| rest.strip_suffix(" stdout ----"))
+        {
+            self.failures.push((name.to_owned(), Vec::new()));
+            *capturing = true;
+        } else if line == "failures:" || line.starts_with("test result: ") {
+            *capturing = false;
+        } else if *capturing && let Some((_, lines)) = self.failures.last_mut() {
+            lines.push(line.to_owned());
+            if lines.len() > Self::FAILURE_LINES {
+                lines.remove(0);
+            }
+        }
+    }
+
+    /// The failed tests' sections again, for the end of the run.
+    fn describe_failures(&self) -> String {
+        let mut out = String::new();
+        for (name, lines) in &self.failures {
+            out.push_str(&format!("FAILED host test {name}; its last output:\n"));
+            for line in lines {
+                out.push_str(&format!("  | {line}\n"));
+            }
+        }
+        out
+    }
+
+    /// The failed tests' names, for the closing line.
+    fn failed_names(&self) -> String {
+        let names: Vec<&str> = self.failures.iter().map(|(n, _)| n.as_str()).collect();
+        if names.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", names.join(", "))
+        }
+    }
 }
 
 /// Runs a `cargo test` command, echoing its output and adding up its `test result:` lines.
@@ -602,9 +652,11 @@ fn cargo_test(cmd: &mut Command, totals: &mut TestCounts) -> Result<()> {
     eprintln!("xtask: {cmd:?}");
     let mut child = cmd.spawn().with_context(|| format!("starting {cmd:?}"))?;
     let stdout = child.stdout.take().expect("piped stdout");
+    let mut capturing = false;
     for line in std::io::BufReader::new(stdout).lines() {
         let line = line?;
         println!("{line}");
+        totals.watch(&line, &mut capturing);
         if let Some(rest) = line.strip_prefix("test result: ") {
             totals.add(TestCounts::parse(rest));
         }
@@ -620,7 +672,36 @@ fn cargo_test(cmd: &mut Command, totals: &mut TestCounts) -> Result<()> {
 mod tests {
     use std::time::Duration;
 
-    use super::Stages;
+    use super::{Stages, TestCounts};
+
+    #[test]
+    fn a_failed_tests_own_output_is_kept_for_the_end_of_the_run() {
+        let out = "running 2 tests\n\
+                   test a ... ok\n\
+                   test b_fails ... FAILED\n\
+                   \n\
+                   failures:\n\
+                   \n\
+                   ---- b_fails stdout ----\n\
+                   NOT EXACT untracked: 12 vs 18\n\
+                   thread 'b_fails' panicked at tests/tests/x.rs:1:1\n\
+                   \n\
+                   failures:\n    b_fails\n\
+                   \n\
+                   test result: FAILED. 1 passed; 1 failed; 0 ignored\n";
+        let mut totals = TestCounts::default();
+        let mut capturing = false;
+        for line in out.lines() {
+            totals.watch(line, &mut capturing);
+        }
+        assert_eq!(totals.failed_names(), " (b_fails)");
+        assert_eq!(
+            totals.describe_failures(),
+            "FAILED host test b_fails; its last output:\n  \
+             | NOT EXACT untracked: 12 vs 18\n  \
+             | thread 'b_fails' panicked at tests/tests/x.rs:1:1\n  | \n"
+        );
+    }
 
     #[test]
     fn stages_print_the_total_and_each_stage_in_order() {
