@@ -81,6 +81,66 @@ fn now_ns() -> u64 {
     unsafe { bpf_ktime_get_ns() }
 }
 
+/// Where a settled segment's attempt (addresses and ports) and sequence number come from.
+pub(crate) trait Segment: Copy {
+    /// Fills every field of `key` for the segment of a listener in netns `net`; returns the
+    /// segment's sequence number.
+    fn identify(self, net: u64, key: &mut AttemptKey) -> Result<u32>;
+}
+
+/// A segment still alive (function-hook modes: the hooked call has not returned): read
+/// from its headers.
+#[derive(Clone, Copy)]
+pub(crate) struct Alive<K>(pub(crate) K);
+
+impl<K: Kmem> Segment for Alive<K> {
+    #[inline(always)]
+    fn identify(self, net: u64, key: &mut AttemptKey) -> Result<u32> {
+        segment(net, self.0, key)
+    }
+}
+
+/// What tracepoint mode's ingress copied of a segment: [`AttemptKey`] without its netns,
+/// and the sequence number.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(crate) struct IngressCopy {
+    pub(crate) key: AttemptKey,
+    pub(crate) seq: u32,
+    _pad: u32,
+}
+
+/// Tracepoint mode: this CPU's open window's segment, copied from the packet at ingress
+/// (`syn::listener_ingress`). A window there may be settled after its skb is gone (the
+/// next ingress settles a window whose release tracepoint the kernel skipped for
+/// recursion), or at the release of another skb that reuses its address, whose headers
+/// are not the segment's: the copy is the segment's in every case.
+#[map]
+static INGRESS_COPY: PerCpuArray<IngressCopy> = PerCpuArray::with_max_entries(1, 0);
+
+/// This CPU's ingress copy, for the ingress to fill.
+#[inline(always)]
+pub(crate) fn ingress_copy() -> Result<&'static mut IngressCopy> {
+    let slot = INGRESS_COPY.get_ptr_mut(0).ok_or(errno::ENOENT)?;
+    // SAFETY: this CPU's element; ingress and the settles reading it run in softirq on
+    // this CPU and do not nest.
+    Ok(unsafe { &mut *slot })
+}
+
+/// The segment of this CPU's tracepoint-mode window, as its ingress copied it.
+#[derive(Clone, Copy)]
+pub(crate) struct Copied;
+
+impl Segment for Copied {
+    #[inline(always)]
+    fn identify(self, net: u64, key: &mut AttemptKey) -> Result<u32> {
+        let copy = ingress_copy()?;
+        *key = copy.key;
+        key.net = net;
+        Ok(copy.seq)
+    }
+}
+
 /// The attempt `skb` (a segment from a client, still alive) belongs to, and its sequence
 /// number. The IP version comes from the packet, not the listener's family.
 #[inline(always)]
@@ -152,14 +212,14 @@ impl Outcome {
 #[map]
 static ATTEMPT_SCRATCH: PerCpuArray<AttemptKey> = PerCpuArray::with_max_entries(1, 0);
 
-/// Listener `sk` (inode `ino`, netns `net`) dropped its segment `skb` (still alive, of
-/// `outcome`'s kind: SYN or final ACK) or answered it with a syncookie: count the source
+/// Listener `sk` (inode `ino`, netns `net`) dropped its segment `seg` (of `outcome`'s
+/// kind: SYN or final ACK) or answered it with a syncookie: count the source
 /// (`sources.rs`) and, for a drop, record the attempt. 0: the source was counted;
 /// otherwise the caller counts the segment's drops and cookies as untracked. A BPF-to-BPF
 /// call: its keys and values stay out of the callers' stack frames.
 #[inline(never)]
-pub(crate) fn dropped<K: Kmem>(sk: KPtr, ino: u64, net: u64, skb: K, outcome: Outcome) -> i32 {
-    match record(sk, ino, net, skb, outcome) {
+pub(crate) fn dropped<S: Segment>(sk: KPtr, ino: u64, net: u64, seg: S, outcome: Outcome) -> i32 {
+    match record(sk, ino, net, seg, outcome) {
         Ok(true) => 0,
         Ok(false) => errno::ENOSPC,
         Err(e) => e,
@@ -167,12 +227,12 @@ pub(crate) fn dropped<K: Kmem>(sk: KPtr, ino: u64, net: u64, skb: K, outcome: Ou
 }
 
 #[inline(always)]
-fn record<K: Kmem>(sk: KPtr, ino: u64, net: u64, skb: K, outcome: Outcome) -> Result<bool> {
+fn record<S: Segment>(sk: KPtr, ino: u64, net: u64, seg: S, outcome: Outcome) -> Result<bool> {
     let scratch = ATTEMPT_SCRATCH.get_ptr_mut(0).ok_or(errno::ENOENT)?;
     // SAFETY: this CPU's element; a segment is settled start to finish on one CPU, and
     // settling does not nest (softirq context).
     let key = unsafe { &mut *scratch };
-    let seq = segment(net, skb, key)?;
+    let seq = seg.identify(net, key)?;
     let now = now_ns();
     let kind = outcome.kind();
     // The attempt first: its prefix counts it if this drop is its first.
@@ -262,18 +322,18 @@ fn record_drop(sk: KPtr, ino: u64, key: &AttemptKey, seq: u32, kind: u32, now: u
 }
 
 /// Listener `sk` (inode `ino`, netns `net`) queued `child` for accept, on the segment
-/// `skb` (alive). If the attempt had a segment dropped, count it delayed. A BPF-to-BPF
+/// `seg`. If the attempt had a segment dropped, count it delayed. A BPF-to-BPF
 /// call, as [`dropped`].
 #[inline(never)]
-pub(crate) fn completed<K: Kmem>(sk: KPtr, ino: u64, net: u64, skb: K, child: KPtr) -> i32 {
-    match match_completion(sk, ino, net, skb, child) {
+pub(crate) fn completed<S: Segment>(sk: KPtr, ino: u64, net: u64, seg: S, child: KPtr) -> i32 {
+    match match_completion(sk, ino, net, seg, child) {
         Ok(()) => 0,
         Err(e) => e,
     }
 }
 
 #[inline(always)]
-fn match_completion<K: Kmem>(sk: KPtr, ino: u64, net: u64, skb: K, child: KPtr) -> Result<()> {
+fn match_completion<S: Segment>(sk: KPtr, ino: u64, net: u64, seg: S, child: KPtr) -> Result<()> {
     let last = LAST_DROP.get(0).copied().unwrap_or(0);
     let now = now_ns();
     let horizon = horizon_ns();
@@ -281,7 +341,7 @@ fn match_completion<K: Kmem>(sk: KPtr, ino: u64, net: u64, skb: K, child: KPtr) 
         return Ok(()); // no attempt can be waiting: the common case, no lookup
     }
     let mut key = AttemptKey::default();
-    segment(net, skb, &mut key)?;
+    seg.identify(net, &mut key)?;
     // SAFETY: plain integers, copied out at once.
     let Some(entry) = (unsafe { ATTEMPTS.get(&key) }).copied() else {
         return Ok(());

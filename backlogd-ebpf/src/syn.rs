@@ -15,6 +15,9 @@
 //!    on this CPU moves these counters without passing ingress first, so the deltas are
 //!    still exactly that segment's outcome. This covers skbs released without a
 //!    tracepoint (`__kfree_skb`) and release hooks the kernel skipped for recursion.
+//!    Which attempt the segment belongs to (for client impact and drop sources) comes
+//!    from a copy ingress made of its headers, never from the skb at settle time: the
+//!    skb may be gone, or its address reused by another skb whose release settles it.
 //!
 //! fentry and kprobe modes (programs in `fentry.rs` / `kprobe.rs`) use the same counter
 //! deltas with exact boundaries: [`call_enter`] at the entry of `tcp_conn_request` (SYN)
@@ -81,12 +84,12 @@ fn try_listener_ingress(ctx: &SkBuffContext) -> Result<()> {
     if previous.skb != 0 {
         // SAFETY: as above.
         unsafe { (*slot).skb = 0 };
-        // Its skb may be freed by now: no header reads.
-        let _ = settle::<KPtr>(&previous, None);
+        // Its skb may be freed by now: its ingress copy says whose it was.
+        let _ = settle(&previous, Some(impact::Copied));
     }
     // A segment that is neither a SYN nor an ACK (RST, an IPv6 extension header chain)
     // still gets a window, so whatever the kernel drops on its account is counted.
-    let kind = match tcp_flags(ctx) {
+    let kind = match copy_segment(ctx) {
         Ok(f) if f & (TCP_FLAG_SYN | TCP_FLAG_ACK | TCP_FLAG_RST) == TCP_FLAG_SYN => {
             segment_kind::SYN
         }
@@ -146,8 +149,9 @@ pub(crate) fn handshake_completed(child: KPtr) -> Result<()> {
     }
     stash.child = 0;
     stash.observed = 1;
-    // The ACK's skb is alive: this runs inside its processing.
-    let _ = impact::completed(KPtr(stash.sk), stash.ino, stash.net, KPtr(stash.skb), child);
+    // This runs inside the ACK's processing: the ingress copy is its own (and costs no
+    // helper call per header read).
+    let _ = impact::completed(KPtr(stash.sk), stash.ino, stash.net, impact::Copied, child);
     crate::accept::enqueued(KPtr(stash.sk), stash.ino, child)
 }
 
@@ -181,7 +185,7 @@ pub(crate) fn call_enter_listener<K: Kmem>(sk: K, skb: u64, kind: u32) -> Result
         if stale.skb != 0 {
             stale.skb = 0;
             // The call returned long ago: its skb may be freed.
-            let _ = settle::<KPtr>(stale, None);
+            let _ = settle::<impact::Alive<KPtr>>(stale, None);
         }
     }
     let stash = open_window(sk, skb, socket_inode(sk)?, kind)?;
@@ -214,14 +218,20 @@ pub(crate) fn call_exit_with<K: Kmem>(
     // The skb is alive until the caller of the hooked function frees it.
     let skb = skb(&taken);
     if kind == segment_kind::ACK && ret != 0 && ret != taken.sk {
-        let _ = impact::completed(KPtr(taken.sk), taken.ino, taken.net, skb, KPtr(ret));
+        let _ = impact::completed(
+            KPtr(taken.sk),
+            taken.ino,
+            taken.net,
+            impact::Alive(skb),
+            KPtr(ret),
+        );
         // A call that returns a child made no listen drop, so there are no deltas to
         // read: every drop on this path (`syn_recv_sock`'s overflow and failure exits,
         // a request another CPU completed first, a listener that stopped listening)
         // returns NULL.
         return crate::accept::enqueued(KPtr(taken.sk), taken.ino, KPtr(ret));
     }
-    settle(&taken, Some(skb))
+    settle(&taken, Some(impact::Alive(skb)))
 }
 
 /// Function-hook modes: an ICMP error arrived for pending request `req`
@@ -311,27 +321,47 @@ fn open_window<K: Kmem>(sk: K, skb: u64, ino: u64, kind: u32) -> Result<SynStash
     Ok(stash)
 }
 
-/// TCP flags of the segment. The packet starts at the network header in cgroup_skb; its
-/// version, not the socket's family, says which: a dual-stack `[::]` listener receives
-/// IPv4 segments. Read in place (direct packet access) rather than a helper call per byte:
-/// `tcp_v4_rcv`/`tcp_v6_rcv` pulled the whole TCP header into the linear data before the
-/// socket filter runs.
+/// Copies the segment's addresses, ports and sequence number into this CPU's ingress copy
+/// ([`impact::Copied`]: a window may be settled after its skb is gone) and returns its TCP
+/// flags. The packet starts at the network header in cgroup_skb; its version, not the
+/// socket's family, says which: a dual-stack `[::]` listener receives IPv4 segments. Read
+/// in place (direct packet access) rather than a helper call per byte: `tcp_v4_rcv` /
+/// `tcp_v6_rcv` pulled the whole TCP header into the linear data before the socket filter
+/// runs. Costs a few loads and stores per segment that reaches a listener, and nothing on
+/// any other traffic.
 #[inline(always)]
-fn tcp_flags(ctx: &SkBuffContext) -> Result<u8> {
+fn copy_segment(ctx: &SkBuffContext) -> Result<u8> {
     let skb: *mut __sk_buff = ctx.skb.skb;
     // SAFETY: the program's context; the verifier rewrites these loads into the linear
     // data's start and end.
     let (data, end) = unsafe { ((*skb).data as usize, (*skb).data_end as usize) };
-    let ip: [u8; 8] = packet_bytes(data, end, 0)?;
-    let tcp = match ip[0] >> 4 {
-        4 => usize::from(ip[0] & 0x0f) * 4,
-        6 if ip[6] == IPPROTO_TCP => 40,
+    let copy = impact::ingress_copy()?;
+    let key = &mut copy.key;
+    // Every field: the copy holds the previous segment's.
+    key.client = [0; 16];
+    key.server = [0; 16];
+    key._pad = [0; 3];
+    let ip: [u8; 20] = packet_bytes(data, end, 0)?;
+    key.version = ip[0] >> 4;
+    let tcp = match key.version {
+        4 => {
+            key.client[..4].copy_from_slice(&ip[12..16]);
+            key.server[..4].copy_from_slice(&ip[16..20]);
+            usize::from(ip[0] & 0x0f) * 4
+        }
+        6 if ip[6] == IPPROTO_TCP => {
+            key.client = packet_bytes(data, end, 8)?;
+            key.server = packet_bytes(data, end, 24)?;
+            40
+        }
         _ => return Err(errno::EINVAL), // IPv6 extension headers: not worth parsing for a listener
     };
-    // Data offset, flags and window: a whole word of the 20-byte header. (A 1-byte read's
-    // bounds check compiles to `at >= end`, from which the verifier derives no range.)
-    let word: [u8; 4] = packet_bytes(data, end, tcp + 12)?;
-    Ok(word[1])
+    // Ports, sequence number, acknowledgment, data offset and flags.
+    let th: [u8; 16] = packet_bytes(data, end, tcp)?;
+    key.client_port = [th[0], th[1]];
+    key.server_port = [th[2], th[3]];
+    copy.seq = u32::from_be_bytes([th[4], th[5], th[6], th[7]]);
+    Ok(th[13])
 }
 
 /// `N` packet bytes at `data + offset`, if they lie before `end`.
@@ -397,15 +427,16 @@ fn released(skb: u64) -> Result<()> {
     // empty slot and leaves this segment to us.
     let taken = *stash;
     stash.skb = 0;
-    // The release tracepoints fire before the skb is freed.
-    settle(&taken, Some(KPtr(taken.skb)))
+    // Its ingress copy, not the skb's headers: an skb whose release the kernel skipped
+    // for recursion is settled at the next ingress, but until then its address may be
+    // reused by another skb, released here in its place.
+    settle(&taken, Some(impact::Copied))
 }
 
-/// Attributes the counter deltas since `stash` to its listener. `alive`: the stash's skb
-/// if it is not freed yet, so that a dropped segment's attempt can be read from its
-/// headers.
+/// Attributes the counter deltas since `stash` to its listener. `seg`: where the segment's
+/// attempt can be read (its alive skb, or tracepoint mode's ingress copy), if anywhere.
 #[inline(always)]
-fn settle<K: Kmem>(stash: &SynStash, alive: Option<K>) -> Result<()> {
+fn settle<S: impact::Segment>(stash: &SynStash, seg: Option<S>) -> Result<()> {
     let mut now = [0u64; mib::COUNT];
     read_mib(KPtr(stash.mib_at), stash.kind, &mut now)?;
     let d = |i: usize| now[i].wrapping_sub(stash.mib[i]);
@@ -432,13 +463,13 @@ fn settle<K: Kmem>(stash: &SynStash, alive: Option<K>) -> Result<()> {
         0
     };
     // The segment's source, for a drop or a cookie: counted per prefix unless the segment
-    // is gone (tracepoint mode settling at the next ingress), could not be classified, or
-    // its prefix found no room; then counted untracked below, so nothing goes missing.
+    // is gone (a function-hook window settled at the next call), could not be classified,
+    // or its prefix found no room; then counted untracked below, so nothing goes missing.
     let untracked = drops | cookies != 0
-        && match alive {
-            Some(skb) if kind == segment_kind::SYN || kind == segment_kind::ACK => {
+        && match seg {
+            Some(seg) if kind == segment_kind::SYN || kind == segment_kind::ACK => {
                 let outcome = impact::Outcome::new(kind, drops, cookies);
-                impact::dropped(KPtr(stash.sk), stash.ino, stash.net, skb, outcome) != 0
+                impact::dropped(KPtr(stash.sk), stash.ino, stash.net, seg, outcome) != 0
             }
             _ => true,
         };
