@@ -160,7 +160,19 @@ enum Cmd {
     },
 }
 
-fn main() -> Result<()> {
+fn main() -> std::process::ExitCode {
+    // The error and its causes, without the backtrace anyhow adds under RUST_BACKTRACE:
+    // a CI log is read from its tail, and 60 frames of xtask's own stack would fill it.
+    match dispatch() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("Error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn dispatch() -> Result<()> {
     match Cli::parse().command {
         Cmd::Setup => setup::run(),
         Cmd::Run { args } => {
