@@ -486,6 +486,104 @@ fn ipv6_sources_are_counted_per_48() {
     drop(held);
 }
 
+/// A dual-stack listener (`[::]`) receives IPv4 clients' segments as IPv4 and IPv6
+/// clients' as IPv6: each family is folded at its own configured length, here lengths
+/// that end inside a byte (IPv4 /20, IPv6 /44), so two /24s fold into one /20 and the next
+/// /20 starts a prefix of its own. Per prefix, drops equal the SYNs nft counted from it;
+/// summed, ListenDrops; nothing untracked.
+#[test]
+fn a_dual_stack_listener_folds_each_family_at_its_own_length() {
+    let _shared = shared();
+    let FullQueue {
+        daemon,
+        ns,
+        listener,
+        held,
+    } = full_queue(
+        &["--drop-source-prefix-v4", "20", "--drop-source-prefix-v6", "44"],
+        "[::]:0",
+    );
+    ns.command(
+        "ip",
+        &["-6", "route", "add", "local", "fd00:20::/32", "dev", "lo"],
+    );
+    let port = listener.addr.port();
+    let v4: SocketAddr = ([127, 0, 0, 1], port).into();
+    let v6: SocketAddr = (std::net::Ipv6Addr::LOCALHOST, port).into();
+    let six = |stem: &str, n: u16| -> Vec<IpAddr> {
+        (1..=n)
+            .map(|i| format!("{stem}{i:x}::1").parse().expect("IPv6 source"))
+            .collect()
+    };
+    // (prefix as backlogd and nft write it, destination, sources): unequal sizes.
+    let groups: [(&str, SocketAddr, Vec<IpAddr>); 4] = [
+        (
+            "127.20.0.0/20",
+            v4,
+            [
+                v4_sources([127, 20, 1], 20),
+                v4_sources([127, 20, 15], 12),
+            ]
+            .concat(),
+        ),
+        ("127.20.16.0/20", v4, v4_sources([127, 20, 16], 9)),
+        // fd00:20:0::/44 holds fd00:20:0: to fd00:20:f: (the third group's top 12 bits).
+        (
+            "fd00:20::/44",
+            v6,
+            [six("fd00:20:1:", 14), six("fd00:20:f:", 3)].concat(),
+        ),
+        ("fd00:20:10::/44", v6, six("fd00:20:10:", 6)),
+    ];
+    let prefixes: Vec<&str> = groups.iter().map(|(p, _, _)| *p).collect();
+    ns.count_incoming_syns_from(port, &prefixes);
+    let before = tcp_ext(&ns);
+    let start = daemon.program_misses();
+    let mut clients = Vec::new();
+    for (_, to, sources) in &groups {
+        clients.extend(connect_from(&ns, *to, sources.clone()));
+    }
+    drop(clients);
+    std::thread::sleep(Duration::from_millis(100));
+    let kernel = ListenCounters::delta(&before, &tcp_ext(&ns));
+    let sent = ns.incoming_syns_from();
+    let sources = settled_sources(&daemon, &listener);
+
+    let mut exact = Exact::listener(&daemon, &ns, &listener);
+    exact.interval(&daemon, &start);
+    exact
+        .evidence("kernel TcpExt delta", kernel)
+        .evidence("nft SYNs per prefix", &sent)
+        .evidence("drop_sources", &sources);
+    for ((name, _, _), syns) in groups.iter().zip(&sent) {
+        exact.eq_fed(
+            &format!("{name}: SYN drops vs the SYNs nft counted from it"),
+            &[figure::DROPS],
+            count(prefix(&sources, name), "syn_drops"),
+            *syns,
+        );
+    }
+    exact
+        .eq_fed(
+            "SYN drops under a prefix, summed, vs ListenDrops",
+            &[figure::DROPS],
+            count(&sources["counted"], "syn_drops"),
+            kernel.listen_drops,
+        )
+        .eq(
+            "SYN drops untracked",
+            count(&sources["untracked"], "syn_drops"),
+            0,
+        )
+        .eq(
+            "distinct prefixes",
+            count(&sources, "prefixes"),
+            groups.len() as u64,
+        );
+    exact.verify();
+    drop(held);
+}
+
 /// With room for three prefixes (`--drop-source-entries 3`), five prefixes' SYNs dropped
 /// at a full accept queue: the first three hold slots and stay exact against nft; every
 /// drop of the other two is counted untracked, exactly, in the API and on /metrics; held
