@@ -58,6 +58,11 @@ pub struct Listener {
 }
 
 impl Listener {
+    /// Address and port as people write them: `[::1]:80` for IPv6, `127.0.0.1:80`.
+    pub fn endpoint(&self) -> std::net::SocketAddr {
+        std::net::SocketAddr::new(self.addr, self.port)
+    }
+
     /// The accept-queue length the last scan saw (see
     /// [`crate::queues::QueueWindows::figures`]).
     pub fn scanned_queue(&self) -> Option<u32> {

@@ -500,7 +500,12 @@ fn a_dual_stack_listener_folds_each_family_at_its_own_length() {
         listener,
         held,
     } = full_queue(
-        &["--drop-source-prefix-v4", "20", "--drop-source-prefix-v6", "44"],
+        &[
+            "--drop-source-prefix-v4",
+            "20",
+            "--drop-source-prefix-v6",
+            "44",
+        ],
         "[::]:0",
     );
     ns.command(
@@ -520,11 +525,7 @@ fn a_dual_stack_listener_folds_each_family_at_its_own_length() {
         (
             "127.20.0.0/20",
             v4,
-            [
-                v4_sources([127, 20, 1], 20),
-                v4_sources([127, 20, 15], 12),
-            ]
-            .concat(),
+            [v4_sources([127, 20, 1], 20), v4_sources([127, 20, 15], 12)].concat(),
         ),
         ("127.20.16.0/20", v4, v4_sources([127, 20, 16], 9)),
         // fd00:20:0::/44 holds fd00:20:0: to fd00:20:f: (the third group's top 12 bits).
@@ -993,6 +994,62 @@ fn raw_syns(ns: &Netns, to: std::net::SocketAddrV4, sources: Vec<std::net::Ipv4A
     });
 }
 
+/// IPv6 [`raw_syns`]: the 40-byte header is ours too (IPPROTO_RAW implies IPV6_HDRINCL).
+fn raw_syns_v6(ns: &Netns, to: std::net::SocketAddrV6, sources: Vec<std::net::Ipv6Addr>) {
+    ns.run(move || {
+        let s = Socket::new(
+            Domain::IPV6,
+            Type::RAW,
+            Some(socket2::Protocol::from(libc::IPPROTO_RAW)),
+        )
+        .expect("raw IPv6 socket (root)");
+        for (i, src) in sources.into_iter().enumerate() {
+            let sport = 20000 + i as u16;
+            let tcp = tcp_syn(&src.octets(), sport, &to.ip().octets(), to.port(), i as u32);
+            let mut ip = vec![0x60, 0, 0, 0, 0, 20, 6, 64]; // version 6; payload 20; TCP; hops
+            ip.extend(src.octets());
+            ip.extend(to.ip().octets());
+            // A raw IPv6 socket reads the address's port as the next header: none here.
+            let dst = SocketAddr::new(IpAddr::V6(*to.ip()), 0);
+            s.send_to(&[ip, tcp].concat(), &dst.into())
+                .unwrap_or_else(|e| panic!("raw SYN from {src}: {e}"));
+        }
+    });
+}
+
+/// The Internet checksum of what `words` summed.
+fn fold(mut sum: u32) -> u16 {
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    !(sum as u16)
+}
+
+fn words(b: &[u8]) -> u32 {
+    b.chunks(2)
+        .map(|c| u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)])))
+        .sum()
+}
+
+/// A 20-byte TCP SYN from `src` to `dst` (both addresses of one family), with its
+/// checksum over the family's pseudo-header.
+fn tcp_syn(src: &[u8], sport: u16, dst: &[u8], dport: u16, seq: u32) -> Vec<u8> {
+    let mut tcp = Vec::with_capacity(20);
+    tcp.extend(sport.to_be_bytes());
+    tcp.extend(dport.to_be_bytes());
+    tcp.extend(seq.to_be_bytes());
+    tcp.extend(0u32.to_be_bytes()); // ack
+    tcp.extend([5 << 4, 0x02]); // data offset 5 words; SYN
+    tcp.extend(64240u16.to_be_bytes()); // window
+    tcp.extend([0, 0, 0, 0]); // checksum, urgent pointer
+    // IPv4: addresses, zero, protocol, TCP length; IPv6: addresses, 32-bit length, three
+    // zeros, next header. Summed as 16-bit words, both come to the same tail.
+    let pseudo = [src, dst, &[0, 6, 0, 20]].concat();
+    let sum = fold(words(&pseudo) + words(&tcp));
+    tcp[16..18].copy_from_slice(&sum.to_be_bytes());
+    tcp
+}
+
 /// An IPv4 header and a 20-byte TCP SYN, with both checksums.
 fn syn_packet(
     src: std::net::Ipv4Addr,
@@ -1000,29 +1057,8 @@ fn syn_packet(
     to: std::net::SocketAddrV4,
     seq: u32,
 ) -> Vec<u8> {
-    fn fold(mut sum: u32) -> u16 {
-        while sum > 0xffff {
-            sum = (sum & 0xffff) + (sum >> 16);
-        }
-        !(sum as u16)
-    }
-    fn words(b: &[u8]) -> u32 {
-        b.chunks(2)
-            .map(|c| u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)])))
-            .sum()
-    }
     let (s, d) = (src.octets(), to.ip().octets());
-    let mut tcp = Vec::with_capacity(20);
-    tcp.extend(sport.to_be_bytes());
-    tcp.extend(to.port().to_be_bytes());
-    tcp.extend(seq.to_be_bytes());
-    tcp.extend(0u32.to_be_bytes()); // ack
-    tcp.extend([5 << 4, 0x02]); // data offset 5 words; SYN
-    tcp.extend(64240u16.to_be_bytes()); // window
-    tcp.extend([0, 0, 0, 0]); // checksum, urgent pointer
-    let pseudo = [&s[..], &d[..], &[0, 6, 0, 20]].concat();
-    let sum = fold(words(&pseudo) + words(&tcp));
-    tcp[16..18].copy_from_slice(&sum.to_be_bytes());
+    let tcp = tcp_syn(&s, sport, &d, to.port(), seq);
     let mut ip = vec![0x45, 0, 0, 40, 0, 0, 0x40, 0, 64, 6, 0, 0];
     ip.extend(s);
     ip.extend(d);
@@ -1188,4 +1224,97 @@ fn doctor_tells_a_spoofed_flood_from_a_burst_of_clients() {
     assert!(!kinds_on(&flooded).contains(&"connection_burst".to_owned()));
     assert!(!kinds_on(&bursty).contains(&"syn_flood".to_owned()));
     drop((held_flooded, held_bursty, clients));
+}
+
+/// An IPv6 flood: raw SYNs spoofing sources in two /48s (40 from one) against a full
+/// accept queue on `[::1]`, never retried. Per /48, drops and dropped attempts equal the
+/// SYNs nft counted, none connects; all are abandoned at the (short) horizon, and
+/// `syn_flood` names the large /48 in an `ip6` nft rule.
+#[test]
+fn doctor_tells_a_spoofed_ipv6_flood() {
+    let _shared = shared();
+    let FullQueue {
+        daemon,
+        ns,
+        listener,
+        held,
+    } = full_queue(&["--client-impact-horizon", "2"], "[::1]:0");
+    ns.command(
+        "ip",
+        &["-6", "route", "add", "local", "fd00:30::/32", "dev", "lo"],
+    );
+    let flood: [(&str, &str, u16); 2] = [
+        ("fd00:30:1::/48", "fd00:30:1:", 40),
+        ("fd00:30:2::/48", "fd00:30:2:", 5),
+    ];
+    let prefixes: Vec<&str> = flood.iter().map(|(p, _, _)| *p).collect();
+    ns.count_incoming_syns_from(listener.addr.port(), &prefixes);
+    let start = daemon.program_misses();
+    let SocketAddr::V6(target) = listener.addr else {
+        unreachable!("an IPv6 listener")
+    };
+    for (_, stem, n) in flood {
+        let sources = (1..=n)
+            .map(|i| format!("{stem}{i:x}::1").parse().expect("IPv6 source"))
+            .collect();
+        raw_syns_v6(&ns, target, sources);
+    }
+    daemon.wait_for("the flood's 45 attempts abandoned", |s| {
+        let socket = listener.inode.to_string();
+        (s.value(
+            "backlogd_listen_connections_abandoned_total",
+            &[("socket", &socket)],
+        ) == Some(45.0))
+        .then_some(())
+    });
+    let sent = ns.incoming_syns_from();
+    let sources = settled_sources(&daemon, &listener);
+
+    let mut exact = Exact::listener(&daemon, &ns, &listener);
+    exact.interval(&daemon, &start);
+    exact
+        .evidence("nft SYNs per prefix", &sent)
+        .evidence("drop_sources", &sources);
+    for ((name, _, n), syns) in flood.iter().zip(&sent) {
+        exact.eq("raw SYNs nft counted", *syns, u64::from(*n));
+        exact.eq_fed(
+            &format!("{name}: SYN drops vs nft"),
+            &[figure::DROPS],
+            count(prefix(&sources, name), "syn_drops"),
+            *syns,
+        );
+        exact.eq_fed(
+            &format!("{name}: dropped attempts vs the raw SYNs nft counted"),
+            &[figure::CLIENT_IMPACT],
+            count(prefix(&sources, name), "attempts"),
+            *syns,
+        );
+        exact.eq_fed(
+            &format!("{name}: attempts that connected"),
+            &[figure::CLIENT_IMPACT],
+            count(prefix(&sources, name), "connected"),
+            0,
+        );
+    }
+    exact.verify();
+
+    let doctor = backlogd_tests::doctor::Doctor::run(&daemon, &[]);
+    let f = doctor.on("syn_flood", &ns, &listener);
+    let text = f.to_string();
+    assert!(
+        f["summary"]
+            .as_str()
+            .unwrap()
+            .starts_with("45 SYNs dropped on [::1]:"),
+        "{f:#}"
+    );
+    assert!(
+        text.contains("0.0% of the dropped attempts ever connected")
+            && text.contains(&format!(
+                "nft add rule inet filter input ip6 saddr fd00:30:1::/48 tcp dport {} drop",
+                listener.addr.port()
+            )),
+        "{f:#}"
+    );
+    drop(held);
 }

@@ -103,10 +103,7 @@ pub fn overflow(l: &ListenerSnapshot, cx: &Context<'_>) -> Option<Finding> {
         severity: Severity::Critical,
         kind: FindingKind::AcceptQueueOverflow,
         subject: subject(l),
-        summary: format!(
-            "the accept queue of {}:{} overflows",
-            l.listener.addr, l.listener.port
-        ),
+        summary: format!("the accept queue of {} overflows", l.listener.endpoint()),
         evidence,
         remedy: overflow_remedy(l, cx),
         client_impact: impact.as_ref().map(|i| i.total.clone()),
@@ -126,8 +123,8 @@ pub fn near_full(l: &ListenerSnapshot, _: &Context<'_>) -> Option<Finding> {
         kind: FindingKind::AcceptQueueNearFull,
         subject: subject(l),
         summary: format!(
-            "the accept queue of {}:{} reached {peak} of {granted} connections",
-            l.listener.addr, l.listener.port
+            "the accept queue of {} reached {peak} of {granted} connections",
+            l.listener.endpoint()
         ),
         evidence: queue_evidence(l),
         remedy: ACCEPTS_SLOWLY.to_owned(),

@@ -54,7 +54,7 @@ fn clamped_finding(
 pub fn clamped(l: &ListenerSnapshot, cx: &Context<'_>) -> Option<Finding> {
     let granted = l.listener.granted;
     let comm = &l.listener.comm;
-    let at = || format!("{}:{}", l.listener.addr, l.listener.port);
+    let at = || l.listener.endpoint().to_string();
     let ns = cx.namespace(l);
     match &l.request {
         Request::Seen { backlog } => {
@@ -161,7 +161,7 @@ pub fn maybe_clamped(l: &ListenerSnapshot, cx: &Context<'_>) -> Option<Finding> 
     };
     let granted = l.listener.granted;
     let comm = &l.listener.comm;
-    let at = format!("{}:{}", l.listener.addr, l.listener.port);
+    let at = l.listener.endpoint().to_string();
     let program = program(l);
     let mut evidence = vec![
         format!(

@@ -95,10 +95,7 @@ pub struct Finding {
 /// How findings name a listener.
 pub fn subject(l: &ListenerSnapshot) -> String {
     let l = &l.listener;
-    let mut s = format!(
-        "{}[{}] {}:{} (netns {})",
-        l.comm, l.pid, l.addr, l.port, l.netns
-    );
+    let mut s = format!("{}[{}] {} (netns {})", l.comm, l.pid, l.endpoint(), l.netns);
     if let Some(owner) = l.names.as_ref().and_then(|n| n.owner()) {
         s.push_str(&format!(" in {owner}"));
     }

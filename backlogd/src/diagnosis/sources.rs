@@ -171,11 +171,10 @@ pub fn flood(l: &ListenerSnapshot, cx: &Context<'_>) -> Option<Finding> {
         kind: FindingKind::SynFlood,
         subject: subject(l),
         summary: format!(
-            "{} SYNs dropped on {}:{}, {:.1}% of the dropped attempts ever connected: a \
+            "{} SYNs dropped on {}, {:.1}% of the dropped attempts ever connected: a \
              flood, not clients",
             d.all().syn_drops,
-            l.listener.addr,
-            l.listener.port,
+            l.listener.endpoint(),
             share * 100.0
         ),
         evidence: vec![connected_line(l, resolved, share), sources_line(d)]
@@ -208,7 +207,7 @@ pub fn burst(l: &ListenerSnapshot, cx: &Context<'_>) -> Option<Finding> {
         kind: FindingKind::ConnectionBurst,
         subject: subject(l),
         summary: format!(
-            "{} drops over {}{} prefixes on {}:{}, {:.0}% of the dropped attempts connected \
+            "{} drops over {}{} prefixes on {}, {:.0}% of the dropped attempts connected \
              on a retry: a burst of real clients",
             d.all().drops(),
             // Expired prefixes are no longer told apart.
@@ -218,8 +217,7 @@ pub fn burst(l: &ListenerSnapshot, cx: &Context<'_>) -> Option<Finding> {
                 ""
             },
             d.prefixes,
-            l.listener.addr,
-            l.listener.port,
+            l.listener.endpoint(),
             share * 100.0
         ),
         evidence: vec![connected_line(l, resolved, share), sources_line(d)]

@@ -21,9 +21,9 @@ pub fn overflow(l: &ListenerSnapshot, cx: &Context<'_>) -> Option<Finding> {
         kind: FindingKind::SynQueueOverflow,
         subject: subject(l),
         summary: format!(
-            "SYNs to {}:{} are dropped because the SYN queue is full and syncookies \
+            "SYNs to {} are dropped because the SYN queue is full and syncookies \
              are off",
-            l.listener.addr, l.listener.port
+            l.listener.endpoint()
         ),
         evidence: [format!(
             "{} SYNs dropped, retransmitted ones included (TCPReqQFullDrop)",
@@ -60,8 +60,8 @@ pub fn syncookies(l: &ListenerSnapshot, _: &Context<'_>) -> Option<Finding> {
         kind: FindingKind::SyncookiesSent,
         subject: subject(l),
         summary: format!(
-            "the kernel answers SYNs to {}:{} with syncookies",
-            l.listener.addr, l.listener.port
+            "the kernel answers SYNs to {} with syncookies",
+            l.listener.endpoint()
         ),
         evidence: vec![
             format!(

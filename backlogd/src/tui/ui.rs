@@ -267,8 +267,14 @@ fn draw_table(frame: &mut Frame, app: &App, area: Rect) {
                 impact_per_s,
             } => {
                 let mut cells = vec![(String::new(), Style::new()); Col::ALL.len()];
-                cells[Col::Address.index()].0 =
-                    format!("{} {}:{}", if *collapsed { "+" } else { "-" }, key.1, key.2);
+                cells[Col::Address.index()].0 = format!(
+                    "{} {}",
+                    if *collapsed { "+" } else { "-" },
+                    match key.1.parse::<std::net::IpAddr>() {
+                        Ok(ip) => std::net::SocketAddr::new(ip, key.2).to_string(),
+                        Err(_) => format!("{}:{}", key.1, key.2),
+                    }
+                );
                 cells[Col::Process.index()].0 = format!("group of {members}");
                 cells[Col::Drops.index()].0 = rate(*drops_per_s);
                 cells[Col::Impact.index()].0 = impact(*impact_per_s);
@@ -374,7 +380,7 @@ fn listener_cells(r: &Row) -> Cells {
     let red = Style::new().fg(Color::Red);
     let alarm = red.add_modifier(Modifier::BOLD);
     let cells = vec![
-        (format!("{}:{}", l.addr, l.port), plain),
+        (l.endpoint().to_string(), plain),
         (
             match l.names.as_ref().and_then(|n| n.owner()) {
                 Some(owner) => format!("{}[{}] {owner}", l.comm, l.pid),
@@ -439,10 +445,7 @@ fn listener_cells(r: &Row) -> Cells {
 fn draw_sparkline(frame: &mut Frame, app: &App, area: Rect) {
     let (title, data): (String, Vec<u64>) = match app.selected_row() {
         Some(r) => (
-            format!(
-                " SYNs + final ACKs dropped/s {}:{} ",
-                r.l.listener.addr, r.l.listener.port
-            ),
+            format!(" SYNs + final ACKs dropped/s {} ", r.l.listener.endpoint()),
             app.history
                 .get(&r.l.listener.inode)
                 .map(|h| h.iter().copied().collect())
@@ -470,9 +473,8 @@ fn draw_detail(frame: &mut Frame, app: &App, area: Rect) {
             let long = crate::api::ClientImpact::bounds()[0];
             let lines = vec![
                 TextLine::raw(format!(
-                    "{}:{}  socket {}  netns {}  {}[{}]",
-                    l.listener.addr,
-                    l.listener.port,
+                    "{}  socket {}  netns {}  {}[{}]",
+                    l.listener.endpoint(),
                     l.listener.inode,
                     l.listener.netns,
                     l.listener.comm,
@@ -688,7 +690,7 @@ pub fn plain(app: &App) -> String {
         let _ = writeln!(
             out,
             "{:<24} {:<18} {:>9} {:>13} {:>9} {:>8} {:>9} {:>9} {:>7} {:>13}  {}",
-            format!("{}:{}", l.addr, l.port),
+            l.endpoint().to_string(),
             format!("{}[{}]", l.comm, l.pid),
             format!(
                 "{}/{}{}{}",
