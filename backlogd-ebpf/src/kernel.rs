@@ -72,6 +72,8 @@ pub mod errno {
     pub const EINVAL: i32 = -22;
     /// A map had no room for a new entry.
     pub const ENOSPC: i32 = -28;
+    /// A copy that is no longer the one asked for (replaced by an interrupting program).
+    pub const ESTALE: i32 = -116;
 }
 
 /// Reads one offset. Volatile so LLVM cannot fold the object file's zeros into the code.

@@ -85,11 +85,12 @@ fn try_listener_ingress(ctx: &SkBuffContext) -> Result<()> {
         // SAFETY: as above.
         unsafe { (*slot).skb = 0 };
         // Its skb may be freed by now: its ingress copy says whose it was.
-        let _ = settle(&previous, Some(impact::Copied));
+        let _ = settle(&previous, Some(impact::Copied(previous.skb)));
     }
     // A segment that is neither a SYN nor an ACK (RST, an IPv6 extension header chain)
     // still gets a window, so whatever the kernel drops on its account is counted.
-    let kind = match copy_segment(ctx) {
+    let skb_addr = launder(skb.cast::<u8>())?;
+    let kind = match copy_segment(ctx, skb_addr) {
         Ok(f) if f & (TCP_FLAG_SYN | TCP_FLAG_ACK | TCP_FLAG_RST) == TCP_FLAG_SYN => {
             segment_kind::SYN
         }
@@ -103,7 +104,7 @@ fn try_listener_ingress(ctx: &SkBuffContext) -> Result<()> {
     // No queue observation here: the queues only grow while a segment is processed, and
     // every segment's settle observes them after that (the peak), so the state before it
     // adds nothing.
-    let stash = open_window(sk, launder(skb.cast::<u8>())?, ino, kind)?;
+    let stash = open_window(sk, skb_addr, ino, kind)?;
     // SAFETY: as above.
     unsafe { *slot = stash };
     Ok(())
@@ -149,9 +150,15 @@ pub(crate) fn handshake_completed(child: KPtr) -> Result<()> {
     }
     stash.child = 0;
     stash.observed = 1;
-    // This runs inside the ACK's processing: the ingress copy is its own (and costs no
-    // helper call per header read).
-    let _ = impact::completed(KPtr(stash.sk), stash.ino, stash.net, impact::Copied, child);
+    // This runs inside the segment's processing: its skb is alive, and the ingress copy
+    // is its own if the ingress could parse it (a final ACK's window; costs no helper
+    // call per header read).
+    let (sk, ino, net) = (KPtr(stash.sk), stash.ino, stash.net);
+    let _ = if stash.kind == segment_kind::ACK {
+        impact::completed(sk, ino, net, impact::Copied(stash.skb), child)
+    } else {
+        impact::completed(sk, ino, net, impact::Alive(KPtr(stash.skb)), child)
+    };
     crate::accept::enqueued(KPtr(stash.sk), stash.ino, child)
 }
 
@@ -330,38 +337,56 @@ fn open_window<K: Kmem>(sk: K, skb: u64, ino: u64, kind: u32) -> Result<SynStash
 /// runs. Costs a few loads and stores per segment that reaches a listener, and nothing on
 /// any other traffic.
 #[inline(always)]
-fn copy_segment(ctx: &SkBuffContext) -> Result<u8> {
+fn copy_segment(ctx: &SkBuffContext, skb_addr: u64) -> Result<u8> {
     let skb: *mut __sk_buff = ctx.skb.skb;
     // SAFETY: the program's context; the verifier rewrites these loads into the linear
     // data's start and end.
     let (data, end) = unsafe { ((*skb).data as usize, (*skb).data_end as usize) };
+    // Looked up first: the packet bytes read below then stay in registers instead of
+    // being spilled across the helper call.
     let copy = impact::ingress_copy()?;
-    let key = &mut copy.key;
-    // Every field: the copy holds the previous segment's.
-    key.client = [0; 16];
-    key.server = [0; 16];
-    key._pad = [0; 3];
     let ip: [u8; 20] = packet_bytes(data, end, 0)?;
-    key.version = ip[0] >> 4;
-    let tcp = match key.version {
+    let version = ip[0] >> 4;
+    let (client, server, tcp) = match version {
         4 => {
-            key.client[..4].copy_from_slice(&ip[12..16]);
-            key.server[..4].copy_from_slice(&ip[16..20]);
-            usize::from(ip[0] & 0x0f) * 4
+            let [.., s0, s1, s2, s3, d0, d1, d2, d3] = ip;
+            let word = |a, b, c, d| u64::from_ne_bytes([a, b, c, d, 0, 0, 0, 0]);
+            (
+                [word(s0, s1, s2, s3), 0],
+                [word(d0, d1, d2, d3), 0],
+                usize::from(ip[0] & 0x0f) * 4,
+            )
         }
         6 if ip[6] == IPPROTO_TCP => {
-            key.client = packet_bytes(data, end, 8)?;
-            key.server = packet_bytes(data, end, 24)?;
-            40
+            let words: [u64; 4] = packet_words(data, end, 8)?;
+            ([words[0], words[1]], [words[2], words[3]], 40)
         }
         _ => return Err(errno::EINVAL), // IPv6 extension headers: not worth parsing for a listener
     };
     // Ports, sequence number, acknowledgment, data offset and flags.
     let th: [u8; 16] = packet_bytes(data, end, tcp)?;
-    key.client_port = [th[0], th[1]];
-    key.server_port = [th[2], th[3]];
-    copy.seq = u32::from_be_bytes([th[4], th[5], th[6], th[7]]);
+    copy.set(
+        skb_addr,
+        client,
+        server,
+        [th[0], th[1], th[2], th[3]],
+        version,
+        u32::from_be_bytes([th[4], th[5], th[6], th[7]]),
+    );
     Ok(th[13])
+}
+
+/// `N` native-order words of packet bytes at `data + offset` (byte loads: the packet's
+/// alignment is not known), if they lie before `end`.
+#[inline(always)]
+fn packet_words<const N: usize>(data: usize, end: usize, offset: usize) -> Result<[u64; N]> {
+    let at = data + offset;
+    if at + N * 8 > end {
+        return Err(errno::EINVAL);
+    }
+    // SAFETY: the N * 8 bytes at `at` are inside the packet's linear data, checked just
+    // above (and by the verifier); read_unaligned makes no assumption on their alignment.
+    Ok(unsafe { core::ptr::read_unaligned(at as *const [u64; N]) })
 }
 
 /// `N` packet bytes at `data + offset`, if they lie before `end`.
@@ -430,7 +455,7 @@ fn released(skb: u64) -> Result<()> {
     // Its ingress copy, not the skb's headers: an skb whose release the kernel skipped
     // for recursion is settled at the next ingress, but until then its address may be
     // reused by another skb, released here in its place.
-    settle(&taken, Some(impact::Copied))
+    settle(&taken, Some(impact::Copied(taken.skb)))
 }
 
 /// Attributes the counter deltas since `stash` to its listener. `seg`: where the segment's
