@@ -173,7 +173,11 @@ fn main() -> std::process::ExitCode {
 }
 
 fn dispatch() -> Result<()> {
-    match Cli::parse().command {
+    let command = Cli::parse().command;
+    if !matches!(command, Cmd::Lint | Cmd::Setup) {
+        own_target_dir()?;
+    }
+    match command {
         Cmd::Setup => setup::run(),
         Cmd::Run { args } => {
             setup::build()?;
@@ -339,6 +343,31 @@ fn dispatch() -> Result<()> {
                 deb,
             })
         }
+    }
+}
+
+/// Refuses a `CARGO_TARGET_DIR` other than the workspace's `target/`: every command but
+/// lint and setup builds with cargo (which honours it) and then runs, copies or boots what
+/// it finds under the workspace's `target/`, so it would test a stale build; and an xtask
+/// binary built in a target directory shared by two checkouts may be the other one's.
+fn own_target_dir() -> Result<()> {
+    let ours = workspace_root().join("target");
+    // Relative to where cargo was started; compared as the filesystem resolves both.
+    let resolve = |p: &std::path::Path| {
+        let p = std::env::current_dir()
+            .map(|d| d.join(p))
+            .unwrap_or(p.to_path_buf());
+        p.canonicalize().unwrap_or(p)
+    };
+    match std::env::var_os("CARGO_TARGET_DIR") {
+        Some(dir) if resolve(std::path::Path::new(&dir)) != resolve(&ours) => bail!(
+            "CARGO_TARGET_DIR is {}, but this command reads what it builds from {}: unset \
+             CARGO_TARGET_DIR (only `cargo xtask lint` and `setup` work with another target \
+             directory)",
+            std::path::Path::new(&dir).display(),
+            ours.display()
+        ),
+        _ => Ok(()),
     }
 }
 
