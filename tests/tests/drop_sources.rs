@@ -1067,6 +1067,46 @@ fn syn_packet(
     [ip, tcp].concat()
 }
 
+/// Waits until `listener`'s abandoned connections reach `n` (a flood's attempts past the
+/// horizon, counted by the sweep).
+fn wait_abandoned(daemon: &Daemon, listener: &Listener, n: u32) {
+    daemon.wait_for(&format!("the flood's {n} attempts abandoned"), |s| {
+        let socket = listener.inode.to_string();
+        (s.value(
+            "backlogd_listen_connections_abandoned_total",
+            &[("socket", &socket)],
+        ) == Some(f64::from(n)))
+        .then_some(())
+    });
+}
+
+/// A raw-SYN flood's per-prefix figures: nft counted each prefix's `n` SYNs, and each SYN
+/// is a dropped attempt of its own (drops and attempts equal nft's count) that never
+/// connects.
+fn check_flood(exact: &mut Exact, flood: &[(&str, u16)], sent: &[u64], sources: &Value) {
+    for ((name, n), syns) in flood.iter().zip(sent) {
+        exact.eq("raw SYNs nft counted", *syns, u64::from(*n));
+        exact.eq_fed(
+            &format!("{name}: SYN drops vs nft"),
+            &[figure::DROPS],
+            count(prefix(sources, name), "syn_drops"),
+            *syns,
+        );
+        exact.eq_fed(
+            &format!("{name}: dropped attempts vs the raw SYNs nft counted"),
+            &[figure::CLIENT_IMPACT],
+            count(prefix(sources, name), "attempts"),
+            *syns,
+        );
+        exact.eq_fed(
+            &format!("{name}: attempts that connected"),
+            &[figure::CLIENT_IMPACT],
+            count(prefix(sources, name), "connected"),
+            0,
+        );
+    }
+}
+
 /// `doctor` tells a flood from a burst by what the dropped attempts did. The flood: raw
 /// SYNs spoofing sources in three /24s (50 from one), against a full accept queue, never
 /// retried: abandoned at the (short) horizon, so `syn_flood` names the large /24 in an nft
@@ -1119,14 +1159,7 @@ fn doctor_tells_a_spoofed_flood_from_a_burst_of_clients() {
         "the burst's 30 clients connected: {queue:?}"
     );
     // The flood's attempts pass the 2 s horizon and the sweep counts them abandoned.
-    daemon.wait_for("the flood's 60 attempts abandoned", |s| {
-        let socket = flooded.inode.to_string();
-        (s.value(
-            "backlogd_listen_connections_abandoned_total",
-            &[("socket", &socket)],
-        ) == Some(60.0))
-        .then_some(())
-    });
+    wait_abandoned(&daemon, &flooded, 60);
     let sent = ns.incoming_syns_from();
     let sources = settled_sources(&daemon, &flooded);
 
@@ -1135,28 +1168,8 @@ fn doctor_tells_a_spoofed_flood_from_a_burst_of_clients() {
     exact
         .evidence("nft SYNs per prefix", &sent)
         .evidence("drop_sources", &sources);
-    for ((name, _, n), syns) in flood.iter().zip(&sent) {
-        exact.eq("raw SYNs nft counted", *syns, u64::from(*n));
-        exact.eq_fed(
-            &format!("{name}: SYN drops vs nft"),
-            &[figure::DROPS],
-            count(prefix(&sources, name), "syn_drops"),
-            *syns,
-        );
-        // Each raw SYN is an attempt of its own, and none ever connects.
-        exact.eq_fed(
-            &format!("{name}: dropped attempts vs the raw SYNs nft counted"),
-            &[figure::CLIENT_IMPACT],
-            count(prefix(&sources, name), "attempts"),
-            *syns,
-        );
-        exact.eq_fed(
-            &format!("{name}: attempts that connected"),
-            &[figure::CLIENT_IMPACT],
-            count(prefix(&sources, name), "connected"),
-            0,
-        );
-    }
+    let raw: Vec<(&str, u16)> = flood.iter().map(|(p, _, n)| (*p, *n)).collect();
+    check_flood(&mut exact, &raw, &sent, &sources);
     // The burst: every client's first SYN met the full queue, and each connected on its
     // retry (the kernel's own client sockets say so), 10 per /24.
     let burst = settled_sources(&daemon, &bursty);
@@ -1259,14 +1272,7 @@ fn doctor_tells_a_spoofed_ipv6_flood() {
             .collect();
         raw_syns_v6(&ns, target, sources);
     }
-    daemon.wait_for("the flood's 45 attempts abandoned", |s| {
-        let socket = listener.inode.to_string();
-        (s.value(
-            "backlogd_listen_connections_abandoned_total",
-            &[("socket", &socket)],
-        ) == Some(45.0))
-        .then_some(())
-    });
+    wait_abandoned(&daemon, &listener, 45);
     let sent = ns.incoming_syns_from();
     let sources = settled_sources(&daemon, &listener);
 
@@ -1275,27 +1281,8 @@ fn doctor_tells_a_spoofed_ipv6_flood() {
     exact
         .evidence("nft SYNs per prefix", &sent)
         .evidence("drop_sources", &sources);
-    for ((name, _, n), syns) in flood.iter().zip(&sent) {
-        exact.eq("raw SYNs nft counted", *syns, u64::from(*n));
-        exact.eq_fed(
-            &format!("{name}: SYN drops vs nft"),
-            &[figure::DROPS],
-            count(prefix(&sources, name), "syn_drops"),
-            *syns,
-        );
-        exact.eq_fed(
-            &format!("{name}: dropped attempts vs the raw SYNs nft counted"),
-            &[figure::CLIENT_IMPACT],
-            count(prefix(&sources, name), "attempts"),
-            *syns,
-        );
-        exact.eq_fed(
-            &format!("{name}: attempts that connected"),
-            &[figure::CLIENT_IMPACT],
-            count(prefix(&sources, name), "connected"),
-            0,
-        );
-    }
+    let raw: Vec<(&str, u16)> = flood.iter().map(|(p, _, n)| (*p, *n)).collect();
+    check_flood(&mut exact, &raw, &sent, &sources);
     exact.verify();
 
     let doctor = backlogd_tests::doctor::Doctor::run(&daemon, &[]);
