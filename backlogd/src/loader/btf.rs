@@ -350,6 +350,15 @@ impl KernelBtf {
         None
     }
 
+    /// The BTF id of kernel function `name` (the first of that name), e.g. to attach to.
+    pub fn func_id(&self, name: &str) -> Option<u32> {
+        self.btf
+            .resolve_ids_by_name(name)
+            .ok()?
+            .into_iter()
+            .find(|&id| matches!(self.btf.resolve_type_by_id(id), Ok(Type::Func(_))))
+    }
+
     fn named_struct(&self, name: &str) -> Option<Type> {
         self.btf
             .resolve_types_by_name(name)

@@ -12,6 +12,7 @@ pub mod modes;
 pub mod pins;
 pub mod privileges;
 pub mod scan;
+mod trampoline;
 
 use std::path::{Path, PathBuf};
 

@@ -78,25 +78,30 @@ const PERF_EVENT_LINK: &str = "BPF_LINK_TYPE_PERF_EVENT";
 #[derive(Debug, Clone, Copy)]
 pub struct BtfFacts {
     perf_link: bool,
+    /// The BTF id of the function the trampoline probe attaches to.
+    fentry_target: Option<u32>,
 }
 
 impl BtfFacts {
     pub fn of(btf: &KernelBtf) -> Self {
         Self {
             perf_link: btf.has_enumerator(PERF_EVENT_LINK),
+            fentry_target: btf.func_id(super::trampoline::TARGET),
         }
     }
 }
 
 impl KernelSupport {
-    /// Call with the btf-rs parse dropped: aya's feature probe for tracing programs parses
-    /// the kernel's BTF once more (tens of MiB), and two parses at once were the daemon's
-    /// peak memory.
     pub fn probe(facts: BtfFacts) -> Self {
-        let trampolines = matches!(
-            aya::sys::is_program_supported(ProgramType::Tracing),
-            Ok(true)
-        );
+        let trampolines = match facts.fentry_target {
+            Some(target) => super::trampoline::attachable(target),
+            // A kernel without the probe's usual target: aya's probe, which tells a kernel
+            // that knows tracing programs at all (at the price of its own BTF parse).
+            None => matches!(
+                aya::sys::is_program_supported(ProgramType::Tracing),
+                Ok(true)
+            ),
+        };
         Self::from_facts(
             trampolines,
             Path::new("/sys/bus/event_source/devices/kprobe").exists(),
