@@ -5,7 +5,7 @@ use std::{
     net::SocketAddr,
     path::PathBuf,
     process::{Child, Command, Output, Stdio},
-    sync::{Arc, Mutex, mpsc},
+    sync::{Arc, Mutex, OnceLock, mpsc},
     time::{Duration, Instant},
 };
 
@@ -82,6 +82,36 @@ impl Daemon {
         let mut command = Self::command(extra);
         command.envs(env.iter().copied());
         Self::spawn(command)
+    }
+
+    /// One default daemon (`start()`'s) for the tests of a suite that need nothing else of
+    /// theirs: a start costs about 2 s in the kernel matrix's TCG guests, where the 61
+    /// daemons of a cell spent 40% of its guest time starting. A test that shares it
+    /// judges only its own listener, in a namespace of its own (every daemon sees every
+    /// namespace anyway, so a daemon of its own isolated nothing more). It lives as long
+    /// as the test process: it is started by a thread that never ends, with a death signal
+    /// for when that thread does (libtest's threads end with each test, and the signal
+    /// follows the thread that started the child).
+    pub fn shared() -> &'static Daemon {
+        static SHARED: OnceLock<Daemon> = OnceLock::new();
+        SHARED.get_or_init(|| {
+            let (tx, rx) = mpsc::channel();
+            std::thread::spawn(move || {
+                let mut command = Self::command(&[]);
+                // SAFETY: prctl is async-signal-safe and touches only the child.
+                unsafe {
+                    std::os::unix::process::CommandExt::pre_exec(&mut command, || {
+                        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+                        Ok(())
+                    });
+                }
+                tx.send(Self::spawn(command)).ok();
+                loop {
+                    std::thread::park();
+                }
+            });
+            rx.recv().expect("the shared daemon started")
+        })
     }
 
     /// The daemon run by `wrapper` (a program and its arguments, to which backlogd's own

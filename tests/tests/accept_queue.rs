@@ -241,7 +241,7 @@ fn slow_acceptor(daemon: &Daemon, exported: &[&str]) {
 
 #[test]
 fn slow_acceptor_depth_peak_counts_and_wait_match_kernel_and_application() {
-    slow_acceptor(&Daemon::start(), &DEFAULT_BOUNDS);
+    slow_acceptor(Daemon::shared(), &DEFAULT_BOUNDS);
 }
 
 /// `accept_wait_buckets = "all"` in the config file: every kernel bucket is exported,
@@ -300,7 +300,7 @@ fn accept_wait_bound_not_a_kernel_bound_is_refused_with_the_allowed_values() {
 #[test]
 fn fast_open_children_are_queued_once_at_the_syn() {
     const CLIENTS: usize = 6;
-    let daemon = Daemon::start();
+    let daemon = Daemon::shared();
     let ns = Netns::new();
     // Client and server enabled, no cookie asked or needed, no TCP_FASTOPEN option
     // needed on the listener (TFO_CLIENT_ENABLE | TFO_SERVER_ENABLE |
@@ -343,7 +343,7 @@ fn fast_open_children_are_queued_once_at_the_syn() {
     let scrape = daemon.scrape();
     drop(clients);
     let v = |name| value(&scrape, name, &listener) as u64;
-    let mut exact = Exact::listener(&daemon, &ns, &listener);
+    let mut exact = Exact::listener(daemon, &ns, &listener);
     exact
         .evidence("socket (ss) after 2 accepts", &queue)
         .eq(
@@ -473,7 +473,7 @@ fn syn_queue_now(daemon: &Daemon, bind: &str, held: &[usize]) {
 /// costs seconds in the matrix's emulated guests).
 #[test]
 fn syn_queue_length_now_equals_the_syn_recv_requests() {
-    let daemon = Daemon::start();
+    let daemon = Daemon::shared();
     // The typed iterator wherever the kernel has bpf_sock_from_file (5.11), the one by
     // probe reads only where it has not: a refusal of the first elsewhere would go
     // unseen behind the fallback.
@@ -501,8 +501,8 @@ fn syn_queue_length_now_equals_the_syn_recv_requests() {
         [short(expected)],
         "the scan iterator loaded: {loaded:?}"
     );
-    syn_queue_now(&daemon, "127.0.0.1:0", &[1, 5, 20]);
-    syn_queue_now(&daemon, "[::1]:0", &[7]);
+    syn_queue_now(daemon, "127.0.0.1:0", &[1, 5, 20]);
+    syn_queue_now(daemon, "[::1]:0", &[7]);
 }
 
 /// `accept_wait = false`: the kernel side keeps no enqueue time (its QUEUED_AT map stays

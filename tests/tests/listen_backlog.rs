@@ -44,7 +44,7 @@ fn check_backlog(daemon: &Daemon, ns: &Netns, l: &Listener, scrape: &Scrape, ask
 
 #[test]
 fn clamped_backlog_shows_asked_511_granted_128_then_vanishes_on_close() {
-    let daemon = Daemon::start();
+    let daemon = Daemon::shared();
     let ns = Netns::new();
     ns.sysctl("net.core.somaxconn", "128");
     let listener = Listener::open(&ns, "127.0.0.1:0", 511);
@@ -78,7 +78,7 @@ fn clamped_backlog_shows_asked_511_granted_128_then_vanishes_on_close() {
     assert_eq!(in_ns.len(), 1, "{in_ns:#?}");
     // The kernel agrees.
     assert_eq!(kernel_queue(&ns, &listener).send_q, 128);
-    check_backlog(&daemon, &ns, &listener, &scrape, Some(511));
+    check_backlog(daemon, &ns, &listener, &scrape, Some(511));
 
     let inode = listener.inode.to_string();
     drop(listener);
@@ -91,7 +91,7 @@ fn clamped_backlog_shows_asked_511_granted_128_then_vanishes_on_close() {
 
 #[test]
 fn raised_somaxconn_grants_the_full_backlog_on_ipv6() {
-    let daemon = Daemon::start();
+    let daemon = Daemon::shared();
     let ns = Netns::new();
     ns.sysctl("net.core.somaxconn", "4096");
     let listener = Listener::open(&ns, "[::1]:0", 511);
@@ -103,12 +103,12 @@ fn raised_somaxconn_grants_the_full_backlog_on_ipv6() {
         scrape.find(GRANTED, &[("socket", &listener.inode.to_string())])[0].labels["address"],
         "::1"
     );
-    check_backlog(&daemon, &ns, &listener, &scrape, Some(511));
+    check_backlog(daemon, &ns, &listener, &scrape, Some(511));
 }
 
 #[test]
 fn repeated_listen_updates_requested_and_granted() {
-    let daemon = Daemon::start();
+    let daemon = Daemon::shared();
     let ns = Netns::new();
     ns.sysctl("net.core.somaxconn", "128");
     let listener = Listener::open(&ns, "127.0.0.1:0", 511);
@@ -121,12 +121,12 @@ fn repeated_listen_updates_requested_and_granted() {
             .and_then(|_| series(s, GRANTED, &listener))
     });
     assert_eq!(granted, 64.0);
-    check_backlog(&daemon, &ns, &listener, &daemon.scrape(), Some(64));
+    check_backlog(daemon, &ns, &listener, &daemon.scrape(), Some(64));
 }
 
 #[test]
 fn same_port_in_two_namespaces_is_two_series_with_their_own_clamp() {
-    let daemon = Daemon::start();
+    let daemon = Daemon::shared();
     let (small, large) = (Netns::new(), Netns::new());
     small.sysctl("net.core.somaxconn", "100");
     large.sysctl("net.core.somaxconn", "1000");
@@ -146,8 +146,8 @@ fn same_port_in_two_namespaces_is_two_series_with_their_own_clamp() {
         scrape.value(GRANTED, &[port[0], ("netns", large_ns.as_str())]),
         Some(511.0)
     );
-    check_backlog(&daemon, &small, &a, &scrape, Some(511));
-    check_backlog(&daemon, &large, &b, &scrape, Some(511));
+    check_backlog(daemon, &small, &a, &scrape, Some(511));
+    check_backlog(daemon, &large, &b, &scrape, Some(511));
 }
 
 #[test]

@@ -20,8 +20,12 @@ use backlogd_tests::{
 /// The hook mode daemons of this run use, and whether the kernel can pin it; if it cannot,
 /// says so loudly: `the_daemon_starts_unpinned_where_the_kernel_cannot_pin` covers it.
 fn pinnable(test: &str) -> bool {
-    let mode = Daemon::start().scrape().hook_mode();
-    let can = caps::can_pin(&mode);
+    // The mode the run asks for, or the one `auto` picks here, found once.
+    static MODE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    let mode = MODE.get_or_init(|| {
+        backlogd_tests::daemon::hook_mode().unwrap_or_else(|| Daemon::start().scrape().hook_mode())
+    });
+    let can = caps::can_pin(mode);
     if !can {
         backlogd_tests::marks::skip(&format!(
             "{test}: this kernel cannot pin {mode} mode's links (perf-event links need Linux \

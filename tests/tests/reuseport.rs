@@ -19,7 +19,7 @@ use backlogd_tests::{
 
 #[test]
 fn stalled_member_of_a_four_socket_group_stands_out_and_matches_the_kernel() {
-    let daemon = Daemon::start();
+    let daemon = Daemon::shared();
     let ns = Netns::new();
     ns.sysctl("net.ipv4.tcp_syncookies", "0");
     let first = Listener::open_reuseport(&ns, "127.0.0.1:0", 32);
@@ -121,14 +121,14 @@ fn stalled_member_of_a_four_socket_group_stands_out_and_matches_the_kernel() {
     ];
     let group: Vec<(&str, &str)> = group.iter().map(|(k, v)| (*k, v.as_str())).collect();
     let mut exact = Exact::new(
-        &daemon,
+        daemon,
         format!(
             "SO_REUSEPORT group {} of 4 members (sockets {inodes:?}) in netns {}",
             members[0].addr,
             ns.inode()
         ),
     );
-    exact.interval(&daemon, &start);
+    exact.interval(daemon, &start);
     exact
         .evidence("kernel TcpExt deltas", kernel)
         .evidence("sockets (ss)", &queues)
@@ -223,7 +223,7 @@ fn stalled_member_of_a_four_socket_group_stands_out_and_matches_the_kernel() {
 /// carrying the closed member's counts.
 #[test]
 fn a_group_is_exported_once_its_port_is_shared_and_outlives_a_member() {
-    let daemon = Daemon::start();
+    let daemon = Daemon::shared();
     let ns = Netns::new();
     let first = Listener::open_reuseport(&ns, "127.0.0.1:0", 8);
     daemon.wait_for_listener(first.inode);

@@ -13,10 +13,10 @@ use backlogd_tests::{
     sockets::{Listener, client_view, connect_burst, kernel_queue},
 };
 
-/// A daemon, a namespace with the given sysctls, and a listener in it that the daemon
-/// already reports.
-fn setup(sysctls: &[(&str, &str)], bind: &str, backlog: i32) -> (Daemon, Netns, Listener) {
-    let daemon = Daemon::start();
+/// The suite's daemon, a namespace with the given sysctls, and a listener in it that the
+/// daemon already reports.
+fn setup(sysctls: &[(&str, &str)], bind: &str, backlog: i32) -> (&'static Daemon, Netns, Listener) {
+    let daemon = Daemon::shared();
     let ns = Netns::new();
     for (k, v) in sysctls {
         ns.sysctl(k, v);
@@ -50,7 +50,7 @@ fn target(listener: &Listener, connect_ip: Option<&str>) -> SocketAddr {
 
 fn accept_queue_full(bind: &str, connect_ip: Option<&str>) {
     let (daemon, ns, listener) = setup(&[("net.ipv4.tcp_syncookies", "0")], bind, 4);
-    let burst = accept_queue_full_burst(&daemon, &ns, &listener, target(&listener, connect_ip));
+    let burst = accept_queue_full_burst(daemon, &ns, &listener, target(&listener, connect_ip));
     let mut exact = burst.exact;
     // The namespace's own counters are exported alongside, read at scrape time.
     let now = tcp_ext(&ns);
@@ -99,8 +99,8 @@ fn syn_queue_burst(syncookies: &str) -> (Figures, ListenCounters) {
     // SYN-ACK again and is then discarded through tcp_v4_rcv's discard path, which adds
     // to sk_drops although neither TcpExt nor backlogd counts a drop (with 9 requests
     // pending, sk_drops is ListenDrops + 9). The namespace's counters are the ground truth.
-    let mut exact = Exact::listener(&daemon, &ns, &listener);
-    exact.interval(&daemon, &start);
+    let mut exact = Exact::listener(daemon, &ns, &listener);
+    exact.interval(daemon, &start);
     exact.evidence("clients", view);
     ours.check(&mut exact, &kernel);
     exact.eq_fed(
@@ -165,8 +165,8 @@ fn final_ack_overflow(abort_on_overflow: &str, bind: &str, connect_ip: Option<&s
     assert_eq!(queue.recv_q, 9, "accept queue full");
     // No client retransmitted a SYN (all got SYN-ACKs): every TCPSynRetrans is ours.
     assert!(kernel.syn_retrans >= 8, "{kernel:?}");
-    let mut exact = Exact::listener(&daemon, &ns, &listener);
-    exact.interval(&daemon, &start);
+    let mut exact = Exact::listener(daemon, &ns, &listener);
+    exact.interval(daemon, &start);
     exact.evidence("clients", view);
     ours.check(&mut exact, &kernel);
     ours.check_sk_drops(&mut exact, &queue);
@@ -248,8 +248,8 @@ fn fins_of_clients_whose_final_ack_overflowed_overflow_again_and_are_counted() {
 
     // The mechanism: every overflowed client's FIN overflowed again, 2 sk_drops each.
     assert!(late.listen_overflows >= 4, "late overflows: {late:?}");
-    let mut exact = Exact::listener(&daemon, &ns, &listener);
-    exact.interval(&daemon, &start);
+    let mut exact = Exact::listener(daemon, &ns, &listener);
+    exact.interval(daemon, &start);
     exact
         .evidence("backlogd when the clients closed", &ours_first)
         .evidence("socket (ss) when the clients closed", &first.1)
@@ -310,8 +310,8 @@ fn icmp_aborted_requests(bind: &str) {
             &[("netns", netns.as_str())],
         )
         .unwrap_or_else(|| panic!("no netns ListenDrops in:\n{}", scrape.text));
-    let mut exact = Exact::listener(&daemon, &ns, &listener);
-    exact.interval(&daemon, &start);
+    let mut exact = Exact::listener(daemon, &ns, &listener);
+    exact.interval(daemon, &start);
     exact.eq(
         "backlogd_netns_listen_drops_total vs ListenDrops",
         exported as u64,
@@ -385,8 +385,8 @@ fn a_burst_at_an_empty_accept_queue_is_exact_in_total() {
     drop(clients);
     // The scenario did what it is for: drops, some of them after a request was made.
     assert!(kernel.listen_overflows > 0, "{kernel:?}");
-    let mut exact = Exact::listener(&daemon, &ns, &listener);
-    exact.interval(&daemon, &start);
+    let mut exact = Exact::listener(daemon, &ns, &listener);
+    exact.interval(daemon, &start);
     exact
         .evidence("kernel TcpExt delta", kernel)
         .evidence("clients", view)
