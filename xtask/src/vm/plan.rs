@@ -32,6 +32,15 @@ pub(super) const REFUSAL_SUITE: &[(&str, Option<&str>)] = &[("cli", Some("hook_m
 /// everywhere, and docs/testing.md records such a run.
 pub(crate) const CI_SUITE_KERNELS: &[(&str, &[&str], &[&str], &str)] = &[
     (
+        "pinning",
+        &["debian-5.10", "trixie-backports"],
+        MODES,
+        "time: 30-80 guest s per cell. Which links a kernel can pin is what changes between \
+         kernels (kprobe mode's perf-event links from 5.15: refused on 5.10, pinned on the \
+         newest), and fentry mode's tracing links pin the same way on every kernel from 5.10; \
+         so CI runs it on the oldest and the newest kernel and `cargo xtask vm` everywhere",
+    ),
+    (
         "stress",
         &["debian-5.10", "trixie-backports"],
         MODES,
