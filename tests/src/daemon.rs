@@ -88,13 +88,17 @@ impl Daemon {
     /// theirs: a start costs about 2 s in the kernel matrix's TCG guests, where the 61
     /// daemons of a cell spent 40% of its guest time starting. A test that shares it
     /// judges only its own listener, in a namespace of its own (every daemon sees every
-    /// namespace anyway, so a daemon of its own isolated nothing more). It lives as long
-    /// as the test process: it is started by a thread that never ends, with a death signal
-    /// for when that thread does (libtest's threads end with each test, and the signal
-    /// follows the thread that started the child).
+    /// namespace, so a daemon of its own kept nothing of another test's out). What it does
+    /// change: a test of the same binary that starts a daemon of its own after the shared
+    /// one has two running (each counting everything; neither's figures are the other's).
+    /// It lives as long as the test process and is stopped, and waited for, when that
+    /// exits (an `atexit` hook: the next suite starts with it gone); if the process dies
+    /// without exiting, a death signal set for the thread that started it, which never
+    /// ends, stops it (libtest's own threads end with each test, and the signal follows
+    /// the thread). A start that fails fails every test that asks, at once.
     pub fn shared() -> &'static Daemon {
-        static SHARED: OnceLock<Daemon> = OnceLock::new();
-        SHARED.get_or_init(|| {
+        static SHARED: OnceLock<Result<Daemon, String>> = OnceLock::new();
+        let started = SHARED.get_or_init(|| {
             let (tx, rx) = mpsc::channel();
             std::thread::spawn(move || {
                 let mut command = Self::command(&[]);
@@ -105,13 +109,29 @@ impl Daemon {
                         Ok(())
                     });
                 }
-                tx.send(Self::spawn(command)).ok();
+                let daemon =
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| Self::spawn(command)))
+                        .map_err(|e| {
+                            e.downcast_ref::<String>()
+                                .cloned()
+                                .unwrap_or_else(|| "its start panicked".into())
+                        });
+                if let Ok(daemon) = &daemon {
+                    SHARED_PID.store(daemon.pid() as i32, std::sync::atomic::Ordering::SeqCst);
+                    // SAFETY: registers a plain extern "C" function, once.
+                    unsafe { libc::atexit(stop_shared) };
+                }
+                tx.send(daemon).ok();
                 loop {
                     std::thread::park();
                 }
             });
-            rx.recv().expect("the shared daemon started")
-        })
+            rx.recv()
+                .unwrap_or_else(|_| Err("its starting thread ended".into()))
+        });
+        started
+            .as_ref()
+            .unwrap_or_else(|e| panic!("the suite's shared daemon did not start: {e}"))
     }
 
     /// The daemon run by `wrapper` (a program and its arguments, to which backlogd's own
@@ -366,6 +386,30 @@ impl Daemon {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+}
+
+/// The shared daemon's pid, for [`stop_shared`].
+static SHARED_PID: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
+/// At the test process's exit: SIGTERM to the shared daemon, then up to 5 s for it to
+/// exit (as `Drop` gives a daemon of a test's own), then SIGKILL.
+extern "C" fn stop_shared() {
+    let pid = SHARED_PID.load(std::sync::atomic::Ordering::SeqCst);
+    if pid <= 0 {
+        return;
+    }
+    // SAFETY: kill(2) and waitpid(2) on our own child.
+    unsafe {
+        libc::kill(pid, libc::SIGTERM);
+        for _ in 0..250 {
+            if libc::waitpid(pid, std::ptr::null_mut(), libc::WNOHANG) != 0 {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        libc::kill(pid, libc::SIGKILL);
+        libc::waitpid(pid, std::ptr::null_mut(), 0);
     }
 }
 

@@ -110,7 +110,10 @@ pub fn load(opts: &LoadOptions) -> Result<Probes, LoadError> {
         let btf = KernelBtf::open(&opts.btf)?;
         let mut offsets = btf.kernel_offsets()?;
         offsets.ret_slot = hooks::FEXIT_RETURNS.map(|f| btf.fexit_ret_slot(f));
-        (modes::BtfFacts::of(&btf), offsets)
+        (
+            modes::BtfFacts::of(&btf, opts.btf == Path::new(btf::KERNEL_BTF)),
+            offsets,
+        )
     };
     let kernel = KernelSupport::probe(facts);
     // EbpfLoader::new() parses /sys/kernel/btf/vmlinux itself: drop that parse at once and

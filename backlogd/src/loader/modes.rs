@@ -78,15 +78,18 @@ const PERF_EVENT_LINK: &str = "BPF_LINK_TYPE_PERF_EVENT";
 #[derive(Debug, Clone, Copy)]
 pub struct BtfFacts {
     perf_link: bool,
-    /// The BTF id of the function the trampoline probe attaches to.
+    /// The BTF id of the function the trampoline probe attaches to, when the BTF read is
+    /// the running kernel's own (ids of a `--btf` file need not be this kernel's).
     fentry_target: Option<u32>,
 }
 
 impl BtfFacts {
-    pub fn of(btf: &KernelBtf) -> Self {
+    pub fn of(btf: &KernelBtf, the_kernels_own: bool) -> Self {
         Self {
             perf_link: btf.has_enumerator(PERF_EVENT_LINK),
-            fentry_target: btf.func_id(super::trampoline::TARGET),
+            fentry_target: the_kernels_own
+                .then(|| btf.func_id(super::trampoline::TARGET))
+                .flatten(),
         }
     }
 }
@@ -95,8 +98,8 @@ impl KernelSupport {
     pub fn probe(facts: BtfFacts) -> Self {
         let trampolines = match facts.fentry_target {
             Some(target) => super::trampoline::attachable(target),
-            // A kernel without the probe's usual target: aya's probe, which tells a kernel
-            // that knows tracing programs at all (at the price of its own BTF parse).
+            // BTF from a `--btf` file, or a kernel without the probe's usual target: aya's
+            // probe, which reads the kernel's own BTF (at the price of its parse).
             None => matches!(
                 aya::sys::is_program_supported(ProgramType::Tracing),
                 Ok(true)

@@ -25,7 +25,7 @@ pub const TARGET: &str = "bpf_fentry_test1";
 
 /// `r0 = 0; exit`, as bytes: registers, offset and immediate all zero, so one encoding
 /// for either byte order.
-const RETURN_0: [u8; 16] = [0xb7, 0, 0, 0, 0, 0, 0, 0, 0x95, 0, 0, 0, 0, 0, 0, 0];
+static RETURN_0: [u8; 16] = [0xb7, 0, 0, 0, 0, 0, 0, 0, 0x95, 0, 0, 0, 0, 0, 0, 0];
 
 /// ENOTSUPP (kernel-internal, 524): loaded, but this kernel has no trampoline to attach.
 const ENOTSUPP: i32 = 524;
@@ -49,13 +49,19 @@ pub fn attachable(target: u32) -> bool {
 fn load_fentry(target: u32) -> io::Result<OwnedFd> {
     match try_load_fentry(target) {
         // Before 5.11 a program's memory counts against RLIMIT_MEMLOCK, which every
-        // BPF object of the same user shares: aya raises it on EPERM and loads again, and
-        // so does this (aya, loading next, then finds it raised).
-        Err(e) if e.raw_os_error() == Some(libc::EPERM) && raise_memlock() => {
+        // BPF object of the same user shares: aya raises it on EPERM there and loads
+        // again, and so does this (aya, loading next, then finds it raised). From 5.11
+        // EPERM means a missing privilege, and the limit stays.
+        Err(e) if e.raw_os_error() == Some(libc::EPERM) && before_5_11() && raise_memlock() => {
             try_load_fentry(target)
         }
         loaded => loaded,
     }
+}
+
+fn before_5_11() -> bool {
+    use aya::util::KernelVersion;
+    KernelVersion::current().is_ok_and(|v| v < KernelVersion::new(5, 11, 0))
 }
 
 /// Lifts RLIMIT_MEMLOCK; whether it was lower.
