@@ -392,13 +392,16 @@ impl Daemon {
 /// The shared daemon's pid, for [`stop_shared`].
 static SHARED_PID: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
 
-/// At the test process's exit: SIGTERM to the shared daemon, then up to 5 s for it to
-/// exit (as `Drop` gives a daemon of a test's own), then SIGKILL.
+/// At the test process's exit: the shared daemon stopped as `Drop` stops a test's own.
 extern "C" fn stop_shared() {
     let pid = SHARED_PID.load(std::sync::atomic::Ordering::SeqCst);
-    if pid <= 0 {
-        return;
+    if pid > 0 {
+        stop(pid);
     }
+}
+
+/// SIGTERM to our child `pid`, up to 5 s for it to exit, then SIGKILL; reaped either way.
+fn stop(pid: i32) {
     // SAFETY: kill(2) and waitpid(2) on our own child.
     unsafe {
         libc::kill(pid, libc::SIGTERM);
@@ -415,17 +418,7 @@ extern "C" fn stop_shared() {
 
 impl Drop for Daemon {
     fn drop(&mut self) {
-        // SAFETY: plain kill(2) on our own child's pid.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        self.child.kill().ok();
-        self.child.wait().ok();
+        stop(self.child.id() as i32);
     }
 }
 
