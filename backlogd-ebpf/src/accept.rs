@@ -40,11 +40,17 @@ fn timing_waits() -> bool {
 /// `child` was appended to the accept queue of listener `sk` (inode `ino`) just now.
 #[inline(always)]
 pub(crate) fn enqueued(sk: KPtr, ino: u64, child: KPtr) -> Result<()> {
-    let now = listener::now();
+    enqueued_at(sk, ino, child, listener::now())
+}
+
+/// [`enqueued`] at `now` (the caller's clock read), for a caller that has the listener
+/// as a typed pointer (whose queues it reads by direct load) or has read the clock.
+#[inline(always)]
+pub(crate) fn enqueued_at<K: Kmem>(sk: K, ino: u64, child: KPtr, now: u64) -> Result<()> {
     if timing_waits() {
         let _ = QUEUED_AT.insert(child.0, now, 0);
     }
-    listener::update(sk, ino, |s| s.queued += 1);
+    listener::update(sk.probed(), ino, |s| s.queued += 1);
     listener::observe_queues(sk, ino, now)
 }
 

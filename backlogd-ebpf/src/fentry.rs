@@ -123,6 +123,13 @@ fn arg_btf(arg: *const u8) -> Result<BtfPtr> {
     }
 }
 
+/// The listener (argument `sk`, `struct sock *`) and the segment (the argument after it,
+/// `struct sk_buff *`) of a SYN-path function, typed.
+#[inline(always)]
+fn listener_and_skb(ctx: &FExitContext, sk: usize) -> Result<(BtfPtr, BtfPtr)> {
+    Ok((arg_btf(ctx.arg(sk))?, arg_btf(ctx.arg(sk + 1))?))
+}
+
 /// A pointer-typed return value as a plain address (see [`arg_ptr`]); NULL is `0`.
 #[inline(always)]
 fn ret_ptr(ctx: &FExitContext, which: usize) -> Result<u64> {
@@ -143,7 +150,8 @@ pub fn conn_request_enter(ctx: FEntryContext) -> i32 {
 
 #[fexit(function = "tcp_conn_request")]
 pub fn conn_request_exit(ctx: FExitContext) -> i32 {
-    let _ = arg_btf(ctx.arg(3)).and_then(|skb| syn::call_exit_with(SYN, 0, |_| skb));
+    let _ =
+        listener_and_skb(&ctx, 2).and_then(|(sk, skb)| syn::call_exit_with(SYN, 0, |_| (sk, skb)));
     0
 }
 
@@ -169,8 +177,8 @@ fn check_req(ctx: &FEntryContext) -> Result<()> {
 #[fexit(function = "tcp_check_req")]
 pub fn check_req_exit(ctx: FExitContext) -> i32 {
     let _ = ret_ptr(&ctx, fexit_ret::CHECK_REQ).and_then(|child| {
-        let skb = arg_btf(ctx.arg(1))?;
-        syn::call_exit_with(ACK, child, |_| skb)
+        let (sk, skb) = listener_and_skb(&ctx, 0)?;
+        syn::call_exit_with(ACK, child, |_| (sk, skb))
     });
     0
 }
@@ -187,8 +195,8 @@ pub fn cookie_sock_enter(ctx: FEntryContext) -> i32 {
 #[fexit(function = "tcp_get_cookie_sock")]
 pub fn cookie_sock_exit(ctx: FExitContext) -> i32 {
     let _ = ret_ptr(&ctx, fexit_ret::COOKIE_SOCK).and_then(|child| {
-        let skb = arg_btf(ctx.arg(1))?;
-        syn::call_exit_with(ACK, child, |_| skb)
+        let (sk, skb) = listener_and_skb(&ctx, 0)?;
+        syn::call_exit_with(ACK, child, |_| (sk, skb))
     });
     0
 }

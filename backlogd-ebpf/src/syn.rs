@@ -85,7 +85,11 @@ fn try_listener_ingress(ctx: &SkBuffContext) -> Result<()> {
         // SAFETY: as above.
         unsafe { (*slot).skb = 0 };
         // Its skb may be freed by now: its ingress copy says whose it was.
-        let _ = settle(&previous, Some(impact::Copied(previous.skb)));
+        let _ = settle(
+            &previous,
+            KPtr(previous.sk),
+            Some(impact::Copied(previous.skb)),
+        );
     }
     // A segment that is neither a SYN nor an ACK (RST, an IPv6 extension header chain)
     // still gets a window, so whatever the kernel drops on its account is counted.
@@ -154,12 +158,29 @@ pub(crate) fn handshake_completed(child: KPtr) -> Result<()> {
     // is its own if the ingress could parse it (a final ACK's window; costs no helper
     // call per header read).
     let (sk, ino, net) = (KPtr(stash.sk), stash.ino, stash.net);
-    let _ = if stash.kind == segment_kind::ACK {
-        impact::completed(sk, ino, net, impact::Copied(stash.skb), child)
+    if stash.kind == segment_kind::ACK {
+        child_queued(sk, ino, net, impact::Copied(stash.skb), child)
     } else {
-        impact::completed(sk, ino, net, impact::Alive(KPtr(stash.skb)), child)
-    };
-    crate::accept::enqueued(KPtr(stash.sk), stash.ino, child)
+        child_queued(sk, ino, net, impact::Alive(KPtr(stash.skb)), child)
+    }
+}
+
+/// Listener `sk` (inode `ino`, netns `net`) put `child` on its accept queue, on segment
+/// `seg`: client impact's completion, only while its gate is open, and the queue's count,
+/// with one clock read for both.
+#[inline(always)]
+fn child_queued<L: Kmem, S: impact::Segment>(
+    sk: L,
+    ino: u64,
+    net: u64,
+    seg: S,
+    child: KPtr,
+) -> Result<()> {
+    let now = listener::now();
+    if impact::gate_open(now) {
+        let _ = impact::completed(sk.probed(), ino, net, seg, child);
+    }
+    crate::accept::enqueued_at(sk, ino, child, now)
 }
 
 /// Function-hook modes: the kernel starts processing `skb` on listener `sk` (`kind` SYN:
@@ -192,7 +213,7 @@ pub(crate) fn call_enter_listener<K: Kmem>(sk: K, skb: u64, kind: u32) -> Result
         if stale.skb != 0 {
             stale.skb = 0;
             // The call returned long ago: its skb may be freed.
-            let _ = settle::<impact::Alive<KPtr>>(stale, None);
+            let _ = settle::<_, impact::Alive<KPtr>>(stale, KPtr(stale.sk), None);
         }
     }
     let stash = open_window(sk, skb, socket_inode(sk)?, kind)?;
@@ -205,16 +226,17 @@ pub(crate) fn call_enter_listener<K: Kmem>(sk: K, skb: u64, kind: u32) -> Result
 /// child on the accept queue (`inet_csk_complete_hashdance` / `tcp_get_cookie_sock`).
 #[inline(always)]
 pub(crate) fn call_exit(kind: u32, ret: u64) -> Result<()> {
-    call_exit_with(kind, ret, |taken| KPtr(taken.skb))
+    call_exit_with(kind, ret, |taken| (KPtr(taken.sk), KPtr(taken.skb)))
 }
 
-/// [`call_exit`], the segment as `skb` gives it from the window: an fexit program passes
-/// its own typed argument, whose fields it reads by direct load.
+/// [`call_exit`], the listener and the segment as `args` gives them from the window: an
+/// fexit program passes its own typed arguments (the call's, so the window's: one call
+/// of a kind at a time on a CPU), whose fields it reads by direct load.
 #[inline(always)]
-pub(crate) fn call_exit_with<K: Kmem>(
+pub(crate) fn call_exit_with<L: Kmem, K: Kmem>(
     kind: u32,
     ret: u64,
-    skb: impl FnOnce(&SynStash) -> K,
+    args: impl FnOnce(&SynStash) -> (L, K),
 ) -> Result<()> {
     let stash = window(call_windows()?, kind);
     if stash.skb == 0 {
@@ -223,22 +245,15 @@ pub(crate) fn call_exit_with<K: Kmem>(
     let taken = *stash;
     stash.skb = 0;
     // The skb is alive until the caller of the hooked function frees it.
-    let skb = skb(&taken);
+    let (sk, skb) = args(&taken);
     if kind == segment_kind::ACK && ret != 0 && ret != taken.sk {
-        let _ = impact::completed(
-            KPtr(taken.sk),
-            taken.ino,
-            taken.net,
-            impact::Alive(skb),
-            KPtr(ret),
-        );
         // A call that returns a child made no listen drop, so there are no deltas to
         // read: every drop on this path (`syn_recv_sock`'s overflow and failure exits,
         // a request another CPU completed first, a listener that stopped listening)
         // returns NULL.
-        return crate::accept::enqueued(KPtr(taken.sk), taken.ino, KPtr(ret));
+        return child_queued(sk, taken.ino, taken.net, impact::Alive(skb), KPtr(ret));
     }
-    settle(&taken, Some(impact::Alive(skb)))
+    settle(&taken, sk, Some(impact::Alive(skb)))
 }
 
 /// Function-hook modes: an ICMP error arrived for pending request `req`
@@ -455,13 +470,15 @@ fn released(skb: u64) -> Result<()> {
     // Its ingress copy, not the skb's headers: an skb whose release the kernel skipped
     // for recursion is settled at the next ingress, but until then its address may be
     // reused by another skb, released here in its place.
-    settle(&taken, Some(impact::Copied(taken.skb)))
+    settle(&taken, KPtr(taken.sk), Some(impact::Copied(taken.skb)))
 }
 
-/// Attributes the counter deltas since `stash` to its listener. `seg`: where the segment's
-/// attempt can be read (its alive skb, or tracepoint mode's ingress copy), if anywhere.
+/// Attributes the counter deltas since `stash` to its listener (`sk`: its address, typed
+/// where the caller has it, so its queues are read by direct load). `seg`: where the
+/// segment's attempt can be read (its alive skb, or tracepoint mode's ingress copy), if
+/// anywhere.
 #[inline(always)]
-fn settle<S: impact::Segment>(stash: &SynStash, seg: Option<S>) -> Result<()> {
+fn settle<L: Kmem, S: impact::Segment>(stash: &SynStash, sk: L, seg: Option<S>) -> Result<()> {
     let mut now = [0u64; mib::COUNT];
     read_mib(KPtr(stash.mib_at), stash.kind, &mut now)?;
     let d = |i: usize| now[i].wrapping_sub(stash.mib[i]);
@@ -478,7 +495,7 @@ fn settle<S: impact::Segment>(stash: &SynStash, seg: Option<S>) -> Result<()> {
     // (Tracepoint mode: unless a child queued in the window had them observed already,
     // after its queueing, which is the last change to the queues the segment makes.)
     if drops | overflows | qfull == 0 && stash.observed == 0 {
-        let _ = listener::observe_queues(KPtr(stash.sk), stash.ino, listener::now());
+        let _ = listener::observe_queues(sk, stash.ino, listener::now());
     }
     let kind = stash.kind;
     // Only a SYN window's cookie counters can move (see read_mib).
