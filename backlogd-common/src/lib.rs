@@ -351,6 +351,13 @@ pub struct QueueState {
     pub epoch: u32,
     /// `bpf_ktime_get_ns()` of this CPU's last observation: the newest is the current depth.
     pub observed_ns: u64,
+    /// SYNs counted here rather than in `ListenerStats::syns`: those with no drop, no
+    /// syncookie and an observation of their own (nearly all). The daemon adds the two.
+    /// Counted with the observation, so such a SYN costs one map lookup instead of two.
+    pub syns: u64,
+    /// Connections queued for accept counted here rather than in
+    /// `ListenerStats::queued`, likewise (every one whose observation found its entry).
+    pub queued: u64,
 }
 
 /// What the cgroup_skb ingress program saw of a segment reaching a listener, held per

@@ -50,8 +50,11 @@ pub(crate) fn enqueued_at<K: Kmem>(sk: K, ino: u64, child: KPtr, now: u64) -> Re
     if timing_waits() {
         let _ = QUEUED_AT.insert(child.0, now, 0);
     }
-    listener::update(sk.probed(), ino, |s| s.queued += 1);
-    listener::observe_queues(sk, ino, now)
+    let hot = listener::Hot { syns: 0, queued: 1 };
+    if listener::observe_counting(sk, ino, now, hot).is_err() {
+        listener::update(sk.probed(), ino, |s| s.queued += 1);
+    }
+    Ok(())
 }
 
 /// accept() on listener fd `fd` returned fd `child`.

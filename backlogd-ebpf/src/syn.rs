@@ -494,9 +494,6 @@ fn settle<L: Kmem, S: impact::Segment>(stash: &SynStash, sk: L, seg: Option<S>) 
     // processed, and accept() observes them too), so a flood of drops skips this.
     // (Tracepoint mode: unless a child queued in the window had them observed already,
     // after its queueing, which is the last change to the queues the segment makes.)
-    if drops | overflows | qfull == 0 && stash.observed == 0 {
-        let _ = listener::observe_queues(sk, stash.ino, listener::now());
-    }
     let kind = stash.kind;
     // Only a SYN window's cookie counters can move (see read_mib).
     let cookies = if kind == segment_kind::SYN {
@@ -504,6 +501,19 @@ fn settle<L: Kmem, S: impact::Segment>(stash: &SynStash, sk: L, seg: Option<S>) 
     } else {
         0
     };
+    if drops | overflows | qfull == 0 && stash.observed == 0 {
+        // A SYN that met no drop and no cookie (nearly every SYN) is counted with the
+        // observation: its only counter, in the map entry the observation looks up anyway.
+        let quiet_syn = kind == segment_kind::SYN && cookies == 0;
+        let hot = listener::Hot {
+            syns: u64::from(quiet_syn),
+            queued: 0,
+        };
+        let counted = listener::observe_counting(sk, stash.ino, listener::now(), hot).is_ok();
+        if quiet_syn && counted {
+            return Ok(());
+        }
+    }
     // The segment's source, for a drop or a cookie: counted per prefix unless the segment
     // is gone (a function-hook window settled at the next call), could not be classified,
     // or its prefix found no room; then counted untracked below, so nothing goes missing.

@@ -129,22 +129,40 @@ impl KernelMaps {
         )
     }
 
-    /// Per-listener counters summed over CPUs, with the abandoned attempts this daemon
-    /// counted.
+    /// Per-listener counters summed over CPUs, with the SYNs and queued connections the
+    /// programs count beside the queues (`QueueState::syns`, `queued`) and the abandoned
+    /// attempts this daemon counted. A listener with only a queue entry (its SYNs and
+    /// connections so far all counted there) is listed too.
     pub fn listener_stats<M: FromIterator<(u64, ListenerStats)>>(&self) -> M {
         // Entries only for listeners with abandoned attempts: few.
         let abandoned: HashMap<u64, u64> = self.abandoned.iter().filter_map(Result::ok).collect();
-        fold_per_cpu(&self.listener_stats, |per_cpu| {
+        let mut all: HashMap<u64, ListenerStats> = fold_per_cpu(&self.listener_stats, |per_cpu| {
             let mut total = ListenerStats::default();
             per_cpu.iter().for_each(|s| total.add(s));
             total
         })
         .into_iter()
-        .map(|(ino, mut stats)| {
-            stats.abandoned += abandoned.get(&ino).copied().unwrap_or(0);
-            (ino, stats)
-        })
-        .collect()
+        .collect();
+        let hot = fold_per_cpu(&self.listener_queues, |per_cpu| {
+            per_cpu.iter().fold((0, 0), |(syns, queued), q| {
+                (syns + q.syns, queued + q.queued)
+            })
+        });
+        for (ino, (syns, queued)) in hot {
+            // A queue entry that counted nothing (only accepts observed it) adds no row.
+            if syns | queued == 0 && !all.contains_key(&ino) {
+                continue;
+            }
+            let stats = all.entry(ino).or_default();
+            stats.syns += syns;
+            stats.queued += queued;
+        }
+        all.into_iter()
+            .map(|(ino, mut stats)| {
+                stats.abandoned += abandoned.get(&ino).copied().unwrap_or(0);
+                (ino, stats)
+            })
+            .collect()
     }
 
     /// Dropped segments whose attempt the attempts map had no room for, summed over CPUs.

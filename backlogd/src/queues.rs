@@ -42,6 +42,9 @@ pub fn merge(per_cpu: &[QueueState], epoch: u32) -> QueueState {
         syn_hwm: 0,
         epoch,
         observed_ns: newest.observed_ns,
+        // The counters the programs keep beside the queues are taken with the others
+        // (`KernelMaps::listener_stats`), not here.
+        ..QueueState::default()
     };
     for q in recent {
         merged.accept_hwm = merged.accept_hwm.max(q.accept_hwm);
@@ -287,6 +290,7 @@ mod tests {
             syn_hwm: syn,
             epoch,
             observed_ns: at,
+            ..QueueState::default()
         }
     }
 

@@ -30,7 +30,7 @@ fn syns(scrape: &Scrape, l: &Listener) -> Option<u64> {
 }
 
 /// With room for 4 listeners: the daemon's own HTTP listener (scraped first) and three
-/// test listeners take the slots; a fifth listener's SYNs are then dropped by a full accept
+/// test listeners (a connection each, accepted) take the slots; a fifth listener's SYNs are then dropped by a full accept
 /// queue. Each of its SYNs is one counter update the map could not take (queue
 /// observations are counted apart), and
 /// `backlogd_listener_stats_full_total` must grow by exactly the SYNs that arrived for it
@@ -53,6 +53,28 @@ fn a_full_listener_map_counts_exactly_the_updates_it_could_not_hold() {
     daemon.wait_for("the held listeners' SYNs to be counted", |s| {
         held.iter().all(|l| syns(s, l) == Some(1)).then_some(())
     });
+    // A SYN that met no drop is counted in the listener's queue entry, not its counters
+    // (a map of its own, as large): the accept of its connection is what takes each held
+    // listener's slot in the counters.
+    let accepted: Vec<_> = held
+        .iter()
+        .map(|l| {
+            l.socket
+                .accept()
+                .expect("accept a held listener's connection")
+        })
+        .collect();
+    daemon.wait_for("the held listeners' accepts to be counted", |s| {
+        held.iter()
+            .all(|l| {
+                s.value(
+                    "backlogd_listen_accepted_total",
+                    &[("socket", &l.inode.to_string())],
+                ) == Some(1.0)
+            })
+            .then_some(())
+    });
+    drop(accepted);
 
     // The listener the map has no room for: its queue is filled (those updates are lost
     // too, how many depends on the hook mode), then the measured interval is a burst
