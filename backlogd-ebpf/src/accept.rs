@@ -16,7 +16,7 @@ use aya_ebpf::{macros::map, maps::LruHashMap};
 use backlogd_common::ACCEPT_WAIT_BUCKETS;
 
 use crate::{
-    kernel::{KPtr, Kmem, Result, is_tcp_listener, offset, socket_inode, socket_of_fd},
+    kernel::{FdTable, KPtr, Kmem, Result, is_tcp_listener, offset, socket_inode},
     listener,
 };
 
@@ -60,8 +60,9 @@ pub(crate) fn enqueued_at<K: Kmem>(sk: K, ino: u64, child: KPtr, now: u64) -> Re
 /// accept() on listener fd `fd` returned fd `child`.
 #[inline(always)]
 pub(crate) fn accept_returned(fd: u64, child: u64) -> Result<()> {
-    let listener = socket_of_fd(fd)?.deref(offset(|o| &o.socket_sk))?;
-    let child = socket_of_fd(child)?.deref(offset(|o| &o.socket_sk))?;
+    let files = FdTable::current()?;
+    let listener = files.socket(fd)?.deref(offset(|o| &o.socket_sk))?;
+    let child = files.socket(child)?.deref(offset(|o| &o.socket_sk))?;
     accepted(listener, child)
 }
 
