@@ -92,7 +92,8 @@ pub(crate) fn accepted<K: Kmem>(listener: K, child: KPtr) -> Result<()> {
             }
         }
     });
-    listener::observe_queues(listener, ino, now)
+    listener::observe_queues(listener, ino, now);
+    Ok(())
 }
 
 /// Index of the first bucket whose bound (2^i µs) exceeds `us`.
