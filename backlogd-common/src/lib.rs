@@ -86,7 +86,8 @@ impl<T> core::ops::IndexMut<DropReason> for [T; DropReason::COUNT] {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ListenerStats {
-    /// SYNs that reached the listener (pure SYN, no ACK).
+    /// SYNs that reached the listener (pure SYN, no ACK): those not counted in
+    /// [`QueueState::syns`]; the daemon adds the two.
     pub syns: u64,
     /// Listen drops by [`DropReason`]. The four counters the struct had as fields until
     /// the reasons became one enum, at the same offsets (see the layout check below).
@@ -95,7 +96,8 @@ pub struct ListenerStats {
     pub syncookies: u64,
     /// SYN-ACKs retransmitted for this listener's pending connections.
     pub synack_retransmits: u64,
-    /// Connections put on the accept queue (handshake complete).
+    /// Connections put on the accept queue (handshake complete): those not counted in
+    /// [`QueueState::queued`]; the daemon adds the two.
     pub queued: u64,
     /// Connections taken off the accept queue by accept()/accept4().
     pub accepted: u64,
@@ -336,7 +338,8 @@ pub struct ImpactSettings {
 pub const ACCEPT_WAIT_BUCKETS: usize = 24;
 
 /// Queue depths of one listener as one CPU last observed them (at a SYN, when a
-/// connection is queued, when one is accepted). Per CPU, so concurrent observers never
+/// connection is queued, when one is accepted), and the SYNs and queued connections
+/// counted with those observations. Per CPU, so concurrent observers never
 /// lose each other's maxima; the daemon merges the CPUs (see `backlogd/src/queues.rs`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -356,7 +359,7 @@ pub struct QueueState {
     /// Counted with the observation, so such a SYN costs one map lookup instead of two.
     pub syns: u64,
     /// Connections queued for accept counted here rather than in
-    /// `ListenerStats::queued`, likewise (every one whose observation found its entry).
+    /// `ListenerStats::queued`, likewise (every one whose observation found or created its entry).
     pub queued: u64,
 }
 

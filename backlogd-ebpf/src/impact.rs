@@ -11,8 +11,8 @@
 //!   records the segment's attempt in `ATTEMPTS` (netns + client/server addresses
 //!   and ports -> initial sequence number, time of the first drop, listener). Nothing runs
 //!   here for a segment that was not dropped.
-//! - [`completed`]: a connection queued for accept (the same places `accept::enqueued` is
-//!   called from) whose attempt is in `ATTEMPTS` with the same ISN was delayed: the entry
+//! - [`completed`]: a connection queued for accept at a final ACK or a syncookie's ACK
+//!   (`syn::child_queued`; not Fast Open's queueing at the SYN) whose attempt is in `ATTEMPTS` with the same ISN was delayed: the entry
 //!   is removed and the listener's `delayed` and delay histogram counted, and the
 //!   attempt's source prefix its `connected` (`sources.rs`). Until a drop is
 //!   recorded and for one horizon after the last one, `LAST_DROP` keeps this to one array

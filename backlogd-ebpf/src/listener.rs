@@ -109,7 +109,7 @@ pub(crate) fn observe_queues<K: Kmem>(sk: K, ino: u64, now: u64) {
 /// Counts that an observation carries into the listener's queue entry (`QueueState::syns`
 /// and `queued`), for the events that observe the queues anyway: one per-listener map
 /// lookup per event instead of two (the counters and the queues are two maps because
-/// the daemon reads the queues every second and the counters, 400 bytes a CPU, rarely).
+/// the daemon reads the queues every second and the counters, 424 bytes a CPU, rarely).
 #[derive(Default, Clone, Copy)]
 pub(crate) struct Hot {
     pub(crate) syns: u64,

@@ -488,12 +488,6 @@ fn settle<L: Kmem, S: impact::Segment>(stash: &SynStash, sk: L, seg: Option<S>) 
         d(mib::REQQ_FULL_DROP),
         d(mib::REQQ_FULL_DO_COOKIES),
     );
-    // Queue lengths after the segment was processed: a SYN added a request (SYN-queue
-    // peak), a final ACK moved a child to the accept queue (accept-queue peak). A dropped
-    // segment changed neither queue (whatever filled them was observed when it was
-    // processed, and accept() observes them too), so a flood of drops skips this.
-    // (Tracepoint mode: unless a child queued in the window had them observed already,
-    // after its queueing, which is the last change to the queues the segment makes.)
     let kind = stash.kind;
     // Only a SYN window's cookie counters can move (see read_mib).
     let cookies = if kind == segment_kind::SYN {
@@ -501,6 +495,12 @@ fn settle<L: Kmem, S: impact::Segment>(stash: &SynStash, sk: L, seg: Option<S>) 
     } else {
         0
     };
+    // Queue lengths after the segment was processed: a SYN added a request (SYN-queue
+    // peak), a final ACK moved a child to the accept queue (accept-queue peak). A dropped
+    // segment changed neither queue (whatever filled them was observed when it was
+    // processed, and accept() observes them too), so a flood of drops skips this.
+    // (Tracepoint mode: unless a child queued in the window had them observed already,
+    // after its queueing, which is the last change to the queues the segment makes.)
     if drops | overflows | qfull == 0 && stash.observed == 0 {
         // A SYN that met no drop and no cookie (nearly every SYN) is counted with the
         // observation: its only counter, in the map entry the observation looks up anyway.

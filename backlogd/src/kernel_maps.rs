@@ -387,7 +387,9 @@ pub fn sweep_attempts(maps: &SharedMaps, horizon_ns: u64) -> Sweep {
     let mut maps = lock();
     for (ino, n) in removed {
         sweep.abandoned += n;
-        // A listener that has closed is gone from the figures with its counters.
+        // A listener that has closed is gone from the figures with its counters. (Its
+        // counter entry is the test: an attempt exists only after a drop, and every drop
+        // is counted there, never in the queue entry.)
         if maps.listener_stats.get(&ino, 0).is_err() {
             sweep.gone += n;
             continue;
