@@ -39,22 +39,21 @@ fn timing_waits() -> bool {
 
 /// `child` was appended to the accept queue of listener `sk` (inode `ino`) just now.
 #[inline(always)]
-pub(crate) fn enqueued(sk: KPtr, ino: u64, child: KPtr) -> Result<()> {
+pub(crate) fn enqueued(sk: KPtr, ino: u64, child: KPtr) {
     enqueued_at(sk, ino, child, listener::now())
 }
 
 /// [`enqueued`] at `now` (the caller's clock read), for a caller that has the listener
 /// as a typed pointer (whose queues it reads by direct load) or has read the clock.
 #[inline(always)]
-pub(crate) fn enqueued_at<K: Kmem>(sk: K, ino: u64, child: KPtr, now: u64) -> Result<()> {
+pub(crate) fn enqueued_at<K: Kmem>(sk: K, ino: u64, child: KPtr, now: u64) {
     if timing_waits() {
         let _ = QUEUED_AT.insert(child.0, now, 0);
     }
     let hot = listener::Hot { syns: 0, queued: 1 };
-    if listener::observe_counting(sk, ino, now, hot).is_err() {
+    if !listener::observe_counting(sk, ino, now, hot) {
         listener::update(sk.probed(), ino, |s| s.queued += 1);
     }
-    Ok(())
 }
 
 /// accept() on listener fd `fd` returned fd `child`.

@@ -4,13 +4,14 @@
 //! touches the other's maps.
 
 use aya_ebpf::{
+    bindings::BPF_NOEXIST,
     helpers::bpf_ktime_get_ns,
     macros::map,
     maps::{Array, HashMap, PerCpuArray, PerCpuHashMap},
 };
 use backlogd_common::{LISTENER_STATS_ENTRIES, ListenerStats, QueueState, map_full};
 
-use crate::kernel::{KPtr, Kmem, Result, errno, is_listener_with_inode, offset};
+use crate::kernel::{KPtr, Kmem, errno, is_listener_with_inode, offset};
 
 #[map]
 static LISTENER_STATS: PerCpuHashMap<u64, ListenerStats> =
@@ -62,9 +63,14 @@ pub(crate) fn update(sk: KPtr, ino: u64, f: impl FnOnce(&mut ListenerStats)) {
             };
             // SAFETY: this CPU's element of ZERO_STATS, which nothing writes. By
             // reference: by value it would be copied to the stack, the point of the map.
+            // BPF_NOEXIST: a program that interrupted this one on this CPU (a softirq
+            // over an accept in process context) may have created the entry and counted
+            // into this CPU's slot since the lookup; BPF_ANY would zero that slot again.
             #[allow(clippy::needless_borrows_for_generic_args)]
-            let created = LISTENER_STATS.insert(ino, unsafe { &*zero }, 0);
-            if created.is_err() {
+            let created = LISTENER_STATS.insert(ino, unsafe { &*zero }, u64::from(BPF_NOEXIST));
+            if let Err(e) = created
+                && e != errno::EEXIST
+            {
                 count_map_full(map_full::STATS);
                 return;
             }
@@ -99,10 +105,7 @@ pub(crate) fn now() -> u64 {
 /// high-water marks.
 #[inline(always)]
 pub(crate) fn observe_queues<K: Kmem>(sk: K, ino: u64, now: u64) {
-    // Nothing to count, so nothing for a caller to do when it fails. (Only the
-    // discriminant of a `Result` may be looked at here: matching its error code made LLVM
-    // load the code on the `Ok` path too, from a stack slot nothing wrote, which 5.10's
-    // verifier refuses: "invalid read from stack".)
+    // Nothing to count, so nothing for a caller to do when it fails.
     let _ = observe_counting(sk, ino, now, Hot::default());
 }
 
@@ -116,53 +119,88 @@ pub(crate) struct Hot {
     pub(crate) queued: u64,
 }
 
-/// [`observe_queues`], adding `hot` to the entry's counters. `Ok` only if they were
-/// added; otherwise (a read failed, no entry could be created: `ENOENT` for a listener
-/// that has closed) the caller counts them with [`update`], which gives up in the same
-/// cases and counts a full map.
+/// [`observe_queues`], adding `hot` to the entry's counters: whether they were added.
+/// When not (a read failed, no entry could be created: a listener that has closed, or a
+/// full map), the caller counts them with [`update`], which gives up in the same cases
+/// and counts a full map.
 #[inline(always)]
-pub(crate) fn observe_counting<K: Kmem>(sk: K, ino: u64, now: u64, hot: Hot) -> Result<()> {
-    let accept: u32 = sk.read(offset(|o| &o.sk_ack_backlog))?;
-    let syn: u32 = sk.syn_qlen()?;
+pub(crate) fn observe_counting<K: Kmem>(sk: K, ino: u64, now: u64, hot: Hot) -> bool {
+    let (Ok(accept), Ok(syn)) = (sk.read::<u32>(offset(|o| &o.sk_ack_backlog)), sk.syn_qlen())
+    else {
+        return false;
+    };
     let epoch = QUEUE_EPOCH.get(0).copied().unwrap_or(0);
-    match LISTENER_QUEUES.get_ptr_mut(ino) {
-        Some(q) => {
-            // SAFETY: this CPU's copy of the entry; no other CPU writes it.
-            let q = unsafe { &mut *q };
-            if q.epoch == epoch {
-                q.accept_hwm = q.accept_hwm.max(accept);
-                q.syn_hwm = q.syn_hwm.max(syn);
-            } else {
-                q.accept_hwm = accept;
-                q.syn_hwm = syn;
-                q.epoch = epoch;
+    let seen = Seen {
+        accept,
+        syn,
+        epoch,
+        now,
+        hot,
+    };
+    if let Some(q) = LISTENER_QUEUES.get_ptr_mut(ino) {
+        // SAFETY: this CPU's copy of the entry; no other CPU writes it.
+        seen.add_to(unsafe { &mut *q });
+        return true;
+    }
+    // As in `update`: no entry for a listener that has closed.
+    if !is_listener_with_inode(sk.probed(), ino) {
+        return false;
+    }
+    let state = QueueState {
+        accept_depth: accept,
+        accept_hwm: accept,
+        syn_hwm: syn,
+        epoch,
+        observed_ns: now,
+        syns: hot.syns,
+        queued: hot.queued,
+    };
+    // BPF_NOEXIST, as in `update`: an interrupting program may have created the entry
+    // since the lookup, with counts in this CPU's slot.
+    match LISTENER_QUEUES.insert(ino, state, u64::from(BPF_NOEXIST)) {
+        Ok(()) => true,
+        Err(e) if e == errno::EEXIST => match LISTENER_QUEUES.get_ptr_mut(ino) {
+            Some(q) => {
+                // SAFETY: as above.
+                seen.add_to(unsafe { &mut *q });
+                true
             }
-            q.accept_depth = accept;
-            q.observed_ns = now;
-            q.syns += hot.syns;
-            q.queued += hot.queued;
-        }
-        None => {
-            // As in `update`: no entry for a listener that has closed.
-            if !is_listener_with_inode(sk.probed(), ino) {
-                return Err(errno::ENOENT);
-            }
-            let state = QueueState {
-                accept_depth: accept,
-                accept_hwm: accept,
-                syn_hwm: syn,
-                epoch,
-                observed_ns: now,
-                syns: hot.syns,
-                queued: hot.queued,
-            };
-            if LISTENER_QUEUES.insert(ino, state, 0).is_err() {
-                count_map_full(map_full::QUEUES);
-                return Err(errno::ENOSPC);
-            }
+            // The listener closed just now and took its entry.
+            None => false,
+        },
+        Err(_) => {
+            count_map_full(map_full::QUEUES);
+            false
         }
     }
-    Ok(())
+}
+
+/// One observation of a listener's queues, and the counts it carries.
+#[derive(Clone, Copy)]
+struct Seen {
+    accept: u32,
+    syn: u32,
+    epoch: u32,
+    now: u64,
+    hot: Hot,
+}
+
+impl Seen {
+    #[inline(always)]
+    fn add_to(self, q: &mut QueueState) {
+        if q.epoch == self.epoch {
+            q.accept_hwm = q.accept_hwm.max(self.accept);
+            q.syn_hwm = q.syn_hwm.max(self.syn);
+        } else {
+            q.accept_hwm = self.accept;
+            q.syn_hwm = self.syn;
+            q.epoch = self.epoch;
+        }
+        q.accept_depth = self.accept;
+        q.observed_ns = self.now;
+        q.syns += self.hot.syns;
+        q.queued += self.hot.queued;
+    }
 }
 
 /// A closed listener's entries go with it: the maps stay bounded by live listeners.

@@ -131,11 +131,11 @@ pub(crate) fn child_cloned(child: KPtr) -> Result<()> {
     }
     if stash.kind == segment_kind::SYN {
         stash.observed = 1;
-        crate::accept::enqueued(KPtr(stash.sk), stash.ino, child)
+        crate::accept::enqueued(KPtr(stash.sk), stash.ino, child);
     } else {
         stash.child = child.0;
-        Ok(())
     }
+    Ok(())
 }
 
 /// Tracepoint mode: `child` just became ESTABLISHED. If it is the child this CPU's window
@@ -180,7 +180,8 @@ fn child_queued<L: Kmem, S: impact::Segment>(
     if impact::gate_open(now) {
         let _ = impact::completed(sk.probed(), ino, net, seg, child);
     }
-    crate::accept::enqueued_at(sk, ino, child, now)
+    crate::accept::enqueued_at(sk, ino, child, now);
+    Ok(())
 }
 
 /// Function-hook modes: the kernel starts processing `skb` on listener `sk` (`kind` SYN:
@@ -231,7 +232,8 @@ pub(crate) fn call_exit(kind: u32, ret: u64) -> Result<()> {
 
 /// [`call_exit`], the listener and the segment as `args` gives them from the window: an
 /// fexit program passes its own typed arguments (the call's, so the window's: one call
-/// of a kind at a time on a CPU), whose fields it reads by direct load.
+/// of a kind at a time on a CPU, checked by address), whose fields it reads by direct
+/// load.
 #[inline(always)]
 pub(crate) fn call_exit_with<L: Kmem, K: Kmem>(
     kind: u32,
@@ -244,8 +246,15 @@ pub(crate) fn call_exit_with<L: Kmem, K: Kmem>(
     }
     let taken = *stash;
     stash.skb = 0;
-    // The skb is alive until the caller of the hooked function frees it.
     let (sk, skb) = args(&taken);
+    if sk.addr() != taken.sk || skb.addr() != taken.skb {
+        // Not this call's window: one left open by a call whose exit was missed (its
+        // programs were being attached), found by a call that opened none (a Fast Open
+        // child's tcp_check_req). That call returned long ago: settled as at the next
+        // call's entry, without its skb, and not observed through this call's sockets.
+        return settle::<_, impact::Alive<KPtr>>(&taken, KPtr(taken.sk), None);
+    }
+    // The skb is alive until the caller of the hooked function frees it.
     if kind == segment_kind::ACK && ret != 0 && ret != taken.sk {
         // A call that returns a child made no listen drop, so there are no deltas to
         // read: every drop on this path (`syn_recv_sock`'s overflow and failure exits,
@@ -509,7 +518,7 @@ fn settle<L: Kmem, S: impact::Segment>(stash: &SynStash, sk: L, seg: Option<S>) 
             syns: u64::from(quiet_syn),
             queued: 0,
         };
-        let counted = listener::observe_counting(sk, stash.ino, listener::now(), hot).is_ok();
+        let counted = listener::observe_counting(sk, stash.ino, listener::now(), hot);
         if quiet_syn && counted {
             return Ok(());
         }
