@@ -65,6 +65,21 @@ pub struct NamespaceSnapshot {
     pub name: Option<String>,
     #[serde(flatten)]
     pub sysctls: ListenSysctls,
+    /// Its syncookies over the snapshot's `impact_window`, from its own TcpExt counters;
+    /// absent when it sent and got back none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub syncookies: Option<Syncookies>,
+}
+
+/// A network namespace's syncookies: SYNs answered with one because a SYN queue was full
+/// or syncookies are forced (TcpExt `TCPReqQFullDoCookies`), and ACKs that returned a
+/// valid one, each a connection a cookie completed (`SyncookiesRecv`). Real clients return
+/// their cookies; spoofed sources never do. A namespace's figures: its listeners' cookies
+/// are `syncookies_sent` of each.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Syncookies {
+    pub sent: u64,
+    pub returned: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -575,6 +590,7 @@ pub mod fixtures {
                 tcp_syncookies: 1,
                 tcp_abort_on_overflow: 0,
             },
+            syncookies: None,
         }
     }
 }

@@ -1239,6 +1239,173 @@ fn doctor_tells_a_spoofed_flood_from_a_burst_of_clients() {
     drop((held_flooded, held_bursty, clients));
 }
 
+/// The namespace `ns`'s `syncookies` in the snapshot, once present.
+fn namespace_cookies(daemon: &Daemon, ns: &Netns) -> Value {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let snapshot = daemon.api_snapshot();
+        let found = snapshot["namespaces"]
+            .as_array()
+            .and_then(|all| all.iter().find(|n| n["netns"] == ns.inode()))
+            .map(|n| n["syncookies"].clone())
+            .filter(|c| !c.is_null());
+        if let Some(c) = found {
+            return c;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no syncookies for netns {} in {snapshot:#}",
+            ns.inode()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Syncookies forced (`tcp_syncookies = 2`) in two namespaces: raw SYNs spoofing two /24s
+/// at one listener (their cookies never come back) and 30 real clients at another (each
+/// returns its cookie and connects). The namespaces' figures in the API equal their own
+/// TcpExt counters, the listeners' cookies the SYNs nft counted; doctor calls the first a
+/// flood the cookies absorb and the second real clients, quoting those figures.
+#[test]
+fn doctor_tells_a_cookie_flood_from_clients_that_return_their_cookies() {
+    let _shared = shared();
+    let daemon = Daemon::start();
+    let flood_ns = Netns::new();
+    let clients_ns = Netns::new();
+    for ns in [&flood_ns, &clients_ns] {
+        ns.sysctl("net.ipv4.tcp_syncookies", "2");
+    }
+    // Room on both accept queues: cookies, never drops.
+    let flooded = Listener::open(&flood_ns, "127.0.0.1:0", 64);
+    let served = Listener::open(&clients_ns, "127.0.0.1:0", 64);
+    for l in [&flooded, &served] {
+        daemon.wait_for_listener(l.inode);
+    }
+    let flood: [(&str, [u8; 3], u16); 2] = [
+        ("127.31.1.0/24", [127, 31, 1], 30),
+        ("127.31.2.0/24", [127, 31, 2], 10),
+    ];
+    let prefixes: Vec<&str> = flood.iter().map(|(p, _, _)| *p).collect();
+    flood_ns.count_incoming_syns_from(flooded.addr.port(), &prefixes);
+    clients_ns.count_incoming_syns_from(served.addr.port(), &["127.32.0.0/16"]);
+    let start = daemon.program_misses();
+    let SocketAddr::V4(target) = flooded.addr else {
+        unreachable!("an IPv4 listener")
+    };
+    for (_, [a, b, c], n) in flood {
+        let sources = (1..=n as u8)
+            .map(|h| std::net::Ipv4Addr::new(a, b, c, h))
+            .collect();
+        raw_syns(&flood_ns, target, sources);
+    }
+    let clients = connect_from(
+        &clients_ns,
+        served.addr,
+        (1..=30u8)
+            .map(|h| IpAddr::from([127, 32, h % 3 + 1, h]))
+            .collect(),
+    );
+    let queue = backlogd_tests::sockets::wait_for_queue(&clients_ns, &served, 30);
+    let flood_sources = settled_sources(&daemon, &flooded);
+    let client_sources = settled_sources(&daemon, &served);
+    let flood_kernel = tcp_ext(&flood_ns);
+    let clients_kernel = tcp_ext(&clients_ns);
+    let flood_cookies = namespace_cookies(&daemon, &flood_ns);
+    let client_cookies = namespace_cookies(&daemon, &clients_ns);
+    let flood_sent = flood_ns.incoming_syns_from();
+    let client_sent = clients_ns.incoming_syns_from();
+
+    assert_eq!(queue.recv_q, 30, "every client connected: {queue:?}");
+    let mut exact = Exact::listener(&daemon, &flood_ns, &flooded);
+    exact.interval(&daemon, &start);
+    exact
+        .evidence("flood: nft SYNs per prefix", &flood_sent)
+        .evidence("flood: drop_sources", &flood_sources)
+        .evidence("flood: namespace syncookies", &flood_cookies)
+        .evidence("clients: nft SYNs", &client_sent)
+        .evidence("clients: drop_sources", &client_sources)
+        .evidence("clients: namespace syncookies", &client_cookies);
+    // The namespaces were made by this test: their counters count its segments alone.
+    for (what, api, kernel) in [
+        ("flood", &flood_cookies, &flood_kernel),
+        ("clients", &client_cookies, &clients_kernel),
+    ] {
+        exact
+            .eq(
+                &format!("{what}: namespace cookies sent vs TCPReqQFullDoCookies"),
+                count(api, "sent"),
+                kernel["TCPReqQFullDoCookies"],
+            )
+            .eq(
+                &format!("{what}: namespace cookies returned vs SyncookiesRecv"),
+                count(api, "returned"),
+                kernel["SyncookiesRecv"],
+            );
+    }
+    exact
+        .eq(
+            "flood: cookies sent vs the raw SYNs nft counted",
+            flood_kernel["TCPReqQFullDoCookies"],
+            flood_sent.iter().sum(),
+        )
+        .eq("flood: cookies returned", flood_kernel["SyncookiesRecv"], 0)
+        .eq_fed(
+            "flood: the listener's cookies vs the namespace's",
+            &[figure::SYNCOOKIES],
+            count(&flood_sources["counted"], "cookies"),
+            flood_kernel["TCPReqQFullDoCookies"],
+        )
+        .eq(
+            "clients: cookies sent vs the SYNs nft counted",
+            clients_kernel["TCPReqQFullDoCookies"],
+            client_sent[0],
+        )
+        .eq(
+            "clients: cookies returned vs the connected clients",
+            clients_kernel["SyncookiesRecv"],
+            queue.recv_q,
+        )
+        .eq_fed(
+            "clients: the listener's cookies vs the namespace's",
+            &[figure::SYNCOOKIES],
+            count(&client_sources["counted"], "cookies"),
+            clients_kernel["TCPReqQFullDoCookies"],
+        );
+    exact.verify();
+
+    let doctor = backlogd_tests::doctor::Doctor::run(&daemon, &[]);
+    let f = doctor.on("syncookies_sent", &flood_ns, &flooded);
+    let n = flood_kernel["TCPReqQFullDoCookies"];
+    assert!(
+        f["summary"]
+            .as_str()
+            .unwrap()
+            .ends_with("are answered with syncookies, and almost none come back: a SYN flood, which the cookies absorb"),
+        "{f:#}"
+    );
+    let line = format!(
+        "since backlogd started: {n} SYNs to it answered with a syncookie, {n} in its \
+         network namespace; 0 of the namespace's cookies came back"
+    );
+    assert!(f.to_string().contains(&line), "no {line:?} in {f:#}");
+    let c = doctor.on("syncookies_sent", &clients_ns, &served);
+    let n = clients_kernel["TCPReqQFullDoCookies"];
+    let back = clients_kernel["SyncookiesRecv"];
+    assert!(
+        c["summary"]
+            .as_str()
+            .unwrap()
+            .ends_with("because they are forced, and the clients return them: real clients"),
+        "{c:#}"
+    );
+    let line = format!(
+        "since backlogd started: {n} SYNs to it answered with a syncookie, {n} in its \
+         network namespace; {back} of the namespace's cookies came back"
+    );
+    assert!(c.to_string().contains(&line), "no {line:?} in {c:#}");
+    drop(clients);
+}
+
 /// An IPv6 flood: raw SYNs spoofing sources in two /48s (40 from one) against a full
 /// accept queue on `[::1]`, never retried. Per /48, drops and dropped attempts equal the
 /// SYNs nft counted, none connects; all are abandoned at the (short) horizon, and

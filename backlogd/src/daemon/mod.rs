@@ -181,15 +181,20 @@ async fn serve(
     // from before this daemon are not recent. (Attempts whose horizon passed while no
     // daemon ran are, like the abandoned counter: this daemon's sweeps count them.)
     let retention_ns = current.drop_source_retention * 1_000_000_000;
-    sampler::record_recent(&maps, &live.recent, retention_ns);
+    let recorder = sampler::Recorder {
+        maps: maps.clone(),
+        shared: shared.clone(),
+        history: live.recent.clone(),
+        retention_ns,
+    };
+    sampler::record_recent(&recorder);
     let sampler = tokio::spawn(sampler::sample_queues(
         maps,
         windows.clone(),
-        live.recent.clone(),
+        recorder,
         heartbeats.clone(),
         current.max_listeners,
         current.client_impact_horizon * 1_000_000_000,
-        retention_ns,
     ));
     live.accept_wait = current.accept_wait;
     live.drop_source_addresses_remote = current.drop_source_addresses_remote;

@@ -14,23 +14,49 @@ use crate::{
     queues::QueueWindows,
     service::health::Heartbeats,
     sources,
-    state::recent,
+    state::{Shared, recent},
 };
 
-/// Expires the source prefixes past `retention_ns`, then records every listener's
-/// client-impact counters and drop sources for the recent figures, at one instant.
-pub fn record_recent(maps: &SharedMaps, history: &Mutex<recent::Histories>, retention_ns: u64) {
+/// What the recent figures are recorded from, and into.
+#[derive(Clone)]
+pub struct Recorder {
+    pub maps: SharedMaps,
+    pub shared: Arc<Shared>,
+    pub history: Arc<Mutex<recent::Histories>>,
+    /// `drop_source_retention`, in nanoseconds.
+    pub retention_ns: u64,
+}
+
+/// Expires the source prefixes past their retention, then records every listener's
+/// client-impact counters and drop sources, and every listening namespace's syncookies,
+/// for the recent figures, at one instant.
+pub fn record_recent(r: &Recorder) {
+    let Recorder {
+        maps,
+        shared,
+        history,
+        retention_ns,
+    } = r;
     let (stats, sources): (Vec<_>, _) = {
         let mut maps = maps.lock().unwrap_or_else(|e| e.into_inner());
-        let expired = maps.expire_drop_sources(kernel_maps::monotonic_ns(), retention_ns);
+        let expired = maps.expire_drop_sources(kernel_maps::monotonic_ns(), *retention_ns);
         if expired > 0 {
             tracing::debug!(expired, "source prefixes past their retention");
         }
         // A Vec: the history looks nothing up by inode here, so no table is worth building.
         (maps.listener_stats(), maps.drop_sources())
     };
+    // Every namespace with listeners, not only those whose listeners sent cookies: a
+    // namespace's counters count since it was created (the host's since boot), so the
+    // window needs its value before its first cookie. One small /proc read a namespace.
+    let cookies: Vec<(u32, recent::Cookies)> = shared
+        .netns_counters()
+        .into_iter()
+        .map(|(ns, c)| (ns, recent::cookies_of(&c)))
+        .collect();
     let now = std::time::Instant::now();
     let mut history = history.lock().unwrap_or_else(|e| e.into_inner());
+    history.cookies.record(now, cookies);
     history
         .impact
         .record(now, stats.iter().map(|(k, v)| (*k, recent::Counts::of(v))));
@@ -49,16 +75,15 @@ pub fn record_recent(maps: &SharedMaps, history: &Mutex<recent::Histories>, rete
 
 /// Every second, moves the kernel's queue maxima into the high-water-mark windows; every
 /// [`sweep_every`] seconds, counts the connection attempts past the client-impact horizon
-/// abandoned; about every [`recent::EVERY`], expires source prefixes past `retention_ns`
+/// abandoned; about every [`recent::EVERY`], expires source prefixes past their retention
 /// and records the recent figures.
 pub async fn sample_queues(
     maps: SharedMaps,
     windows: Arc<Mutex<QueueWindows>>,
-    recent: Arc<Mutex<recent::Histories>>,
+    recent: Recorder,
     heartbeats: Arc<Heartbeats>,
     max_listeners: u64,
     horizon_ns: u64,
-    retention_ns: u64,
 ) {
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -105,12 +130,13 @@ pub async fn sample_queues(
         }
         // By the clock, not by ticks: a sweep may hold the loop up.
         if recent
+            .history
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .impact
             .due(std::time::Instant::now())
         {
-            record_recent(&maps, &recent, retention_ns);
+            record_recent(&recent);
         }
         heartbeats.sampled();
     }

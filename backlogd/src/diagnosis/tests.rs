@@ -1144,3 +1144,114 @@ fn neither_verdict_on_too_few_resolved_attempts_or_a_mix() {
         );
     }
 }
+
+/// A listener that answered `mine` SYNs with a syncookie in the window, and a snapshot
+/// whose namespace sent `sent` and got back `returned` in it (tcp_syncookies `setting`),
+/// over a window of five minutes.
+fn cookies(mine: u64, sent: u64, returned: u64, setting: u32) -> Snapshot {
+    let mut l = listener(1, 443, "app", Some(16), 16);
+    l.syncookies_sent = mine + 5;
+    l.queues = queues(0, 0, 16);
+    let counts = crate::sources::Counts {
+        cookies: mine,
+        ..Default::default()
+    };
+    l.drop_sources = Some(crate::sources::DropSources {
+        prefixes: 1,
+        counted: crate::sources::Counts {
+            cookies: mine + 5,
+            ..Default::default()
+        },
+        recent: Some(Box::new(crate::sources::DropSources {
+            prefixes: 1,
+            counted: counts,
+            ..Default::default()
+        })),
+        ..Default::default()
+    });
+    let mut ns = namespace(NETNS, 4096);
+    ns.sysctls.tcp_syncookies = setting;
+    ns.syncookies = Some(crate::api::Syncookies { sent, returned });
+    let mut s = snapshot(vec![l], vec![ns]);
+    s.impact_window = Some(ImpactWindow {
+        window_seconds: 305.0,
+        since_start: false,
+    });
+    s
+}
+
+#[test]
+fn syncookies_that_almost_never_come_back_are_a_flood_the_cookies_absorb() {
+    // 1 of 400 came back: 0.25%.
+    let f = only(diagnose(&cookies(400, 400, 1, 1)), "syncookies_sent");
+    assert_eq!(f.severity, Severity::Warning);
+    assert_eq!(
+        f.summary,
+        "SYNs to 0.0.0.0:443 are answered with syncookies, and almost none come back: a SYN \
+         flood, which the cookies absorb"
+    );
+    assert_eq!(
+        f.evidence[1],
+        "in the last 5 min: 400 SYNs to it answered with a syncookie, 400 in its network \
+         namespace; 1 of the namespace's cookies came back (TcpExt SyncookiesRecv: \
+         connections a cookie completed), 0.2%"
+    );
+    assert!(
+        f.remedy.contains("a larger backlog only feeds the flood"),
+        "{}",
+        f.remedy
+    );
+}
+
+#[test]
+fn syncookies_that_come_back_are_clients_the_syn_queue_is_too_small_for() {
+    let f = only(diagnose(&cookies(30, 30, 30, 1)), "syncookies_sent");
+    assert_eq!(
+        f.summary,
+        "the SYN queue of 0.0.0.0:443 is too small for its clients: the kernel answers them \
+         with syncookies, and they return them"
+    );
+    assert!(f.remedy.contains("granted backlog, 16"), "{}", f.remedy);
+    // Forced cookies: the queue is not the cause.
+    let f = only(diagnose(&cookies(30, 30, 30, 2)), "syncookies_sent");
+    assert_eq!(
+        f.summary,
+        "SYNs to 0.0.0.0:443 are answered with syncookies because they are forced, and the \
+         clients return them: real clients"
+    );
+    assert_eq!(
+        f.evidence.last().map(String::as_str),
+        Some(
+            "net.ipv4.tcp_syncookies = 2: every SYN is answered with a cookie, whatever the \
+             SYN queue holds"
+        )
+    );
+}
+
+#[test]
+fn syncookies_give_no_verdict_when_too_few_a_mix_or_mostly_another_listeners() {
+    let generic = "the kernel answers SYNs to 0.0.0.0:443 with syncookies";
+    // Too few to judge.
+    assert_eq!(
+        only(diagnose(&cookies(19, 19, 0, 1)), "syncookies_sent").summary,
+        generic
+    );
+    // A mix: 20% came back.
+    assert_eq!(
+        only(diagnose(&cookies(100, 100, 20, 1)), "syncookies_sent").summary,
+        generic
+    );
+    // The namespace's cookies are mostly another listener's: its share is not this one's.
+    let f = only(diagnose(&cookies(50, 400, 0, 1)), "syncookies_sent");
+    assert_eq!(f.summary, generic);
+    assert_eq!(
+        f.evidence[2],
+        "other listeners of the namespace sent cookies too: the share that came back is the \
+         namespace's, not this listener's own"
+    );
+    // From the 90% boundary on, its own.
+    assert_ne!(
+        only(diagnose(&cookies(360, 400, 0, 1)), "syncookies_sent").summary,
+        generic
+    );
+}

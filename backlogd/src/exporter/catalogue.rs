@@ -306,6 +306,12 @@ catalogue! {
     NetnsSynRetransmits: "backlogd_netns_syn_retransmits_total", Counter, Netns,
         "The network namespace's own TcpExt TCPSynRetrans counter (/proc/net/netstat), for \
          every namespace with listeners.";
+    NetnsSyncookiesReturned: "backlogd_netns_syncookies_returned_total", Counter, Netns,
+        "The network namespace's own TcpExt SyncookiesRecv counter (/proc/net/netstat): \
+         ACKs that returned a valid syncookie, each a connection a cookie completed, for \
+         every namespace with listeners. Against \
+         backlogd_netns_reqq_full_do_cookies_total: real clients return their cookies, a \
+         spoofed flood never does.";
     SynQueueReadAge: "backlogd_syn_queue_read_age_seconds", Gauge, None,
         "Seconds since the pass that read backlogd_listen_syn_queue_length (run when read, \
          at most one a second). \

@@ -13,7 +13,10 @@ use crate::{
     kernel_maps,
     queues::{QueueFigures, ScanPass},
     sources::{self, DropSources},
-    state::{Live, recent::Recent},
+    state::{
+        Live,
+        recent::{self, Recent},
+    },
 };
 
 /// The client-impact sweep's figures (see `kernel_maps.rs`).
@@ -151,8 +154,10 @@ pub fn snapshot(live: &Live) -> Snapshot {
         recent,
         ..
     } = gather(live);
-    // Before the table is locked: reading a namespace's sysctls may lock it too.
+    // Before the table is locked: reading a namespace's sysctls or counters may lock it
+    // too.
     let sysctls = live.shared.netns_sysctls();
+    let cookies = namespace_cookies(live);
     let somaxconn: HashMap<u32, u32> = sysctls.iter().map(|(ns, s)| (*ns, s.somaxconn)).collect();
     let mut listeners: Vec<ListenerSnapshot> = live
         .shared
@@ -181,6 +186,7 @@ pub fn snapshot(live: &Live) -> Snapshot {
             host: host == Some(netns),
             name: names.remove(&netns),
             sysctls,
+            syncookies: cookies.get(&netns).copied(),
         })
         .collect();
     Snapshot {
@@ -199,4 +205,24 @@ pub fn snapshot(live: &Live) -> Snapshot {
         impact_window: recent.map(|r| r.window),
         syn_queue_read_age_seconds: scan.map(|s| s.at.elapsed().as_secs_f64()),
     }
+}
+
+/// Each namespace's syncookies over the recent window (the records the impact window's
+/// come from), for those that sent or got back any in it.
+fn namespace_cookies(live: &Live) -> HashMap<u32, api::Syncookies> {
+    let counters = live.shared.netns_counters();
+    let bases = live
+        .recent
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .cookies
+        .at(std::time::Instant::now());
+    counters
+        .into_iter()
+        .filter_map(|(ns, c)| {
+            let now = recent::cookies_of(&c);
+            let window = bases.as_ref().map_or(now, |b| b.since_kept(&ns, &now));
+            (window != api::Syncookies::default()).then_some((ns, window))
+        })
+        .collect()
 }

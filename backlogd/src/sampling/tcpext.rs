@@ -10,12 +10,13 @@ use std::{
 };
 
 /// TcpExt counters backlogd exports, as `/proc/net/netstat` names them.
-pub const COUNTERS: [&str; 5] = [
+pub const COUNTERS: [&str; 6] = [
     "ListenOverflows",
     "ListenDrops",
     "TCPReqQFullDrop",
     "TCPReqQFullDoCookies",
     "TCPSynRetrans",
+    "SyncookiesRecv",
 ];
 
 /// Where a namespace's counters can be read without switching namespaces.

@@ -1,9 +1,10 @@
 //! The last five minutes, for `doctor` and `top`: "312 connections waited and 41 never
 //! connected in the last 5 min" tells an operator whether the damage is going on now, which
 //! the counters since start (a daemon up for weeks) cannot. Prometheus users have
-//! `increase(...[5m])`; the JSON API's clients have no history but this one. Two histories
-//! are kept this way: each listener's client-impact counters, and each listener's drops
-//! and syncookies by source prefix (`crate::sources`).
+//! `increase(...[5m])`; the JSON API's clients have no history but this one. Three
+//! histories are kept this way: each listener's client-impact counters, each listener's
+//! drops and syncookies by source prefix (`crate::sources`), and each network namespace's
+//! syncookies sent and returned (TcpExt, [`Cookies`]).
 //!
 //! About every [`EVERY`] the daemon's sampler records the time, and each key's cumulative
 //! counters where they changed since its last record. A snapshot subtracts each key's
@@ -22,6 +23,7 @@ use std::{
 
 use backlogd_common::{DELAY_BUCKETS, ListenerStats, SourceKey, cause};
 
+pub use crate::api::Syncookies as Cookies;
 use crate::{
     api::{ClientImpact, ImpactWindow},
     sources::Tally,
@@ -105,6 +107,28 @@ impl Cumulative for Counts {
     }
 }
 
+/// A network namespace's syncookies as its TcpExt counters give them (absent ones count
+/// 0): `TCPReqQFullDoCookies` sent, `SyncookiesRecv` returned.
+pub fn cookies_of(tcpext: &std::collections::HashMap<String, u64>) -> Cookies {
+    let get = |name: &str| tcpext.get(name).copied().unwrap_or(0);
+    Cookies {
+        sent: get("TCPReqQFullDoCookies"),
+        returned: get("SyncookiesRecv"),
+    }
+}
+
+impl Cumulative for Cookies {
+    fn since(&self, base: &Self) -> Self {
+        if self.sent < base.sent || self.returned < base.returned {
+            return *self;
+        }
+        Self {
+            sent: self.sent - base.sent,
+            returned: self.returned - base.returned,
+        }
+    }
+}
+
 /// One key's counters where they changed, oldest first.
 #[derive(Debug)]
 struct Changes<C> {
@@ -168,11 +192,15 @@ pub type ImpactHistory = History<u64, Counts>;
 /// untracked counts under their own keys, `crate::sources`).
 pub type SourceHistory = History<SourceKey, Tally>;
 
-/// Both histories, recorded at the same instants, so their windows are one.
+/// Syncookies by network namespace inode.
+pub type CookieHistory = History<u32, Cookies>;
+
+/// The histories, recorded at the same instants, so their windows are one.
 #[derive(Debug, Default)]
 pub struct Histories {
     pub impact: ImpactHistory,
     pub sources: SourceHistory,
+    pub cookies: CookieHistory,
 }
 
 impl<K: Hash + Eq + Copy, C: Cumulative> History<K, C> {
@@ -268,6 +296,17 @@ impl<K: Hash + Eq, C: Cumulative> Bases<K, C> {
         match self.bases.get(key) {
             Some((base, false)) => current.since(base),
             _ => *current,
+        }
+    }
+
+    /// [`Self::since`] for a key whose counters only ever grow while it lives and that
+    /// may miss records (a network namespace whose counters could not be read for a
+    /// while): its base stands even if a record missed it; a key that is really new
+    /// (a reused namespace inode) starts below its base and counts whole.
+    pub fn since_kept(&self, key: &K, current: &C) -> C {
+        match self.bases.get(key) {
+            Some((base, _)) => current.since(base),
+            None => *current,
         }
     }
 

@@ -8,12 +8,13 @@ use crate::{
 };
 
 /// The family of each of `tcpext::COUNTERS`, in that order.
-const FAMILIES: [Metric; 5] = [
+const FAMILIES: [Metric; 6] = [
     Metric::NetnsListenOverflows,
     Metric::NetnsListenDrops,
     Metric::NetnsReqqFullDrops,
     Metric::NetnsReqqFullDoCookies,
     Metric::NetnsSynRetransmits,
+    Metric::NetnsSyncookiesReturned,
 ];
 
 /// `names`: the name of each namespace that has one (`names::netns::named`), to join on
