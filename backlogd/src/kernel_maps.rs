@@ -131,50 +131,58 @@ impl KernelMaps {
 
     /// Per-listener counters summed over CPUs, with the SYNs and queued connections the
     /// programs count beside the queues (`QueueState::syns`, `queued`) and the abandoned
-    /// attempts this daemon counted. A listener with only a queue entry (its SYNs and
-    /// connections so far all counted there) is listed too.
-    pub fn listener_stats<M: FromIterator<(u64, ListenerStats)>>(&self) -> M {
+    /// attempts this daemon counted, and each listener's queue state merged over CPUs for
+    /// sampling epoch `epoch`: one walk of each map. A listener with only a queue entry (its
+    /// SYNs and connections so far all counted there) has a row of counters too.
+    pub fn listener_stats_and_queues<M: FromIterator<(u64, ListenerStats)>>(
+        &self,
+        epoch: u32,
+    ) -> (M, Vec<(u64, QueueState)>) {
+        let queues = fold_per_cpu(&self.listener_queues, |per_cpu| {
+            let hot = per_cpu.iter().fold((0, 0), |(syns, queued), q| {
+                (syns + q.syns, queued + q.queued)
+            });
+            (merge(per_cpu, epoch), hot)
+        });
+        let mut all = self.counters();
+        for (ino, (_, (syns, queued))) in &queues {
+            // A queue entry that counted nothing (only accepts observed it) adds no row.
+            if syns | queued == 0 && !all.contains_key(ino) {
+                continue;
+            }
+            let stats = all.entry(*ino).or_default();
+            stats.syns += syns;
+            stats.queued += queued;
+        }
+        (
+            all.into_iter().collect(),
+            queues.into_iter().map(|(ino, (q, _))| (ino, q)).collect(),
+        )
+    }
+
+    /// The counters of `LISTENER_STATS` alone, summed over CPUs, with the abandoned
+    /// attempts: every figure but the SYNs and queued connections counted beside the
+    /// queues, so without a walk of the queue map (the recent figures' records need none
+    /// of those two).
+    pub fn counters(&self) -> HashMap<u64, ListenerStats> {
         // Entries only for listeners with abandoned attempts: few.
         let abandoned: HashMap<u64, u64> = self.abandoned.iter().filter_map(Result::ok).collect();
-        let mut all: HashMap<u64, ListenerStats> = fold_per_cpu(&self.listener_stats, |per_cpu| {
+        fold_per_cpu(&self.listener_stats, |per_cpu| {
             let mut total = ListenerStats::default();
             per_cpu.iter().for_each(|s| total.add(s));
             total
         })
         .into_iter()
-        .collect();
-        let hot = fold_per_cpu(&self.listener_queues, |per_cpu| {
-            per_cpu.iter().fold((0, 0), |(syns, queued), q| {
-                (syns + q.syns, queued + q.queued)
-            })
-        });
-        for (ino, (syns, queued)) in hot {
-            // A queue entry that counted nothing (only accepts observed it) adds no row.
-            if syns | queued == 0 && !all.contains_key(&ino) {
-                continue;
-            }
-            let stats = all.entry(ino).or_default();
-            stats.syns += syns;
-            stats.queued += queued;
-        }
-        all.into_iter()
-            .map(|(ino, mut stats)| {
-                stats.abandoned += abandoned.get(&ino).copied().unwrap_or(0);
-                (ino, stats)
-            })
-            .collect()
+        .map(|(ino, mut stats)| {
+            stats.abandoned += abandoned.get(&ino).copied().unwrap_or(0);
+            (ino, stats)
+        })
+        .collect()
     }
 
     /// Dropped segments whose attempt the attempts map had no room for, summed over CPUs.
     pub fn attempts_untracked(&self) -> u64 {
         sum_at(&self.attempts_untracked, 0, map::ATTEMPTS_UNTRACKED)
-    }
-
-    /// Each listener's queue state merged over CPUs for sampling epoch `epoch`.
-    pub fn queue_states<M: FromIterator<(u64, QueueState)>>(&self, epoch: u32) -> M {
-        fold_per_cpu(&self.listener_queues, |per_cpu| merge(per_cpu, epoch))
-            .into_iter()
-            .collect()
     }
 
     /// Moves the kernel's queue maxima of the epoch that ends now into `windows`, then

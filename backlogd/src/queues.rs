@@ -43,7 +43,7 @@ pub fn merge(per_cpu: &[QueueState], epoch: u32) -> QueueState {
         epoch,
         observed_ns: newest.observed_ns,
         // The counters the programs keep beside the queues are taken with the others
-        // (`KernelMaps::listener_stats`), not here.
+        // (`KernelMaps::listener_stats_and_queues`), not here.
         ..QueueState::default()
     };
     for q in recent {

@@ -44,7 +44,7 @@ pub fn record_recent(r: &Recorder) {
             tracing::debug!(expired, "source prefixes past their retention");
         }
         // A Vec: the history looks nothing up by inode here, so no table is worth building.
-        (maps.listener_stats(), maps.drop_sources())
+        (maps.counters().into_iter().collect(), maps.drop_sources())
     };
     // Every namespace with listeners, not only those whose listeners sent cookies: a
     // namespace's counters count since it was created (the host's since boot), so the

@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 
-use backlogd_common::ListenerStats;
+use backlogd_common::{ListenerStats, QueueState};
 
 use crate::{
     api::{self, ListenerSnapshot, NamespaceSnapshot, Snapshot},
@@ -62,14 +62,7 @@ pub fn gather(live: &Live) -> Figures {
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .epoch();
-    let (events_lost, stats_full, impact, stats, queue_states, sources): (
-        _,
-        _,
-        _,
-        _,
-        ByInode<_>,
-        _,
-    ) = {
+    let (events_lost, stats_full, impact, (stats, queue_states), sources) = {
         let maps = live.maps.lock().unwrap_or_else(|e| e.into_inner());
         // Before the counters: the programs add to a prefix before they add to its
         // listener's drops, so read in this order prefixes + untracked never exceed
@@ -83,11 +76,11 @@ pub fn gather(live: &Live) -> Figures {
                 sweeps: maps.sweeps,
                 untracked: maps.attempts_untracked(),
             },
-            maps.listener_stats(),
-            maps.queue_states(epoch),
+            maps.listener_stats_and_queues::<ByInode<_>>(epoch),
             sources,
         )
     };
+    let queue_states: ByInode<QueueState> = queue_states.into_iter().collect();
     let (recent, source_bases) = {
         let history = live.recent.lock().unwrap_or_else(|e| e.into_inner());
         let now = std::time::Instant::now();
