@@ -195,21 +195,17 @@ pub fn plot(samples: &[Sample], title: &str, asked: u32, path: &Path) -> Result<
     let only_syns = reasons
         .iter()
         .all(|r| matches!(r, DropReason::AcceptQueueFull | DropReason::SynQueueFull));
-    let x = first.t..last.t;
+    // Whole half seconds around the samples.
+    let x = (first.t * 2.0).floor() / 2.0..(last.t * 2.0).ceil() / 2.0;
     let top = intervals
         .iter()
         .map(|i| i.syns.max(i.drops.iter().sum()))
         .max()
         .unwrap_or(0)
         .max(1) as f64
-        * 1.15;
-    let queue_top = samples
-        .iter()
-        .map(|s| s.accept_depth)
-        .max()
-        .unwrap_or(0)
-        .max(granted) as f64
-        * 1.2;
+        * 1.3; // room for the legend
+    let peak = samples.iter().map(|s| s.accept_depth).max().unwrap_or(0);
+    let queue_top = peak.max(granted) as f64 * 1.2;
 
     let root = SVGBackend::new(path, (960, 640)).into_drawing_area();
     root.fill(&WHITE).map_err(plotting)?;
@@ -226,7 +222,7 @@ pub fn plot(samples: &[Sample], title: &str, asked: u32, path: &Path) -> Result<
     let mut chart = ChartBuilder::on(&upper)
         .caption(
             format!(
-                "{segments} dropped per sample interval (~{} ms), by reason",
+                "{segments} dropped per sample interval (~{} ms), by reason; a retransmitted SYN counts again",
                 EVERY.as_millis()
             ),
             ("sans-serif", 16),
@@ -240,6 +236,9 @@ pub fn plot(samples: &[Sample], title: &str, asked: u32, path: &Path) -> Result<
     chart
         .configure_mesh()
         .disable_x_mesh()
+        .light_line_style(TRANSPARENT)
+        .x_label_formatter(&|v| format!("{v}"))
+        .y_label_formatter(&|v| format!("{v:.0}"))
         .y_desc("segments per interval")
         .label_style(("sans-serif", 13))
         .axis_desc_style(("sans-serif", 14))
@@ -296,12 +295,34 @@ pub fn plot(samples: &[Sample], title: &str, asked: u32, path: &Path) -> Result<
     chart
         .configure_mesh()
         .disable_x_mesh()
+        .light_line_style(TRANSPARENT)
+        .x_label_formatter(&|v| format!("{v}"))
+        .y_label_formatter(&|v| format!("{v:.0}"))
         .x_desc("seconds from the burst")
         .y_desc("connections")
         .label_style(("sans-serif", 13))
         .axis_desc_style(("sans-serif", 14))
         .draw()
         .map_err(plotting)?;
+    let depth = RGBColor(31, 119, 180);
+    chart
+        .draw_series(LineSeries::new(
+            samples.iter().map(|s| (s.t, s.accept_depth as f64)),
+            depth.stroke_width(2),
+        ))
+        .map_err(plotting)?
+        .label(format!(
+            "connections on the accept queue (queues.accept_depth), one point per sample; peak {peak}"
+        ))
+        .legend(move |(x, y)| PathElement::new([(x, y), (x + 14, y)], depth.stroke_width(2)));
+    chart
+        .draw_series(
+            samples
+                .iter()
+                .map(|s| Circle::new((s.t, s.accept_depth as f64), 2, depth.filled())),
+        )
+        .map_err(plotting)?;
+    // Over the queue: where the two meet, both show.
     let capacity = RGBColor(214, 39, 40);
     chart
         .draw_series(DashedLineSeries::new(
@@ -315,22 +336,6 @@ pub fn plot(samples: &[Sample], title: &str, asked: u32, path: &Path) -> Result<
             "capacity the kernel granted: {granted} (listen() asked for {asked})"
         ))
         .legend(move |(x, y)| PathElement::new([(x, y), (x + 14, y)], capacity.stroke_width(2)));
-    let depth = RGBColor(31, 119, 180);
-    chart
-        .draw_series(LineSeries::new(
-            samples.iter().map(|s| (s.t, s.accept_depth as f64)),
-            depth.stroke_width(2),
-        ))
-        .map_err(plotting)?
-        .label("accept queue length (queues.accept_depth), one point per sample")
-        .legend(move |(x, y)| PathElement::new([(x, y), (x + 14, y)], depth.stroke_width(2)));
-    chart
-        .draw_series(
-            samples
-                .iter()
-                .map(|s| Circle::new((s.t, s.accept_depth as f64), 2, depth.filled())),
-        )
-        .map_err(plotting)?;
     chart
         .configure_series_labels()
         .position(SeriesLabelPosition::LowerRight)

@@ -33,7 +33,7 @@ const TRICKLE_EVERY: Duration = Duration::from_millis(500);
 const COLUMNS: u16 = 110;
 const LINES: u16 = 14;
 /// The burst plot's span: samples from this long before the burst until [`AFTER`] after
-/// it (long enough for the clients' third SYN retransmit, 7 s after their first SYN).
+/// it: long enough for several waves of the clients' SYN retransmits.
 const BEFORE: Duration = Duration::from_secs(1);
 const AFTER: Duration = Duration::from_secs(8);
 
@@ -81,10 +81,22 @@ pub fn run() -> Result<()> {
         &top,
     ]))?;
     let mut trickle = (Duration::ZERO, Duration::ZERO);
+    let filtered = format!("filter {}  ", ns.inode());
+    let row = format!("127.0.0.1:{PORT}");
     let screen = (|| -> Result<String> {
+        // Keys typed before `top` has put the terminal in raw mode would reach it through
+        // the line discipline (Enter as ^J): they wait for its first screen.
+        wait_for_pane(&session, "top's first screen", |s| {
+            s.contains("ADDRESS:PORT")
+        })?;
         // Only this namespace's listener: the daemon sees every listener on the host.
         tmux_keys(&session, &["/"])?;
         tmux_keys(&session, &[&ns.inode().to_string(), "Enter"])?;
+        wait_for_pane(
+            &session,
+            "the filter on the namespace, and its listener",
+            |s| s.contains(&filtered) && s.contains(&row),
+        )?;
         trickle.0 = burst.elapsed();
         let until = Instant::now() + Duration::from_secs(4);
         while Instant::now() < until {
@@ -105,6 +117,10 @@ pub fn run() -> Result<()> {
         .args(["kill-session", "-t", &session])
         .status();
     let screen = screen::trim(&screen?);
+    let text = screen::strip(&screen);
+    if !text.contains(&filtered) || !text.contains(&row) {
+        bail!("top's screen lost the filter or the listener {row}:\n{text}");
+    }
 
     let doctor = Command::new(binary())
         .args(["doctor", "--api", &daemon.addr.to_string()])
@@ -157,8 +173,7 @@ pub fn run() -> Result<()> {
     let top = format!(
         "`backlogd top` ({COLUMNS}x{LINES} tmux pane, filtered to the namespace with `/`), {run}:\n\n\
          ![backlogd top in a tmux pane: the namespace's Python server and its drops]({TOP_SVG})\n\n\
-         <details><summary>The same screen as text</summary>\n\n```\n{}\n```\n\n</details>",
-        screen::strip(&screen)
+         <details><summary>The same screen as text</summary>\n\n```\n{text}\n```\n\n</details>",
     );
     let doctor = format!(
         "`backlogd doctor` (its findings about the namespace), {run}:\n\n```\n{}\n```",
@@ -225,6 +240,22 @@ fn wait_for_port(daemon: &Daemon) -> Result<()> {
         }
         if Instant::now() > until {
             bail!("the daemon did not list the server on port {PORT} within 10 s: {body}");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Waits up to 10 s for the pane of tmux `session` to satisfy `done`.
+fn wait_for_pane(session: &str, what: &str, done: impl Fn(&str) -> bool) -> Result<()> {
+    let until = Instant::now() + Duration::from_secs(10);
+    loop {
+        let pane =
+            crate::setup::output(Command::new("tmux").args(["capture-pane", "-p", "-t", session]))?;
+        if done(&pane) {
+            return Ok(());
+        }
+        if Instant::now() > until {
+            bail!("no {what} in the tmux pane within 10 s:\n{pane}");
         }
         std::thread::sleep(Duration::from_millis(100));
     }
