@@ -1,12 +1,18 @@
-//! `cargo xtask capture`: the README's `backlogd top` screen and `backlogd doctor` output,
-//! from a real run rather than typed, so they cannot show a column or a finding that no
-//! longer exists. The release daemon runs (as the suite starts it: a free loopback port, no
-//! config file); in a network namespace of its own with `net.core.somaxconn = 128`, a
-//! Python server asks `listen()` for 511 and never accepts, and clients connect in a burst
-//! and then in a trickle, so its accept queue overflows while the captures are taken.
-//! `top` runs in a tmux pane (its live screen, filtered to that namespace with its own `/`
-//! key), `doctor` as a command; both go between the README's capture markers, under a line
-//! naming the commit, the kernel and the hook mode.
+//! `cargo xtask capture`: the README's `backlogd top` screen, `backlogd doctor` output and
+//! burst plot, from a real run rather than typed or drawn, so they cannot show a column, a
+//! finding or a figure that no longer exists. The release daemon runs (as the suite starts
+//! it: a free loopback port, no config file); in a network namespace of its own with
+//! `net.core.somaxconn = 128`, a Python server asks `listen()` for 511 and never accepts,
+//! and clients connect in a burst and then in a trickle, so its accept queue overflows
+//! while the captures are taken. `top` runs in a tmux pane (its live screen, filtered to
+//! that namespace with its own `/` key), captured with its colours and drawn as
+//! docs/images/top.svg (`screen.rs`), its text kept in the README too; `doctor` runs as a
+//! command; the listener's figures in the JSON API are sampled from before the burst until
+//! after it and plotted as docs/images/burst.svg (`burst.rs`). Each goes into the README
+//! between its markers, under a line naming the commit, the kernel and the hook mode.
+
+mod burst;
+mod screen;
 
 use std::{
     process::{Child, Command},
@@ -22,14 +28,24 @@ const SOMAXCONN: &str = "128";
 /// Clients at once, then per half second while `top` runs.
 const BURST: usize = 400;
 const TRICKLE: usize = 20;
+const TRICKLE_EVERY: Duration = Duration::from_millis(500);
 /// The tmux pane `top` draws in.
 const COLUMNS: u16 = 110;
 const LINES: u16 = 14;
+/// The burst plot's span: samples from this long before the burst until [`AFTER`] after
+/// it: long enough for several waves of the clients' SYN retransmits.
+const BEFORE: Duration = Duration::from_secs(1);
+const AFTER: Duration = Duration::from_secs(8);
 
 /// The README's capture blocks: each from its start marker to the next end marker.
 const TOP: &str = "<!-- top: written by `cargo xtask capture` -->";
 const DOCTOR: &str = "<!-- doctor: written by `cargo xtask capture` -->";
+const BURST_PLOT: &str = "<!-- burst: written by `cargo xtask capture` -->";
 const END: &str = "<!-- end of capture -->";
+/// Where the pictures go, from the workspace root (the README links them so).
+const TOP_SVG: &str = "docs/images/top.svg";
+const BURST_SVG: &str = "docs/images/burst.svg";
+const BURST_CSV: &str = "docs/images/burst.csv";
 
 pub fn run() -> Result<()> {
     // Both come with `cargo xtask setup` (tmux for the suite's top test; python3 is
@@ -39,6 +55,7 @@ pub fn run() -> Result<()> {
             format!("{tool} is needed to capture: run `cargo xtask setup` (or apt-get install tmux python3)")
         })?;
     }
+    let started = Instant::now();
     let daemon = Daemon::start();
     let ns = Netns::new();
     ns.sysctl("net.core.somaxconn", SOMAXCONN);
@@ -46,6 +63,9 @@ pub fn run() -> Result<()> {
     let to = format!("127.0.0.1:{PORT}").parse()?;
     wait_for_port(&daemon)?;
 
+    let sampler = burst::Sampler::start(daemon.addr, ns.inode(), PORT);
+    std::thread::sleep(BEFORE);
+    let burst = Instant::now();
     let mut clients = connect_burst(&ns, to, BURST);
     let session = format!("backlogd-capture-{}", std::process::id());
     let top = format!("{} top --api {}", binary().display(), daemon.addr);
@@ -60,21 +80,47 @@ pub fn run() -> Result<()> {
         &LINES.to_string(),
         &top,
     ]))?;
+    let mut trickle = (Duration::ZERO, Duration::ZERO);
+    let filtered = format!("filter {}  ", ns.inode());
+    let row = format!("127.0.0.1:{PORT}");
     let screen = (|| -> Result<String> {
+        // Keys typed before `top` has put the terminal in raw mode would reach it through
+        // the line discipline (Enter as ^J): they wait for its first screen.
+        wait_for_pane(&session, "top's first screen", |s| {
+            s.contains("ADDRESS:PORT")
+        })?;
         // Only this namespace's listener: the daemon sees every listener on the host.
         tmux_keys(&session, &["/"])?;
         tmux_keys(&session, &[&ns.inode().to_string(), "Enter"])?;
+        wait_for_pane(
+            &session,
+            "the filter on the namespace, and its listener",
+            |s| s.contains(&filtered) && s.contains(&row),
+        )?;
+        trickle.0 = burst.elapsed();
         let until = Instant::now() + Duration::from_secs(4);
         while Instant::now() < until {
+            trickle.1 = burst.elapsed();
             clients.extend(connect_burst(&ns, to, TRICKLE));
-            std::thread::sleep(Duration::from_millis(500));
+            std::thread::sleep(TRICKLE_EVERY);
         }
-        crate::setup::output(Command::new("tmux").args(["capture-pane", "-p", "-t", &session]))
+        // -e: with its colours and attributes, as SGR escapes.
+        crate::setup::output(Command::new("tmux").args([
+            "capture-pane",
+            "-e",
+            "-p",
+            "-t",
+            &session,
+        ]))
     })();
     let _ = Command::new("tmux")
         .args(["kill-session", "-t", &session])
         .status();
-    let screen = screen?;
+    let screen = screen::trim(&screen?);
+    let text = screen::strip(&screen);
+    if !text.contains(&filtered) || !text.contains(&row) {
+        bail!("top's screen lost the filter or the listener {row}:\n{text}");
+    }
 
     let doctor = Command::new(binary())
         .args(["doctor", "--api", &daemon.addr.to_string()])
@@ -93,6 +139,7 @@ pub fn run() -> Result<()> {
     let mode = daemon
         .try_hook_mode()
         .context("the daemon names no hook mode")?;
+    let samples = sampler.finish(burst, AFTER)?;
     drop(clients);
     drop(server);
 
@@ -102,7 +149,7 @@ pub fn run() -> Result<()> {
         .is_empty();
     let kernel = crate::setup::output(Command::new("uname").arg("-r"))?;
     let run = format!(
-        "at {}{}, kernel {}, {mode} mode",
+        "at {}{}, kernel {}, {mode} mode, by `cargo xtask capture`",
         commit.trim(),
         if dirty {
             " (with uncommitted changes)"
@@ -111,21 +158,44 @@ pub fn run() -> Result<()> {
         },
         kernel.trim()
     );
+    let root = crate::workspace_root();
+    std::fs::create_dir_all(root.join("docs/images")).context("creating docs/images")?;
+    std::fs::write(root.join(TOP_SVG), screen::svg(&screen)).context("writing the top SVG")?;
+    let title = format!(
+        "One burst: {BURST} clients at 0 s, then {TRICKLE} every {:.1} s from {:.1} to {:.1} s",
+        TRICKLE_EVERY.as_secs_f64(),
+        trickle.0.as_secs_f64(),
+        trickle.1.as_secs_f64(),
+    );
+    burst::plot(&samples, &title, BACKLOG, &root.join(BURST_SVG))?;
+    std::fs::write(root.join(BURST_CSV), burst::csv(&samples)).context("writing the samples")?;
+
     let top = format!(
         "`backlogd top` ({COLUMNS}x{LINES} tmux pane, filtered to the namespace with `/`), {run}:\n\n\
-         ```\n{}\n```",
-        trim_screen(&screen)
+         ![backlogd top in a tmux pane: the namespace's Python server and its drops]({TOP_SVG})\n\n\
+         <details><summary>The same screen as text</summary>\n\n```\n{text}\n```\n\n</details>",
     );
     let doctor = format!(
         "`backlogd doctor` (its findings about the namespace), {run}:\n\n```\n{}\n```",
         doctor.trim_end()
     );
-    let path = crate::workspace_root().join("README.md");
+    let plot = format!(
+        "The burst as the daemon served it (`/api/v1/snapshot` read every {} ms; the samples: \
+         [{BURST_CSV}]({BURST_CSV})), {run}:\n\n\
+         ![SYNs dropped per interval and connections on the accept queue against time]({BURST_SVG})",
+        burst::EVERY.as_millis()
+    );
+    let path = root.join("README.md");
     let readme = std::fs::read_to_string(&path).context("reading README.md")?;
     let readme = replace_block(&readme, TOP, &top)?;
     let readme = replace_block(&readme, DOCTOR, &doctor)?;
+    let readme = replace_block(&readme, BURST_PLOT, &plot)?;
     std::fs::write(&path, readme).context("writing README.md")?;
-    eprintln!("xtask: wrote the captures into README.md ({run})");
+    eprintln!(
+        "xtask: wrote the captures into README.md, {TOP_SVG}, {BURST_SVG} and {BURST_CSV} ({run}; {} samples; took {:.0} s)",
+        samples.len(),
+        started.elapsed().as_secs_f64()
+    );
     Ok(())
 }
 
@@ -175,22 +245,28 @@ fn wait_for_port(daemon: &Daemon) -> Result<()> {
     }
 }
 
+/// Waits up to 10 s for the pane of tmux `session` to satisfy `done`.
+fn wait_for_pane(session: &str, what: &str, done: impl Fn(&str) -> bool) -> Result<()> {
+    let until = Instant::now() + Duration::from_secs(10);
+    loop {
+        let pane =
+            crate::setup::output(Command::new("tmux").args(["capture-pane", "-p", "-t", session]))?;
+        if done(&pane) {
+            return Ok(());
+        }
+        if Instant::now() > until {
+            bail!("no {what} in the tmux pane within 10 s:\n{pane}");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 fn tmux_keys(session: &str, keys: &[&str]) -> Result<()> {
     crate::run(
         Command::new("tmux")
             .args(["send-keys", "-t", session])
             .args(keys),
     )
-}
-
-/// The pane without its trailing blank lines and spaces.
-fn trim_screen(screen: &str) -> String {
-    let lines: Vec<&str> = screen.lines().map(str::trim_end).collect();
-    let end = lines
-        .iter()
-        .rposition(|l| !l.is_empty())
-        .map_or(0, |i| i + 1);
-    lines[..end].join("\n")
 }
 
 /// `doctor`'s output reduced to its findings about namespace `netns` (the daemon sees
