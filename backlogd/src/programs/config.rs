@@ -3,7 +3,10 @@
 //! backlog (and the includes that lead to them); anything it cannot follow leaves the
 //! program's default in place, which the finding then says.
 
-use super::{asks::Asks, process::Process};
+use super::{
+    asks::Asks,
+    process::{Process, jvm},
+};
 
 /// A figure a reader found, with where.
 type Found = Option<(Asks, String)>;
@@ -795,17 +798,17 @@ fn xml_attribute<'a>(tag: &'a str, name: &str) -> Option<&'a str> {
     }
 }
 
-/// Tomcat: `acceptCount` (or its older name `backlog`) of the `<Connector>` on the port
-/// in conf/server.xml under `-Dcatalina.base` (else `-Dcatalina.home`). Commented-out
-/// connectors (server.xml ships several) are skipped.
+/// Tomcat: `acceptCount` of the `<Connector>` on the port in conf/server.xml under
+/// `-Dcatalina.base` (else `-Dcatalina.home`). Commented-out connectors (server.xml ships
+/// several) are skipped. Tomcat passes it to bind() as the backlog (NioEndpoint.bind in
+/// 10.1); 0 or less leaves its 100 (AbstractEndpoint.setAcceptCount). The attribute's
+/// old name `backlog` is not read: Tomcat 9 renamed the property, and a `backlog="N"`
+/// since sets nothing.
 pub fn tomcat(process: &Process, port: u16) -> Found {
-    let dir = |key: &str| {
-        process
-            .cmdline
-            .iter()
-            .find_map(|a| a.strip_prefix(key).map(str::to_owned))
-    };
-    let base = dir("-Dcatalina.base=").or_else(|| dir("-Dcatalina.home="))?;
+    let jvm = jvm(process)?;
+    let base = jvm
+        .property("catalina.base")
+        .or_else(|| jvm.property("catalina.home"))?;
     let conf = format!("{base}/conf/server.xml");
     let mut text = process.read(&conf, None)?;
     // Blank out comments, keeping their newlines for the line numbers.
@@ -828,11 +831,15 @@ pub fn tomcat(process: &Process, port: u16) -> Found {
         if xml_attribute(tag, "port").and_then(|p| p.parse().ok()) != Some(port) {
             continue;
         }
-        let line = text[..start].lines().count() + 1;
-        let found = ["acceptCount", "backlog"]
-            .into_iter()
-            .find_map(|key| Some((key, xml_attribute(tag, key)?.parse().ok()?)));
-        return found.and_then(|(key, n)| backlog(n, format!("{conf}:{line}: {key}=\"{n}\"")));
+        // The line the tag starts on (text before it may end mid-line: indentation).
+        let line = text[..start].matches('\n').count() + 1;
+        let n: u32 = xml_attribute(tag, "acceptCount")?.parse().ok()?;
+        return (n > 0).then(|| {
+            (
+                Asks::Backlog(n),
+                format!("{conf}:{line}: acceptCount=\"{n}\""),
+            )
+        });
     }
     None
 }

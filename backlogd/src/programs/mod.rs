@@ -200,7 +200,7 @@ pub static PROGRAMS: &[Program] = &[
         id: "tomcat",
         names: &[],
         recognise: Some(process::is_tomcat),
-        // AbstractEndpoint's acceptCount.
+        // AbstractEndpoint's acceptCount (10.1), which NioEndpoint.bind passes to bind().
         default: Asks::Backlog(100),
         knob: "`acceptCount` on the `<Connector>` in Tomcat's conf/server.xml",
         configured: Some(config::tomcat),

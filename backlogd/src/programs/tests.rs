@@ -664,6 +664,9 @@ fn tomcat_reads_accept_count_of_the_connector_on_the_port() {
          <Connector port=\"8080\" protocol=\"HTTP/1.1\"\n   connectionTimeout=\"20000\"\n\
             acceptCount=\"500\" />\n\
          <Connector port=\"8443\" protocol=\"HTTP/1.1\" />\n\
+             <Connector port=\"8009\" protocol=\"AJP/1.3\"\n  acceptCount=\"300\" />\n\
+             <Connector port=\"8010\" acceptCount=\"0\" />\n\
+             <Connector port=\"8011\" backlog=\"700\" />\n\
          </Service>\n</Server>\n",
     );
     let args = [
@@ -687,6 +690,32 @@ fn tomcat_reads_accept_count_of_the_connector_on_the_port() {
         asks(&identify(&tomcat, 8443)),
         Some(("tomcat", Asks::Backlog(100)))
     );
+    // An indented tag: the line it starts on.
+    assert_eq!(
+        identify(&tomcat, 8009).unwrap().source,
+        "/var/lib/tomcat10/conf/server.xml:8: acceptCount=\"300\""
+    );
+    // setAcceptCount ignores 0 or less; `backlog` has set nothing since Tomcat 9.
+    for port in [8010, 8011] {
+        let k = identify(&tomcat, port).unwrap();
+        assert_eq!(
+            (k.asks, k.source.as_str()),
+            (Asks::Backlog(100), "tomcat's default"),
+            "{port}"
+        );
+    }
+    // Bootstrap given as an argument to another main class is not Tomcat.
+    let other = root.process(
+        "/usr/lib/jvm/java-17-openjdk-amd64/bin/java",
+        &[
+            "java",
+            "-cp",
+            "app.jar",
+            "Main",
+            "org.apache.catalina.startup.Bootstrap",
+        ],
+    );
+    assert_eq!(identify(&other, 8080).unwrap().program, "java");
 }
 
 #[test]
