@@ -91,6 +91,20 @@ impl Process {
         out
     }
 
+    /// The names of the files in a directory the process names (see
+    /// [`Process::resolve`]), sorted; empty when it cannot be read.
+    pub fn list(&self, dir: &str, base: Option<&str>) -> Vec<String> {
+        let Ok(entries) = std::fs::read_dir(self.resolve(dir, base)) else {
+            return Vec::new();
+        };
+        let mut names: Vec<String> = entries
+            .flatten()
+            .filter_map(|e| e.file_name().into_string().ok())
+            .collect();
+        names.sort();
+        names
+    }
+
     /// The process that started this one (PHP-FPM's master, for a worker holding the
     /// pool's socket); None in tests (pid 0) and once it is gone.
     pub fn parent(&self) -> Option<Self> {
@@ -282,4 +296,17 @@ impl<'a> Jvm<'a> {
 /// both start it so).
 pub fn is_tomcat(process: &Process) -> bool {
     jvm(process).is_some_and(|j| j.runs("org.apache.catalina.startup.Bootstrap"))
+}
+
+/// Jetty from its distribution: `java -jar .../start.jar` (Debian's jetty.sh, Jetty's
+/// own documentation), its main class run directly, or the JVM start.jar forks with
+/// `--exec` (which runs XmlConfiguration on the properties and XML files it resolved).
+pub fn is_jetty(process: &Process) -> bool {
+    jvm(process).is_some_and(|j| match j.main {
+        JvmMain::Jar(jar, _) => jar.rsplit('/').next() == Some("start.jar"),
+        JvmMain::Class(c, _) => {
+            c == "org.eclipse.jetty.start.Main" || c == "org.eclipse.jetty.xml.XmlConfiguration"
+        }
+        JvmMain::Other => false,
+    })
 }
