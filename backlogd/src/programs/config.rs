@@ -3,7 +3,10 @@
 //! backlog (and the includes that lead to them); anything it cannot follow leaves the
 //! program's default in place, which the finding then says.
 
-use super::{asks::Asks, process::Process};
+use super::{
+    asks::Asks,
+    process::{JvmMain, Process, jvm},
+};
 
 /// A figure a reader found, with where.
 type Found = Option<(Asks, String)>;
@@ -795,17 +798,17 @@ fn xml_attribute<'a>(tag: &'a str, name: &str) -> Option<&'a str> {
     }
 }
 
-/// Tomcat: `acceptCount` (or its older name `backlog`) of the `<Connector>` on the port
-/// in conf/server.xml under `-Dcatalina.base` (else `-Dcatalina.home`). Commented-out
-/// connectors (server.xml ships several) are skipped.
+/// Tomcat: `acceptCount` of the `<Connector>` on the port in conf/server.xml under
+/// `-Dcatalina.base` (else `-Dcatalina.home`). Commented-out connectors (server.xml ships
+/// several) are skipped. Tomcat passes it to bind() as the backlog (NioEndpoint.bind in
+/// 10.1); 0 or less leaves its 100 (AbstractEndpoint.setAcceptCount). The attribute's
+/// old name `backlog` is not read: Tomcat 9 renamed the property, and a `backlog="N"`
+/// since sets nothing.
 pub fn tomcat(process: &Process, port: u16) -> Found {
-    let dir = |key: &str| {
-        process
-            .cmdline
-            .iter()
-            .find_map(|a| a.strip_prefix(key).map(str::to_owned))
-    };
-    let base = dir("-Dcatalina.base=").or_else(|| dir("-Dcatalina.home="))?;
+    let jvm = jvm(process)?;
+    let base = jvm
+        .property("catalina.base")
+        .or_else(|| jvm.property("catalina.home"))?;
     let conf = format!("{base}/conf/server.xml");
     let mut text = process.read(&conf, None)?;
     // Blank out comments, keeping their newlines for the line numbers.
@@ -828,11 +831,180 @@ pub fn tomcat(process: &Process, port: u16) -> Found {
         if xml_attribute(tag, "port").and_then(|p| p.parse().ok()) != Some(port) {
             continue;
         }
-        let line = text[..start].lines().count() + 1;
-        let found = ["acceptCount", "backlog"]
-            .into_iter()
-            .find_map(|key| Some((key, xml_attribute(tag, key)?.parse().ok()?)));
-        return found.and_then(|(key, n)| backlog(n, format!("{conf}:{line}: {key}=\"{n}\"")));
+        // The line the tag starts on (text before it may end mid-line: indentation).
+        let line = text[..start].matches('\n').count() + 1;
+        let n: u32 = xml_attribute(tag, "acceptCount")?.parse().ok()?;
+        return (n > 0).then(|| {
+            (
+                Asks::Backlog(n),
+                format!("{conf}:{line}: acceptCount=\"{n}\""),
+            )
+        });
     }
     None
+}
+
+/// The JDK's backlog for a bind() given 0 or less (ServerSocketChannelImpl.netBind:
+/// `backlog < 1 ? 50 : backlog`), which is what Jetty's ServerConnector passes by default.
+const JDK_BACKLOG: u32 = 50;
+
+/// Jetty's properties as its XML files see them, each with where it was set, the last
+/// setting winning.
+type JettyProperties = std::collections::HashMap<String, (String, String)>;
+
+/// One `name=value` line of Jetty's start configuration (a start.ini line, an argument
+/// of start.jar's): `name?=value` sets only what nothing set before it (StartArgs'
+/// processAndSetProperty); options (`--module=`) and XML files are not properties.
+fn jetty_set(props: &mut JettyProperties, line: &str, at: String) {
+    let setting = line.strip_prefix("-D").unwrap_or(line);
+    if setting.starts_with('-') {
+        return;
+    }
+    let Some((name, value)) = setting.split_once('=') else {
+        return;
+    };
+    let (name, only_if_unset) = match name.strip_suffix('?') {
+        Some(name) => (name, true),
+        None => (name, false),
+    };
+    // `name+=value` appends to a list; no backlog setting is one.
+    if name.ends_with('+') || (only_if_unset && props.contains_key(name)) {
+        return;
+    }
+    // Jetty trims the line, not the name: `name = value` sets "name ", which no XML
+    // file reads.
+    props.insert(
+        name.to_owned(),
+        (value.trim().to_owned(), format!("{at}: {line}")),
+    );
+}
+
+/// The lines of a start.ini-style file (StartIni: trimmed, `#` comments and blank lines
+/// skipped) with `file:line`.
+fn jetty_ini(process: &Process, file: &str, props: &mut JettyProperties) {
+    let Some(text) = process.read(file, None) else {
+        return;
+    };
+    for (n, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if !line.is_empty() && !line.starts_with('#') {
+            jetty_set(props, line, format!("{file}:{}", n + 1));
+        }
+    }
+}
+
+/// A Java properties file's `name=value` (or `name: value`) lines, `#`/`!` comments
+/// skipped (line continuations and escapes are not read: no figure needs them).
+fn jetty_properties_file(process: &Process, file: &str, props: &mut JettyProperties) {
+    let Some(text) = process.read(file, None) else {
+        return;
+    };
+    for (n, line) in text.lines().enumerate() {
+        let line = line.trim_start();
+        if line.starts_with(['#', '!']) {
+            continue;
+        }
+        if let Some((name, value)) = line.split_once(['=', ':']) {
+            props.insert(
+                name.trim().to_owned(),
+                (
+                    value.trim().to_owned(),
+                    format!("{file}:{}: {}", n + 1, line.trim_end()),
+                ),
+            );
+        }
+    }
+}
+
+/// The properties Jetty's XML files are configured with, in the order that makes the
+/// last setting of a name the one Jetty uses: the JVM's own `-Dname=value` first (the
+/// system properties XmlConfiguration.main starts from, which the start properties
+/// override), then, for start.jar, `${jetty.base}/start.ini`, then
+/// `${jetty.base}/start.d/*.ini` in name order (DirConfigSource), then start.jar's own
+/// arguments (the command line source outweighs jetty.base's: StartArgs.parse applies
+/// the sources from the lightest); for the JVM start.jar forked (`--exec`), the
+/// properties file and `name=value` arguments it was given, in order.
+/// `--include-jetty-dir` directories are not read.
+fn jetty_properties(process: &Process) -> Option<JettyProperties> {
+    let jvm = jvm(process)?;
+    let mut props = JettyProperties::new();
+    for o in &jvm.options {
+        if o.starts_with("-D") {
+            jetty_set(&mut props, o, "its command line".to_owned());
+        }
+    }
+    let args = match jvm.main {
+        JvmMain::Jar(_, args) => args,
+        JvmMain::Class("org.eclipse.jetty.start.Main", args) => args,
+        JvmMain::Class(_, args) => {
+            for a in args {
+                if a.ends_with(".properties") {
+                    jetty_properties_file(process, a, &mut props);
+                } else if a.contains('=') {
+                    jetty_set(&mut props, a, "its command line".to_owned());
+                }
+            }
+            return Some(props);
+        }
+        JvmMain::Other => return None,
+    };
+    // jetty.base: start.jar's argument, else the system property, else its working
+    // directory (CommandLineConfigSource.findJettyBasePath).
+    let base = args
+        .iter()
+        .rev()
+        .find_map(|a| a.strip_prefix("jetty.base="))
+        .or_else(|| {
+            args.iter()
+                .rev()
+                .find_map(|a| a.strip_prefix("-Djetty.base="))
+        })
+        .or_else(|| jvm.property("jetty.base"))
+        .unwrap_or(".");
+    jetty_ini(process, &format!("{base}/start.ini"), &mut props);
+    for name in process.list(&format!("{base}/start.d"), None) {
+        if name.ends_with(".ini") {
+            jetty_ini(process, &format!("{base}/start.d/{name}"), &mut props);
+        }
+    }
+    for a in args {
+        jetty_set(&mut props, a, "its command line".to_owned());
+    }
+    Some(props)
+}
+
+/// Jetty 9.4: the accept queue size of the ServerConnector on the port, as
+/// etc/jetty-http.xml (`jetty.http.acceptQueueSize`, for `jetty.http.port`, 8080 unset)
+/// and etc/jetty-ssl.xml (`jetty.ssl.acceptQueueSize`, for `jetty.ssl.port`, 8443) set
+/// it from Jetty's properties ([`jetty_properties`]); each name's deprecated spelling
+/// counts only where the name is set nowhere (XmlConfiguration's `<Property
+/// deprecated=>`). ServerConnector binds with it, and 0 (the default) or less gets the
+/// JDK's 50. A port neither connector is on is another XML file's connector: its figure
+/// is not read.
+pub fn jetty(process: &Process, port: u16) -> Found {
+    let props = jetty_properties(process)?;
+    let get = |name: &str, deprecated: &str| props.get(name).or_else(|| props.get(deprecated));
+    let port_of = |name: &str, deprecated: &str, default: u16| -> Option<u16> {
+        get(name, deprecated).map_or(Some(default), |(v, _)| v.parse().ok())
+    };
+    let (name, deprecated) = if port_of("jetty.http.port", "jetty.port", 8080) == Some(port) {
+        ("jetty.http.acceptQueueSize", "http.acceptQueueSize")
+    } else if port_of("jetty.ssl.port", "ssl.port", 8443) == Some(port) {
+        ("jetty.ssl.acceptQueueSize", "ssl.acceptQueueSize")
+    } else {
+        return Some((
+            Asks::Configured,
+            format!("port {port} is neither jetty.http.port's nor jetty.ssl.port's"),
+        ));
+    };
+    let (value, at) = get(name, deprecated)?;
+    match value.parse::<i64>() {
+        Ok(n) if n > 0 => Some((
+            Asks::Backlog(u32::try_from(n).unwrap_or(u32::MAX)),
+            at.clone(),
+        )),
+        Ok(_) => backlog(JDK_BACKLOG, format!("{at} (0 or less: the JDK's 50)")),
+        // `${other.property}` and the like: Jetty's figure, not read here.
+        Err(_) => Some((Asks::Configured, at.clone())),
+    }
 }

@@ -46,7 +46,7 @@ pub struct Program {
 pub type Reader = fn(&Process, u16) -> Option<(Asks, String)>;
 
 /// The table. The first row that recognises a process is its program: rows that
-/// recognise a server by its interpreter's command line (gunicorn, Tomcat) come before
+/// recognise a server by its interpreter's command line (gunicorn, Tomcat, Jetty) come before
 /// the interpreter's own row (python, java).
 pub static PROGRAMS: &[Program] = &[
     Program {
@@ -200,10 +200,22 @@ pub static PROGRAMS: &[Program] = &[
         id: "tomcat",
         names: &[],
         recognise: Some(process::is_tomcat),
-        // AbstractEndpoint's acceptCount.
+        // AbstractEndpoint's acceptCount (10.1), which NioEndpoint.bind passes to bind().
         default: Asks::Backlog(100),
         knob: "`acceptCount` on the `<Connector>` in Tomcat's conf/server.xml",
         configured: Some(config::tomcat),
+        relisten: None,
+    },
+    Program {
+        id: "jetty",
+        names: &[],
+        recognise: Some(process::is_jetty),
+        // ServerConnector's _acceptQueueSize is 0, and the JDK's bind() makes 0 its 50.
+        default: Asks::Backlog(50),
+        knob: "`jetty.http.acceptQueueSize=N` in the jetty.base's start.d/http.ini (or its \
+               start.ini, or on start.jar's command line; `jetty.ssl.acceptQueueSize` for \
+               the https connector); unset or 0, a ServerConnector asks for the JDK's 50",
+        configured: Some(config::jetty),
         relisten: None,
     },
     Program {

@@ -91,6 +91,20 @@ impl Process {
         out
     }
 
+    /// The names of the files in a directory the process names (see
+    /// [`Process::resolve`]), sorted; empty when it cannot be read.
+    pub fn list(&self, dir: &str, base: Option<&str>) -> Vec<String> {
+        let Ok(entries) = std::fs::read_dir(self.resolve(dir, base)) else {
+            return Vec::new();
+        };
+        let mut names: Vec<String> = entries
+            .flatten()
+            .filter_map(|e| e.file_name().into_string().ok())
+            .collect();
+        names.sort();
+        names
+    }
+
     /// The process that started this one (PHP-FPM's master, for a worker holding the
     /// pool's socket); None in tests (pid 0) and once it is gone.
     pub fn parent(&self) -> Option<Self> {
@@ -186,12 +200,113 @@ pub fn is_gunicorn(process: &Process) -> bool {
     }
 }
 
+/// What a `java` command line runs, after its options.
+#[derive(Debug, PartialEq, Eq)]
+pub enum JvmMain<'a> {
+    /// A main class, and the arguments it is given.
+    Class(&'a str, &'a [String]),
+    /// `-jar FILE`, and the arguments its main class is given.
+    Jar(&'a str, &'a [String]),
+    /// A module (`-m`), a source file (the source launcher), or nothing found.
+    Other,
+}
+
+/// A JVM's command line split as the `java` launcher reads it: its options (the class
+/// path, `-Dname=value` system properties) and what it runs.
+#[derive(Debug)]
+pub struct Jvm<'a> {
+    pub options: Vec<&'a str>,
+    pub main: JvmMain<'a>,
+}
+
+/// The launcher's options that take the next argument as their value (`java --help`);
+/// an option's value is never the main class.
+const JVM_OPTIONS_WITH_VALUE: &[&str] = &[
+    "-cp",
+    "-classpath",
+    "--class-path",
+    "-p",
+    "--module-path",
+    "--upgrade-module-path",
+    "--add-modules",
+    "--enable-native-access",
+    "--limit-modules",
+    "--add-reads",
+    "--add-exports",
+    "--add-opens",
+    "--patch-module",
+    "--source",
+];
+
+/// The JVM `process` is, if its executable is `java`.
+pub fn jvm(process: &Process) -> Option<Jvm<'_>> {
+    if process.exe_name().as_deref() != Some("java") {
+        return None;
+    }
+    let args = process.cmdline.get(1..).unwrap_or_default();
+    let mut options = Vec::new();
+    let mut i = 0;
+    while let Some(a) = args.get(i) {
+        let rest = args.get(i + 1..).unwrap_or_default();
+        let main = match a.as_str() {
+            "-jar" => match rest.split_first() {
+                Some((jar, after)) => JvmMain::Jar(jar, after),
+                None => JvmMain::Other,
+            },
+            "-m" | "--module" => JvmMain::Other,
+            a if a.starts_with("--module=") => JvmMain::Other,
+            a if a.starts_with('-') => {
+                options.push(a);
+                if JVM_OPTIONS_WITH_VALUE.contains(&a) {
+                    options.extend(rest.first().map(String::as_str));
+                    i += 1;
+                }
+                i += 1;
+                continue;
+            }
+            // The source launcher runs a file, not a class.
+            a if a.ends_with(".java") => JvmMain::Other,
+            class => JvmMain::Class(class, rest),
+        };
+        return Some(Jvm { options, main });
+    }
+    Some(Jvm {
+        options,
+        main: JvmMain::Other,
+    })
+}
+
+impl<'a> Jvm<'a> {
+    /// The value of the system property `name` (`-Dname=value`); the launcher keeps the
+    /// last.
+    pub fn property(&self, name: &str) -> Option<&'a str> {
+        self.options
+            .iter()
+            .rev()
+            .find_map(|o| o.strip_prefix("-D")?.strip_prefix(name)?.strip_prefix('='))
+    }
+
+    /// Whether it runs the main class `class`.
+    pub fn runs(&self, class: &str) -> bool {
+        matches!(self.main, JvmMain::Class(c, _) if c == class)
+    }
+}
+
 /// Tomcat: a JVM whose main class is Tomcat's bootstrap (catalina.sh and the Debian unit
 /// both start it so).
 pub fn is_tomcat(process: &Process) -> bool {
-    process.exe_name().as_deref() == Some("java")
-        && process
-            .cmdline
-            .iter()
-            .any(|a| a == "org.apache.catalina.startup.Bootstrap")
+    jvm(process).is_some_and(|j| j.runs("org.apache.catalina.startup.Bootstrap"))
+}
+
+/// Jetty from its distribution: `java -jar .../start.jar` (Debian's jetty.sh, Jetty's
+/// own documentation), its main class run directly, or the JVM start.jar forks with
+/// `--exec` (which runs XmlConfiguration on the properties and XML files it resolved).
+pub fn is_jetty(process: &Process) -> bool {
+    jvm(process).is_some_and(|j| match j.main {
+        JvmMain::Jar(jar, _) => jar.rsplit('/').next() == Some("start.jar"),
+        JvmMain::Class(c, _) => {
+            c == "org.eclipse.jetty.start.Main" || c == "org.eclipse.jetty.xml.XmlConfiguration"
+        }
+        JvmMain::Other => false,
+    })
 }

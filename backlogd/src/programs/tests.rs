@@ -664,6 +664,9 @@ fn tomcat_reads_accept_count_of_the_connector_on_the_port() {
          <Connector port=\"8080\" protocol=\"HTTP/1.1\"\n   connectionTimeout=\"20000\"\n\
             acceptCount=\"500\" />\n\
          <Connector port=\"8443\" protocol=\"HTTP/1.1\" />\n\
+             <Connector port=\"8009\" protocol=\"AJP/1.3\"\n  acceptCount=\"300\" />\n\
+             <Connector port=\"8010\" acceptCount=\"0\" />\n\
+             <Connector port=\"8011\" backlog=\"700\" />\n\
          </Service>\n</Server>\n",
     );
     let args = [
@@ -687,6 +690,201 @@ fn tomcat_reads_accept_count_of_the_connector_on_the_port() {
         asks(&identify(&tomcat, 8443)),
         Some(("tomcat", Asks::Backlog(100)))
     );
+    // An indented tag: the line it starts on.
+    assert_eq!(
+        identify(&tomcat, 8009).unwrap().source,
+        "/var/lib/tomcat10/conf/server.xml:8: acceptCount=\"300\""
+    );
+    // setAcceptCount ignores 0 or less; `backlog` has set nothing since Tomcat 9.
+    for port in [8010, 8011] {
+        let k = identify(&tomcat, port).unwrap();
+        assert_eq!(
+            (k.asks, k.source.as_str()),
+            (Asks::Backlog(100), "tomcat's default"),
+            "{port}"
+        );
+    }
+    // Bootstrap given as an argument to another main class is not Tomcat.
+    let other = root.process(
+        "/usr/lib/jvm/java-17-openjdk-amd64/bin/java",
+        &[
+            "java",
+            "-cp",
+            "app.jar",
+            "Main",
+            "org.apache.catalina.startup.Bootstrap",
+        ],
+    );
+    assert_eq!(identify(&other, 8080).unwrap().program, "java");
+}
+
+/// Jetty from its distribution, as Debian's jetty.sh starts it: `java -Djetty.home=H
+/// -Djetty.base=B -jar H/start.jar ARGS`.
+fn jetty_process(root: &Root, jvm: &[&str], args: &[&str]) -> Process {
+    let cmdline: Vec<&str> = ["/usr/bin/java"]
+        .into_iter()
+        .chain(jvm.iter().copied())
+        .chain(["-jar", "/usr/share/jetty9/start.jar"])
+        .chain(args.iter().copied())
+        .collect();
+    root.process("/usr/lib/jvm/java-17-openjdk-amd64/bin/java", &cmdline)
+}
+
+#[test]
+fn jetty_reads_accept_queue_size_from_start_ini_start_d_and_its_command_line() {
+    let root = Root::new("jetty");
+    root.file(
+        "/srv/jetty/start.ini",
+        "# jetty.http.acceptQueueSize=1\n--module=server\njetty.http.acceptQueueSize=100\n",
+    )
+    .file(
+        "/srv/jetty/start.d/http.ini",
+        "--module=http\njetty.http.port=8081\n\n  jetty.http.acceptQueueSize=300\n\
+         jetty.http.acceptQueueSize = 5\n",
+    )
+    .file(
+        "/srv/jetty/start.d/ssl.ini",
+        "jetty.ssl.acceptQueueSize=400\n",
+    );
+    let base = ["-Djetty.home=/usr/share/jetty9", "-Djetty.base=/srv/jetty"];
+    let jetty = jetty_process(&root, &base, &["jetty.state=/srv/jetty.state"]);
+    // start.d comes after start.ini.
+    let k = identify(&jetty, 8081).unwrap();
+    assert_eq!(
+        (k.program.as_str(), k.asks, k.source.as_str()),
+        (
+            "jetty",
+            Asks::Backlog(300),
+            "/srv/jetty/start.d/http.ini:4: jetty.http.acceptQueueSize=300"
+        )
+    );
+    assert_eq!(identify(&jetty, 8443).unwrap().asks, Asks::Backlog(400));
+    // Another connector's port: an XML file's own figure, not read.
+    assert_eq!(identify(&jetty, 9000).unwrap().asks, Asks::Configured);
+    // start.jar's arguments come last; `?=` sets only what nothing set.
+    let flagged = jetty_process(
+        &root,
+        &base,
+        &[
+            "jetty.http.acceptQueueSize=700",
+            "jetty.http.acceptQueueSize?=900",
+        ],
+    );
+    let k = identify(&flagged, 8081).unwrap();
+    assert_eq!(
+        (k.asks, k.source.as_str()),
+        (
+            Asks::Backlog(700),
+            "its command line: jetty.http.acceptQueueSize=700"
+        )
+    );
+    let dashed = jetty_process(&root, &base, &["-Djetty.http.acceptQueueSize=800"]);
+    assert_eq!(identify(&dashed, 8081).unwrap().asks, Asks::Backlog(800));
+    // The JVM's own system property is what the start properties override...
+    let jvm_property = [
+        "-Djetty.http.acceptQueueSize=1000",
+        "-Djetty.base=/srv/jetty",
+    ];
+    let overridden = jetty_process(&root, &jvm_property, &[]);
+    assert_eq!(
+        identify(&overridden, 8081).unwrap().asks,
+        Asks::Backlog(300)
+    );
+    // ...and what holds where they set nothing; the deprecated name counts only there.
+    root.file("/srv/bare/start.d/http.ini", "http.acceptQueueSize=222\n");
+    let bare = [
+        "-Djetty.http.acceptQueueSize=1000",
+        "-Djetty.base=/srv/bare",
+    ];
+    let k = identify(&jetty_process(&root, &bare, &[]), 8080).unwrap();
+    assert_eq!(
+        (k.asks, k.source.as_str()),
+        (
+            Asks::Backlog(1000),
+            "its command line: -Djetty.http.acceptQueueSize=1000"
+        )
+    );
+    let k = identify(&jetty_process(&root, &bare[1..], &[]), 8080).unwrap();
+    assert_eq!(
+        (k.asks, k.source.as_str()),
+        (
+            Asks::Backlog(222),
+            "/srv/bare/start.d/http.ini:1: http.acceptQueueSize=222"
+        )
+    );
+    // 0 is the JDK's 50; unset, ServerConnector's 0 is too.
+    let zero = jetty_process(&root, &base, &["jetty.http.acceptQueueSize=0"]);
+    let k = identify(&zero, 8081).unwrap();
+    assert_eq!(
+        (k.asks, k.source.as_str()),
+        (
+            Asks::Backlog(50),
+            "its command line: jetty.http.acceptQueueSize=0 (0 or less: the JDK's 50)"
+        )
+    );
+    // Debian's service: jetty.base is jetty.home, whose start.ini sets the port only.
+    root.file(
+        "/usr/share/jetty9/start.ini",
+        "--module=deploy,http\njetty.http.port=8080\n",
+    );
+    let debian = jetty_process(
+        &root,
+        &[
+            "-Djava.awt.headless=true",
+            "-Djetty.home=/usr/share/jetty9",
+            "-Djetty.base=/usr/share/jetty9",
+        ],
+        &[
+            "jetty.state=/var/lib/jetty9/jetty.state",
+            "jetty-started.xml",
+        ],
+    );
+    let k = identify(&debian, 8080).unwrap();
+    assert_eq!(
+        (k.program.as_str(), k.asks, k.source.as_str()),
+        ("jetty", Asks::Backlog(50), "jetty's default")
+    );
+    // No jetty.base given: its working directory.
+    let mut in_base = root.process(
+        "/usr/lib/jvm/java-17-openjdk-amd64/bin/java",
+        &["java", "-jar", "/opt/jetty/start.jar"],
+    );
+    in_base.cwd = root.0.join("srv/jetty");
+    assert_eq!(identify(&in_base, 8081).unwrap().asks, Asks::Backlog(300));
+    // The JVM start.jar forks with --exec runs XmlConfiguration on the properties it
+    // resolved.
+    root.file(
+        "/tmp/start_1234.properties",
+        "#start.jar properties\njetty.base=/srv/jetty\njetty.http.acceptQueueSize=512\n",
+    );
+    let forked = root.process(
+        "/usr/lib/jvm/java-17-openjdk-amd64/bin/java",
+        &[
+            "/usr/bin/java",
+            "-Xmx512m",
+            "-Djetty.home=/usr/share/jetty9",
+            "-cp",
+            "/usr/share/jetty9/lib/jetty-xml-9.4.57.v20241219.jar",
+            "org.eclipse.jetty.xml.XmlConfiguration",
+            "/tmp/start_1234.properties",
+            "/usr/share/jetty9/etc/jetty-http.xml",
+        ],
+    );
+    let k = identify(&forked, 8080).unwrap();
+    assert_eq!(
+        (k.program.as_str(), k.asks, k.source.as_str()),
+        (
+            "jetty",
+            Asks::Backlog(512),
+            "/tmp/start_1234.properties:3: jetty.http.acceptQueueSize=512"
+        )
+    );
+    // Another application's jar is not Jetty.
+    let app = root.process(
+        "/usr/lib/jvm/java-17-openjdk-amd64/bin/java",
+        &["java", "-jar", "/srv/app.jar", "start.jar"],
+    );
+    assert_eq!(identify(&app, 8080).unwrap().program, "java");
 }
 
 #[test]
