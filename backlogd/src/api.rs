@@ -215,7 +215,9 @@ pub enum Request {
         backlog: u32,
         source: String,
     },
-    /// Not seen; its program asks for net.core.somaxconn itself, so it is never cut.
+    /// Not seen; its program asks for net.core.somaxconn itself, so it is never cut (or,
+    /// a runtime's default such as Netty's, does so if its code passes no backlog: the
+    /// listener's `program.asks` is then `code_somaxconn`).
     Somaxconn { program: String },
     /// Not seen, and granted exactly the namespace's net.core.somaxconn: it asked for at
     /// least that, and may have been cut.
@@ -243,9 +245,11 @@ impl Request {
                 backlog: *backlog,
                 source: source.clone(),
             },
+            // Netty's default is somaxconn too, if its code sets none: the listener's
+            // `program.asks` says which, for the findings to say it conditionally.
             Some(Known {
                 program,
-                asks: Asks::Somaxconn,
+                asks: Asks::Somaxconn | Asks::CodeSomaxconn,
                 ..
             }) => Request::Somaxconn {
                 program: program.clone(),

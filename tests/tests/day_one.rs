@@ -8,7 +8,10 @@
 //! does the same for MariaDB, PostgreSQL, PHP-FPM, gunicorn, Python and a JVM, whose
 //! figures are derived from their configuration (or are a runtime's default), then raises
 //! somaxconn under three of them: doctor says each must call listen() again, and after a
-//! restart the kernel grants the derived figures.
+//! restart the kernel grants the derived figures. A third runs Debian's Tomcat and Jetty
+//! from base directories of their own and a Netty server compiled here, all at once (a
+//! JVM takes a second or more to listen), and does the same: the kernel shows Tomcat's
+//! and Jetty's defaults at a somaxconn above them, and Netty's somaxconn read at start.
 
 use std::{
     os::unix::process::CommandExt as _,
@@ -123,11 +126,35 @@ impl Server {
     /// The backlog the kernel granted its listener (`ss` Send-Q of a LISTEN socket:
     /// `sk_max_ack_backlog`), once it listens.
     fn granted(&self) -> Option<u32> {
+        self.granted_on(self.port)
+    }
+
+    /// [`Server::granted`] for another of its ports.
+    fn granted_on(&self, port: u16) -> Option<u32> {
         let out = self
             .ns
-            .command("ss", &["-Hltn", &format!("sport = :{}", self.port)]);
+            .command("ss", &["-Hltn", &format!("sport = :{port}")]);
         out.split_whitespace().nth(2)?.parse().ok()
     }
+}
+
+/// Something [`at_once`] runs.
+type Start<'a, T> = Box<dyn FnOnce() -> T + Send + 'a>;
+
+/// Runs `starts` at once, each on a thread of its own, and returns what they return in
+/// their order: a JVM takes a second or more to listen, and servers in namespaces of
+/// their own need not wait for each other. A panic in one is raised here, as it was.
+fn at_once<'a, T: Send + 'a, const N: usize>(starts: [Start<'a, T>; N]) -> Vec<T> {
+    std::thread::scope(|s| {
+        let running: Vec<_> = starts.into_iter().map(|f| s.spawn(f)).collect();
+        running
+            .into_iter()
+            .map(|r| {
+                r.join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+            })
+            .collect()
+    })
 }
 
 impl Drop for Server {
@@ -973,6 +1000,368 @@ fn databases_php_python_and_java_started_before_the_daemon_and_somaxconn_raised_
             set(&[]),
             "{program}: {:#?}",
             after.about(&server.ns)
+        );
+    }
+}
+
+/// Debian's Tomcat 10.1 as its unit starts it (tomcat-start.sh: `catalina.sh run`, which
+/// execs the JVM with Bootstrap), with a CATALINA_BASE of its own: the package's conf/
+/// copied, its HTTP connector moved to 127.0.0.1:`port` with acceptCount="300", and a
+/// second connector on `port` + 1 without one (Tomcat's 100). The JVM keeps Debian's
+/// defaults: its listeners are IPv6 sockets on ::ffff:127.0.0.1. Waits for both ports.
+fn tomcat(somaxconn: u32, port: u16) -> Server {
+    let dir = TempDir::new(&format!("dayone-tomcat-{port}"));
+    let d = dir.path().display().to_string();
+    for sub in ["conf", "logs", "webapps", "work", "temp"] {
+        std::fs::create_dir_all(dir.path().join(sub)).expect("CATALINA_BASE");
+    }
+    for file in [
+        "catalina.properties",
+        "context.xml",
+        "jaspic-providers.xml",
+        "logging.properties",
+        "tomcat-users.xml",
+        "web.xml",
+    ] {
+        std::fs::copy(
+            format!("{TOMCAT_CONF}/{file}"),
+            dir.path().join("conf").join(file),
+        )
+        .unwrap_or_else(|e| panic!("copying {TOMCAT_CONF}/{file}: {e}"));
+    }
+    let packaged =
+        std::fs::read_to_string(format!("{TOMCAT_CONF}/server.xml")).expect("Debian's server.xml");
+    let connector = "<Connector port=\"8080\" protocol=\"HTTP/1.1\"";
+    assert!(packaged.contains(connector), "server.xml: {packaged}");
+    let server_xml = packaged.replacen(
+        connector,
+        &format!(
+            "<Connector port=\"{}\" address=\"127.0.0.1\" protocol=\"HTTP/1.1\" />\n    \
+             <Connector port=\"{port}\" address=\"127.0.0.1\" acceptCount=\"300\" \
+             protocol=\"HTTP/1.1\"",
+            port + 1
+        ),
+        1,
+    );
+    dir.write("conf/server.xml", &server_xml);
+    let args = [
+        "CATALINA_HOME=/usr/share/tomcat10".to_owned(),
+        format!("CATALINA_BASE={d}"),
+        format!("CATALINA_TMPDIR={d}/temp"),
+        // Debian's JAVA_OPTS (/etc/default/tomcat10), and a JIT that starts sooner.
+        "JAVA_OPTS=-Djava.awt.headless=true -XX:TieredStopAtLevel=1".to_owned(),
+        TOMCAT_CATALINA_SH.to_owned(),
+        "run".to_owned(),
+    ];
+    let server = Server::start_at(somaxconn, port, "env", &args, dir);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while server.granted_on(port + 1).is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "tomcat not listening on {}",
+            port + 1
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    server
+}
+
+const TOMCAT_CONF: &str = "/etc/tomcat10";
+const TOMCAT_CATALINA_SH: &str = "/usr/share/tomcat10/bin/catalina.sh";
+
+/// The line of `server`'s conf/server.xml that holds `text`, as `FILE:LINE`.
+fn line_of(server: &Server, file: &str, text: &str) -> String {
+    let path = server.dir.path().join(file);
+    let content = std::fs::read_to_string(&path).expect("reading back a file the test wrote");
+    let n = content
+        .lines()
+        .position(|l| l.contains(text))
+        .unwrap_or_else(|| panic!("{text} not in {}", path.display()));
+    format!("{}:{}", path.display(), n + 1)
+}
+
+/// Debian's Jetty 9.4 as its jetty.sh starts it (`java -Djetty.home=H -Djetty.base=B
+/// -jar H/start.jar`), with a jetty.base of its own whose start.d/http.ini enables the
+/// http module on 127.0.0.1:`port`, with `jetty.http.acceptQueueSize=N` when `queue` is
+/// given.
+fn jetty(somaxconn: u32, port: u16, queue: Option<u32>) -> Server {
+    let dir = TempDir::new(&format!("dayone-jetty-{port}"));
+    let d = dir.path().display().to_string();
+    std::fs::create_dir_all(dir.path().join("start.d")).expect("start.d");
+    let queue = queue.map_or(String::new(), |n| {
+        format!("jetty.http.acceptQueueSize={n}\n")
+    });
+    dir.write(
+        "start.d/http.ini",
+        &format!("--module=http\njetty.http.host=127.0.0.1\njetty.http.port={port}\n{queue}"),
+    );
+    let args = [
+        "-XX:TieredStopAtLevel=1".to_owned(),
+        "-Djetty.home=/usr/share/jetty9".to_owned(),
+        format!("-Djetty.base={d}"),
+        format!("-Djava.io.tmpdir={d}"),
+        "-jar".to_owned(),
+        JETTY_START_JAR.to_owned(),
+    ];
+    Server::start_at(somaxconn, port, "java", &args, dir)
+}
+
+const JETTY_START_JAR: &str = "/usr/share/jetty9/start.jar";
+
+/// Debian's Netty 4.1 jars a ServerBootstrap needs (libnetty-java: its netty-all.jar is
+/// an empty aggregate whose manifest names no class path).
+const NETTY_CLASSPATH: &str = "/usr/share/java/netty-common.jar:/usr/share/java/netty-buffer.jar:\
+                               /usr/share/java/netty-resolver.jar:/usr/share/java/netty-transport.jar";
+
+/// A Netty server that sets no SO_BACKLOG, compiled here: a ServerBootstrap on NIO bound
+/// to 127.0.0.1:`port`, which asks for NetUtil.SOMAXCONN, the namespace's somaxconn when
+/// the JVM loaded Netty.
+fn netty(somaxconn: u32, port: u16) -> Server {
+    let dir = TempDir::new(&format!("dayone-netty-{port}"));
+    let src = dir.write(
+        "Serve.java",
+        "import io.netty.bootstrap.ServerBootstrap;\n\
+         import io.netty.channel.ChannelInitializer;\n\
+         import io.netty.channel.nio.NioEventLoopGroup;\n\
+         import io.netty.channel.socket.SocketChannel;\n\
+         import io.netty.channel.socket.nio.NioServerSocketChannel;\n\n\
+         public class Serve {\n    public static void main(String[] a) throws Exception {\n        \
+         new ServerBootstrap()\n            .group(new NioEventLoopGroup(1))\n            \
+         .channel(NioServerSocketChannel.class)\n            \
+         .childHandler(new ChannelInitializer<SocketChannel>() {\n                \
+         protected void initChannel(SocketChannel c) { c.close(); }\n            })\n            \
+         .bind(\"127.0.0.1\", Integer.parseInt(a[0])).sync().channel().closeFuture().sync();\n    \
+         }\n}\n",
+    );
+    let out = Command::new("javac")
+        .args(["-cp", NETTY_CLASSPATH, "-d"])
+        .arg(dir.path())
+        .arg(&src)
+        .output()
+        .expect("javac");
+    assert!(out.status.success(), "javac: {out:?}");
+    let args = [
+        "-XX:TieredStopAtLevel=1".to_owned(),
+        "-cp".to_owned(),
+        format!("{NETTY_CLASSPATH}:{}", dir.path().display()),
+        "Serve".to_owned(),
+        port.to_string(),
+    ];
+    Server::start_at(somaxconn, port, "java", &args, dir)
+}
+
+#[test]
+fn tomcat_jetty_and_netty_started_before_the_daemon_and_somaxconn_raised_after() {
+    let test = "tomcat_jetty_and_netty_started_before_the_daemon_and_somaxconn_raised_after";
+    if !require(
+        test,
+        &[
+            ("javac", &["-version"], "openjdk-17-jdk-headless"),
+            ("test", &["-x", TOMCAT_CATALINA_SH], "tomcat10"),
+            ("test", &["-r", JETTY_START_JAR], "jetty9"),
+            (
+                "test",
+                &["-r", "/usr/share/java/netty-transport.jar"],
+                "libnetty-java",
+            ),
+        ],
+    ) {
+        return;
+    }
+    // Four JVMs at once, each in its namespace: Tomcat and Jetty at 128, below the 300
+    // their configurations ask for; Jetty without acceptQueueSize at 4096, above its
+    // default; Netty at 128, which it reads as its default.
+    let mut servers = at_once::<Server, 4>([
+        Box::new(|| tomcat(128, 18090)),
+        Box::new(|| jetty(128, 18092, Some(300))),
+        Box::new(|| jetty(4096, 18093, None)),
+        Box::new(|| netty(128, 18094)),
+    ]);
+    // What the kernel granted, before backlogd ran: Tomcat's second connector its 100
+    // (below 128: as asked), Jetty's default the JDK's 50 at 4096, Netty somaxconn.
+    assert_eq!(servers[0].granted(), Some(128), "tomcat's acceptCount 300");
+    assert_eq!(servers[0].granted_on(18091), Some(100), "tomcat's default");
+    assert_eq!(
+        servers[1].granted(),
+        Some(128),
+        "jetty's acceptQueueSize 300"
+    );
+    assert_eq!(servers[2].granted(), Some(50), "jetty's default at 4096");
+    assert_eq!(servers[3].granted(), Some(128), "netty at 128");
+    let daemon = Daemon::start_with(&["--rescan-interval", "1"]);
+    let doctor = Doctor::run(&daemon, &["--fail-on", "critical"]);
+    // (server, program id, its own setting's name, where the 300 was read)
+    let tomcat_xml = line_of(&servers[0], "conf/server.xml", "acceptCount=\"300\"");
+    let jetty_ini = line_of(&servers[1], "start.d/http.ini", "acceptQueueSize=300");
+    let clamped = [
+        (
+            &servers[0],
+            "tomcat",
+            "`acceptCount` on the `<Connector>`",
+            format!("{tomcat_xml}: acceptCount=\"300\""),
+        ),
+        (
+            &servers[1],
+            "jetty",
+            "`jetty.http.acceptQueueSize=N` in the jetty.base's start.d/http.ini",
+            format!("{jetty_ini}: jetty.http.acceptQueueSize=300"),
+        ),
+    ];
+    for (server, program, knob, source) in &clamped {
+        let found = doctor.about(&server.ns);
+        assert_eq!(
+            kinds(&found),
+            set(&["backlog_clamped"]),
+            "{program}: {found:#?}"
+        );
+        assert_eq!(found.len(), 1, "{program}: {found:#?}");
+        let f = found[0];
+        assert_eq!(f["severity"], "warning", "{program}: {f:#?}");
+        let summary = f["summary"].as_str().unwrap();
+        assert!(
+            summary.ends_with(&format!(
+                "asks for backlog 300 on [::ffff:127.0.0.1]:{}, the kernel granted 128",
+                server.port
+            )),
+            "{program}: {summary}"
+        );
+        let ev = evidence(f);
+        assert!(
+            ev.contains(&format!("{program} asks for 300: {source}")),
+            "{ev}"
+        );
+        let remedy = f["remedy"].as_str().unwrap();
+        assert!(remedy.contains(knob), "{program}: {remedy}");
+        let l = snapshot_of(&daemon, server);
+        assert_eq!(l["request"]["known"], "program", "{l}");
+        assert_eq!(l["request"]["program"], *program, "{l}");
+        assert_eq!(l["request"]["backlog"], 300, "{l}");
+        assert_eq!(l["request"]["source"], *source, "{l}");
+    }
+    // The defaults, granted in full: nothing to say, and the API says what they ask.
+    for (ns, port, program, asks, source) in [
+        (&servers[0].ns, 18091, "tomcat", 100, "tomcat's default"),
+        (&servers[2].ns, 18093, "jetty", 50, "jetty's default"),
+    ] {
+        let l = listener_at(&daemon, ns, port).unwrap_or_else(|| panic!("{program} {port}"));
+        assert_eq!(l["granted"], asks, "{l}");
+        assert_eq!(l["request"]["known"], "program", "{l}");
+        assert_eq!(l["request"]["program"], program, "{l}");
+        assert_eq!(l["request"]["backlog"], asks, "{l}");
+        assert_eq!(l["request"]["source"], source, "{l}");
+    }
+    assert_eq!(kinds(&doctor.about(&servers[2].ns)), set(&[]));
+    // Netty holds what it asked for, somaxconn: nothing to say.
+    assert_eq!(
+        kinds(&doctor.about(&servers[3].ns)),
+        set(&[]),
+        "{:#?}",
+        doctor.about(&servers[3].ns)
+    );
+    let l = snapshot_of(&daemon, &servers[3]);
+    assert_eq!(l["request"]["known"], "somaxconn", "{l}");
+    assert_eq!(l["request"]["program"], "netty", "{l}");
+    assert_eq!(l["program"]["asks"], "code_somaxconn", "{l}");
+    assert!(
+        l["program"]["source"]
+            .as_str()
+            .unwrap()
+            .starts_with("/usr/share/java/netty-transport.jar on its class path: "),
+        "{l}"
+    );
+
+    // somaxconn raised after they listened, under Tomcat, Jetty (300) and Netty.
+    let raised_ns = [0, 1, 3];
+    for i in raised_ns {
+        servers[i].ns.sysctl("net.core.somaxconn", "4096");
+    }
+    for i in raised_ns {
+        wait_somaxconn(&daemon, &servers[i].ns, 4096);
+    }
+    let raised = Doctor::run(&daemon, &[]);
+    for (server, program, ..) in &clamped {
+        let found = raised.about(&server.ns);
+        assert_eq!(found.len(), 1, "{program}: {found:#?}");
+        assert!(
+            evidence(found[0]).contains(
+                "net.core.somaxconn is 4096 now, above the 128 granted: it was raised after"
+            ),
+            "{program}: {found:#?}"
+        );
+        assert!(
+            found[0]["remedy"].as_str().unwrap().starts_with(
+                "net.core.somaxconn is already 4096 in that namespace, so 300 fits now: \
+                 restart "
+            ),
+            "{program}: {found:#?}"
+        );
+    }
+    let found = raised.about(&servers[3].ns);
+    assert_eq!(kinds(&found), set(&["backlog_clamped"]), "{found:#?}");
+    let f = found[0];
+    assert_eq!(f["severity"], "warning", "{f:#?}");
+    assert!(
+        f["summary"].as_str().unwrap().ends_with(
+            "asks for net.core.somaxconn (if its code passes none) on \
+             [::ffff:127.0.0.1]:18094, 4096 now, and holds the 128 it was granted before it \
+             was raised: it must call listen() again to get 4096"
+        ),
+        "{f:#?}"
+    );
+    assert!(
+        f["remedy"]
+            .as_str()
+            .unwrap()
+            .contains("restart the JVM (Netty reads net.core.somaxconn once"),
+        "{f:#?}"
+    );
+    let top = Top::once(&daemon);
+    for (port, cell) in [
+        (18090, " 300*/128!+ "),
+        (18092, " 300*/128!+ "),
+        (18094, " =max/128+ "),
+    ] {
+        let row = top.row(format!("[::ffff:127.0.0.1]:{port}"));
+        assert!(row.contains(cell), "{port}: {row}");
+    }
+
+    // Restarted together, each calls listen() again: the kernel grants what the rows
+    // say, now that somaxconn allows it (Netty reads the new somaxconn), and doctor has
+    // nothing more to say.
+    let [tomcat, jetty, _, netty] = servers.as_mut_slice() else {
+        unreachable!("four servers")
+    };
+    at_once::<(), 3>([
+        Box::new(|| tomcat.restart()),
+        Box::new(|| jetty.restart()),
+        Box::new(|| netty.restart()),
+    ]);
+    for (i, port, asks) in [
+        (0, 18090, 300),
+        (0, 18091, 100),
+        (1, 18092, 300),
+        (3, 18094, 4096),
+    ] {
+        assert_eq!(
+            servers[i].granted_on(port),
+            Some(asks),
+            "{port} at somaxconn 4096: the kernel granted what its row asks for (ss Send-Q)"
+        );
+    }
+    for i in [1, 3] {
+        let l = wait_seen(&daemon, &servers[i]);
+        let asks = if i == 3 { 4096 } else { 300 };
+        assert_eq!(l["requested"], asks, "{l}");
+    }
+    let l = wait_seen(&daemon, &servers[0]);
+    assert_eq!(l["requested"], 300, "{l}");
+    let after = Doctor::run(&daemon, &[]);
+    for i in raised_ns {
+        assert_eq!(
+            kinds(&after.about(&servers[i].ns)),
+            set(&[]),
+            "{:#?}",
+            after.about(&servers[i].ns)
         );
     }
 }

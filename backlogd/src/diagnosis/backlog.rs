@@ -78,11 +78,7 @@ pub fn clamped(l: &ListenerSnapshot, cx: &Context<'_>) -> Option<Finding> {
             source,
         } => {
             let wanted = Some(*backlog).filter(|&w| w > granted)?;
-            // A runtime's figure (a JVM's 50) holds only if the code passed none.
-            let unless = match l.listener.program.as_ref().map(|k| k.asks) {
-                Some(programs::Asks::CodeDefault(_)) => " (if its code passes none)",
-                _ => "",
-            };
+            let unless = unless(l);
             let mut evidence = vec![
                 format!("{id} asks for {backlog}: {source}"),
                 format!(
@@ -112,18 +108,27 @@ pub fn clamped(l: &ListenerSnapshot, cx: &Context<'_>) -> Option<Finding> {
                 .program
                 .as_ref()
                 .map_or("", |k| k.source.as_str());
+            let unless = unless(l);
             let mut evidence = vec![
                 format!("{id} asks for net.core.somaxconn: {source}"),
                 format!("sk_max_ack_backlog {granted}"),
                 somaxconn_line(l, ns),
             ];
             evidence.extend(raised(l, ns));
+            // A runtime's default (Netty's): the one own figure that leaves nothing to
+            // gain is the one it holds (any larger was cut, and gets more too).
+            if !unless.is_empty() {
+                evidence.push(format!(
+                    "unless its code passes a backlog of its own, and that is {granted}, \
+                     which it then holds in full"
+                ));
+            }
             Some(clamped_finding(
                 l,
                 format!(
-                    "{comm} asks for net.core.somaxconn on {}, {now} now, and holds the \
-                     {granted} it was granted before it was raised: it must call listen() \
-                     again to get {now}",
+                    "{comm} asks for net.core.somaxconn{unless} on {}, {now} now, and holds \
+                     the {granted} it was granted before it was raised: it must call \
+                     listen() again to get {now}",
                     at()
                 ),
                 evidence,
@@ -138,6 +143,17 @@ pub fn clamped(l: &ListenerSnapshot, cx: &Context<'_>) -> Option<Finding> {
             ))
         }
         Request::AtLeast { .. } | Request::Unknown => None,
+    }
+}
+
+/// What qualifies a runtime's default (a JVM's 50, Netty's somaxconn), which holds only
+/// if the code the runtime runs passes no backlog of its own.
+fn unless(l: &ListenerSnapshot) -> &'static str {
+    match l.listener.program.as_ref().map(|k| k.asks) {
+        Some(programs::Asks::CodeDefault(_) | programs::Asks::CodeSomaxconn) => {
+            " (if its code passes none)"
+        }
+        _ => "",
     }
 }
 

@@ -928,6 +928,64 @@ fn backlog_clamped_from_a_runtime_default_only_at_somaxconn() {
     only(at(128, 128), "backlog_maybe_clamped");
 }
 
+/// Netty's default is somaxconn, if its code sets no SO_BACKLOG: nothing while it holds
+/// somaxconn; once somaxconn is above what it holds, the raise is said as for Go, on
+/// that condition, and its remedy is a new JVM (Netty read somaxconn once).
+#[test]
+fn backlog_clamped_from_a_runtime_somaxconn_said_on_its_condition() {
+    let netty = known(
+        "netty",
+        Asks::CodeSomaxconn,
+        "netty's default, if its code passes no backlog",
+    );
+    let at = |granted, somaxconn| {
+        let l = owned_by(
+            listener(1, 8080, "java", None, granted),
+            somaxconn,
+            netty.clone(),
+        );
+        diagnose(&snapshot(vec![l], vec![namespace(NETNS, somaxconn)]))
+    };
+    assert!(at(128, 128).is_empty());
+    let f = only(at(128, 4096), "backlog_clamped");
+    assert_eq!(f.severity, Severity::Warning);
+    assert_eq!(
+        f.summary,
+        "java asks for net.core.somaxconn (if its code passes none) on 0.0.0.0:8080, 4096 \
+         now, and holds the 128 it was granted before it was raised: it must call listen() \
+         again to get 4096"
+    );
+    assert!(
+        f.evidence.iter().any(|e| e
+            == "unless its code passes a backlog of its own, and that is 128, which it then \
+                holds in full"),
+        "{f:#?}"
+    );
+    assert!(
+        f.remedy.starts_with(
+            "net.core.somaxconn was raised to 4096 after java listened: restart the JVM \
+             (Netty reads net.core.somaxconn once"
+        ),
+        "{}",
+        f.remedy
+    );
+    // Go's own somaxconn is not conditional.
+    let go = owned_by(
+        listener(1, 8080, "api", None, 128),
+        4096,
+        known("go", Asks::Somaxconn, "go's default"),
+    );
+    let f = only(
+        diagnose(&snapshot(vec![go], vec![namespace(NETNS, 4096)])),
+        "backlog_clamped",
+    );
+    assert!(!f.summary.contains("if its code"), "{}", f.summary);
+    assert!(
+        !f.evidence.iter().any(|e| e.starts_with("unless")),
+        "{f:#?}"
+    );
+}
+
 /// A listener with `drops` SYNs dropped at a full accept queue, `delayed` of the dropped
 /// attempts connected on a retry and `abandoned` never, and sources whose largest prefix
 /// holds `top_share`.

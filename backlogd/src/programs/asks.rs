@@ -18,4 +18,11 @@ pub enum Asks {
     /// own (a JVM running unknown code): claimed only when the kernel granted exactly
     /// somaxconn, where it cannot be the code's own smaller figure.
     CodeDefault(u32),
+    /// The namespace's `net.core.somaxconn` as it was when the runtime read it, once, at
+    /// start, which holds only if the code it runs passes no backlog of its own (Netty's
+    /// default SO_BACKLOG). Like [`Asks::Somaxconn`] it is never cut, and once somaxconn
+    /// is raised the listener holds the old figure until the process starts again; unlike
+    /// it, a listener holding less than somaxconn may be the code's own smaller figure, so
+    /// what is said of it is said conditionally.
+    CodeSomaxconn,
 }

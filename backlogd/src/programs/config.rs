@@ -5,7 +5,7 @@
 
 use super::{
     asks::Asks,
-    process::{JvmMain, Process, jvm},
+    process::{JvmMain, Process, jvm, netty_jar},
 };
 
 /// A figure a reader found, with where.
@@ -1007,4 +1007,19 @@ pub fn jetty(process: &Process, port: u16) -> Found {
         // `${other.property}` and the like: Jetty's figure, not read here.
         Err(_) => Some((Asks::Configured, at.clone())),
     }
+}
+
+/// Netty 4: ServerBootstrap's channels ask for NetUtil.SOMAXCONN unless the code sets
+/// SO_BACKLOG (DefaultServerSocketChannelConfig, EpollServerChannelConfig), and NetUtil
+/// reads /proc/sys/net/core/somaxconn once, when the class loads (128 if it cannot).
+pub fn netty(process: &Process, _port: u16) -> Found {
+    let jvm = jvm(process)?;
+    let jar = netty_jar(process, &jvm)?;
+    Some((
+        Asks::CodeSomaxconn,
+        format!(
+            "{jar} on its class path: Netty's SO_BACKLOG defaults to net.core.somaxconn as \
+             it was when the JVM loaded Netty, if its code sets none"
+        ),
+    ))
 }

@@ -46,8 +46,8 @@ pub struct Program {
 pub type Reader = fn(&Process, u16) -> Option<(Asks, String)>;
 
 /// The table. The first row that recognises a process is its program: rows that
-/// recognise a server by its interpreter's command line (gunicorn, Tomcat, Jetty) come before
-/// the interpreter's own row (python, java).
+/// recognise a server by its interpreter's command line (gunicorn, Tomcat, Jetty, Netty)
+/// come before the interpreter's own row (python, java).
 pub static PROGRAMS: &[Program] = &[
     Program {
         id: "nginx",
@@ -219,15 +219,31 @@ pub static PROGRAMS: &[Program] = &[
         relisten: None,
     },
     Program {
+        id: "netty",
+        names: &[],
+        recognise: Some(process::is_netty),
+        // NetUtil.SOMAXCONN: /proc/sys/net/core/somaxconn, read once at class load.
+        default: Asks::CodeSomaxconn,
+        knob: "`.option(ChannelOption.SO_BACKLOG, N)` on the ServerBootstrap in its code; \
+               without it Netty asks for net.core.somaxconn as it was when the JVM loaded \
+               Netty",
+        configured: Some(config::netty),
+        relisten: Some(
+            "restart the JVM (Netty reads net.core.somaxconn once, when it loads: a new \
+             bind() in the same JVM asks for the old figure)",
+        ),
+    },
+    Program {
         id: "java",
         names: &["java"],
         recognise: None,
         // java.net.ServerSocket (and ServerSocketChannel.bind) without a backlog: 50.
         default: Asks::CodeDefault(50),
         knob: "the backlog its code passes (ServerSocket(port, backlog), \
-               ServerSocketChannel.bind(addr, backlog); a server's own setting such as \
-               Netty's SO_BACKLOG or Jetty's acceptQueueSize); without one a JVM asks \
-               for 50",
+               ServerSocketChannel.bind(addr, backlog)); without one a JVM asks for 50. A \
+               server embedded in it sets its own: Tomcat's acceptCount (100), Jetty's \
+               acceptQueueSize (0: 50), Netty's SO_BACKLOG (net.core.somaxconn); started \
+               from their distributions they are rows of their own",
         configured: None,
         relisten: None,
     },
@@ -266,7 +282,7 @@ pub fn identify(process: &Process, port: u16) -> Option<Known> {
     let (asks, source) = match row.configured.and_then(|read| read(process, port)) {
         Some(found) => found,
         None => match row.default {
-            Asks::CodeDefault(_) => (
+            Asks::CodeDefault(_) | Asks::CodeSomaxconn => (
                 row.default,
                 format!("{}'s default, if its code passes no backlog", row.id),
             ),

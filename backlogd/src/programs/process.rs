@@ -17,6 +17,9 @@ pub struct Process {
     /// [`Self::is_go`], once asked: it parses the executable's ELF headers, and a process
     /// can own thousands of listeners.
     pub go: std::sync::OnceLock<bool>,
+    /// CLASSPATH from its environment, once asked ([`Self::classpath_env`]): the only
+    /// variable kept, since an environment holds secrets.
+    pub classpath: std::sync::OnceLock<Option<String>>,
 }
 
 impl Process {
@@ -37,6 +40,7 @@ impl Process {
             root: dir.join("root"),
             cwd: dir.join("cwd"),
             go: std::sync::OnceLock::new(),
+            classpath: std::sync::OnceLock::new(),
         })
     }
 
@@ -105,6 +109,24 @@ impl Process {
         names
     }
 
+    /// CLASSPATH in the environment it was started with (`/proc/PID/environ`); None in
+    /// tests (pid 0) unless set there.
+    pub fn classpath_env(&self) -> Option<&str> {
+        self.classpath
+            .get_or_init(|| {
+                if self.pid == 0 {
+                    return None;
+                }
+                let path = PathBuf::from(format!("/proc/{}/environ", self.pid));
+                let environ = read_limited(&path)?;
+                environ
+                    .split(|&b| b == 0)
+                    .find_map(|v| v.strip_prefix(b"CLASSPATH="))
+                    .map(|v| String::from_utf8_lossy(v).into_owned())
+            })
+            .as_deref()
+    }
+
     /// The process that started this one (PHP-FPM's master, for a worker holding the
     /// pool's socket); None in tests (pid 0) and once it is gone.
     pub fn parent(&self) -> Option<Self> {
@@ -152,6 +174,19 @@ fn read_config(path: &Path) -> Option<String> {
     let mut text = String::new();
     file.take(CONFIG_LIMIT).read_to_string(&mut text).ok()?;
     Some(text)
+}
+
+/// At most [`CONFIG_LIMIT`] bytes of a file that need not be regular (`/proc` files
+/// report a size of 0).
+fn read_limited(path: &Path) -> Option<Vec<u8>> {
+    use std::io::Read as _;
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)
+        .ok()?
+        .take(CONFIG_LIMIT)
+        .read_to_end(&mut bytes)
+        .ok()?;
+    Some(bytes)
 }
 
 /// Whether the ELF file at `path` has a `.go.buildinfo` section. Reads the headers only.
@@ -290,6 +325,29 @@ impl<'a> Jvm<'a> {
     pub fn runs(&self, class: &str) -> bool {
         matches!(self.main, JvmMain::Class(c, _) if c == class)
     }
+
+    /// Its class path as the launcher takes it: the last `-cp`/`-classpath`/
+    /// `--class-path`, else CLASSPATH from its environment; with `-jar`, the jar alone
+    /// (its manifest's Class-Path is not read).
+    pub fn classpath(&self, process: &Process) -> Vec<String> {
+        if let JvmMain::Jar(jar, _) = self.main {
+            return vec![jar.to_owned()];
+        }
+        let mut given = None;
+        let mut options = self.options.iter();
+        while let Some(o) = options.next() {
+            if matches!(*o, "-cp" | "-classpath" | "--class-path") {
+                given = options.next().copied();
+            } else if let Some(v) = o.strip_prefix("--class-path=") {
+                given = Some(v);
+            }
+        }
+        let path = given.or_else(|| process.classpath_env()).unwrap_or("");
+        path.split(':')
+            .filter(|e| !e.is_empty())
+            .map(str::to_owned)
+            .collect()
+    }
 }
 
 /// Tomcat: a JVM whose main class is Tomcat's bootstrap (catalina.sh and the Debian unit
@@ -308,5 +366,47 @@ pub fn is_jetty(process: &Process) -> bool {
             c == "org.eclipse.jetty.start.Main" || c == "org.eclipse.jetty.xml.XmlConfiguration"
         }
         JvmMain::Other => false,
+    })
+}
+
+/// The Netty 4 jar on a JVM's class path, if any: `netty-transport*.jar` (where
+/// ServerBootstrap and its SO_BACKLOG default live) or the all-in-one `netty-all*.jar`,
+/// named on the class path or found in a `DIR/*` entry. Netty 3's `netty-3.x.jar` (whose
+/// default backlog is 0, the JDK's 50) is not one.
+pub fn netty_jar(process: &Process, jvm: &Jvm<'_>) -> Option<String> {
+    let netty = |name: &str| {
+        (name.starts_with("netty-transport") || name.starts_with("netty-all"))
+            && name.ends_with(".jar")
+    };
+    jvm.classpath(process).into_iter().find_map(|entry| {
+        // `DIR/*` is every jar in DIR (`*` alone: the working directory's).
+        let dir = match entry.strip_suffix("/*") {
+            Some(dir) => Some(dir.to_owned()),
+            None => (entry == "*").then(|| ".".to_owned()),
+        };
+        match dir {
+            Some(dir) => {
+                let found = process.list(&dir, None).into_iter().find(|n| netty(n))?;
+                Some(format!("{dir}/{found}"))
+            }
+            None => netty(entry.rsplit('/').next().unwrap_or(&entry)).then_some(entry),
+        }
+    })
+}
+
+/// Servers of their own that a class path may carry beside Netty (a Spring Boot
+/// application with an embedded Tomcat and a Netty-based client library): the listener
+/// is then most likely theirs, and its figure not Netty's.
+const OTHER_SERVERS: &[&str] = &["tomcat-embed-core", "jetty-server", "undertow-core"];
+
+/// A Netty server: a JVM with Netty 4 on its class path ([`netty_jar`]) and no other
+/// server library ([`OTHER_SERVERS`]).
+pub fn is_netty(process: &Process) -> bool {
+    jvm(process).is_some_and(|j| {
+        netty_jar(process, &j).is_some()
+            && !j.classpath(process).iter().any(|e| {
+                let name = e.rsplit('/').next().unwrap_or(e);
+                OTHER_SERVERS.iter().any(|s| name.starts_with(s))
+            })
     })
 }

@@ -37,6 +37,7 @@ impl Root {
             root: self.0.clone(),
             cwd: self.0.join("cwd"),
             go: Default::default(),
+            classpath: Default::default(),
         }
     }
 }
@@ -885,6 +886,88 @@ fn jetty_reads_accept_queue_size_from_start_ini_start_d_and_its_command_line() {
         &["java", "-jar", "/srv/app.jar", "start.jar"],
     );
     assert_eq!(identify(&app, 8080).unwrap().program, "java");
+}
+
+#[test]
+fn netty_is_a_jvm_with_netty_4_on_its_class_path_and_asks_for_somaxconn_at_start() {
+    let root = Root::new("netty");
+    let java = "/usr/lib/jvm/java-17-openjdk-amd64/bin/java";
+    let debian = "/usr/share/java/netty-common.jar:/usr/share/java/netty-buffer.jar:\
+                  /usr/share/java/netty-transport.jar:/srv/app";
+    let server = root.process(java, &["java", "-Xss1m", "-cp", debian, "Serve", "8080"]);
+    let k = identify(&server, 8080).unwrap();
+    assert_eq!(
+        (k.program.as_str(), k.asks, k.source.as_str()),
+        (
+            "netty",
+            Asks::CodeSomaxconn,
+            "/usr/share/java/netty-transport.jar on its class path: Netty's SO_BACKLOG \
+             defaults to net.core.somaxconn as it was when the JVM loaded Netty, if its \
+             code sets none"
+        )
+    );
+    // --class-path=, and the all-in-one jar; the last class path given is the one.
+    let all = root.process(
+        java,
+        &[
+            "java",
+            "-cp",
+            "/srv/other.jar",
+            "--class-path=/srv/lib/netty-all-4.1.48.Final.jar:/srv/app",
+            "Serve",
+        ],
+    );
+    assert_eq!(
+        asks(&identify(&all, 8080)),
+        Some(("netty", Asks::CodeSomaxconn))
+    );
+    // CLASSPATH from the environment, with a directory's every jar (`DIR/*`).
+    root.file("/srv/lib/netty-transport-4.1.100.Final.jar", "")
+        .file("/srv/lib/app.jar", "");
+    let mut env = root.process(java, &["java", "Serve"]);
+    env.classpath = Some("/srv/lib/*".to_owned()).into();
+    let k = identify(&env, 8080).unwrap();
+    assert_eq!(k.program, "netty");
+    assert!(
+        k.source
+            .starts_with("/srv/lib/netty-transport-4.1.100.Final.jar on its class path"),
+        "{}",
+        k.source
+    );
+    // Not Netty 4: Netty 3 (its default backlog is the JDK's 50), a class path given
+    // after the main class (the application's argument), CLASSPATH beside -cp, or an
+    // embedded Tomcat beside Netty (the listener most likely Tomcat's).
+    let mut not =
+        vec![
+        root.process(
+            java,
+            &["java", "-cp", "/srv/lib/netty-3.10.6.Final.jar", "Serve"],
+        ),
+        root.process(
+            java,
+            &["java", "-cp", "/srv/app", "Serve", "-cp", "netty-transport.jar"],
+        ),
+        root.process(
+            java,
+            &[
+                "java",
+                "-cp",
+                "/srv/lib/tomcat-embed-core-10.1.20.jar:/srv/lib/netty-transport-4.1.100.Final.jar",
+                "Main",
+            ],
+        ),
+    ];
+    let mut beside = root.process(java, &["java", "-cp", "/srv/app", "Serve"]);
+    beside.classpath = Some("/srv/lib/*".to_owned()).into();
+    not.push(beside);
+    for p in &not {
+        assert_eq!(
+            asks(&identify(p, 8080)),
+            Some(("java", Asks::CodeDefault(50))),
+            "{:?}",
+            p.cmdline
+        );
+    }
 }
 
 #[test]
