@@ -75,6 +75,8 @@ struct CookieFigures {
     mine: u64,
     sent: u64,
     returned: u64,
+    /// Enough cookies for a verdict, but mostly other listeners' of the namespace.
+    shared: bool,
     verdict: Option<CookieVerdict>,
 }
 
@@ -88,17 +90,21 @@ fn cookie_figures(l: &ListenerSnapshot, cx: &Context<'_>) -> Option<CookieFigure
         .and_then(|d| d.recent.as_deref())
         .map(|r| r.all().cookies)?;
     let share = (ns.returned as f64 / ns.sent.max(1) as f64).min(1.0);
-    let own = mine as f64 >= OWN_SHARE * ns.sent as f64;
-    let verdict = match () {
-        _ if ns.sent < MIN_COOKIES || !own => None,
-        _ if share <= COOKIE_FLOOD_AT_MOST => Some(CookieVerdict::Flood),
-        _ if share >= COOKIE_CLIENTS_AT_LEAST => Some(CookieVerdict::Clients),
-        _ => None,
+    let shared = ns.sent >= MIN_COOKIES && (mine as f64) < OWN_SHARE * ns.sent as f64;
+    let verdict = if ns.sent < MIN_COOKIES || shared {
+        None
+    } else if share <= COOKIE_FLOOD_AT_MOST {
+        Some(CookieVerdict::Flood)
+    } else if share >= COOKIE_CLIENTS_AT_LEAST {
+        Some(CookieVerdict::Clients)
+    } else {
+        None
     };
     Some(CookieFigures {
         mine,
         sent: ns.sent,
         returned: ns.returned,
+        shared,
         verdict,
     })
 }
@@ -132,10 +138,7 @@ pub fn syncookies(l: &ListenerSnapshot, cx: &Context<'_>) -> Option<Finding> {
             f.returned,
             100.0 * f.returned as f64 / f.sent.max(1) as f64
         ));
-        if f.verdict.is_none()
-            && f.sent >= MIN_COOKIES
-            && (f.mine as f64) < OWN_SHARE * f.sent as f64
-        {
+        if f.shared {
             evidence.push(
                 "other listeners of the namespace sent cookies too: the share that came back \
                  is the namespace's, not this listener's own"
