@@ -190,22 +190,33 @@ fn a_named_network_namespace_is_named() {
         .ino()
         .to_string();
     let daemon = Daemon::start();
-    let mut server = Command::new("ip")
-        .args([
-            "netns",
-            "exec",
-            &name,
-            "memcached",
-            "-u",
-            "nobody",
-            "-l",
-            "127.0.0.1",
-        ])
-        .args(["-p", "11330", "-U", "0"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("starting memcached");
+    // Killed however the test ends: a panic must not leave it running (it would hold the
+    // test run's stderr, and any lock the run holds, open).
+    struct Killed(std::process::Child);
+    impl Drop for Killed {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _server = Killed(
+        Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &name,
+                "memcached",
+                "-u",
+                "nobody",
+                "-l",
+                "127.0.0.1",
+            ])
+            .args(["-p", "11330", "-U", "0"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("starting memcached"),
+    );
     daemon.wait_for(&format!("the name of namespace {netns}"), |s| {
         (s.value("backlogd_netns_info", &[("netns", &netns), ("name", &name)]) == Some(1.0))
             .then_some(())
@@ -220,6 +231,4 @@ fn a_named_network_namespace_is_named() {
         .find(|n| n["netns"].as_u64().is_some_and(|n| n.to_string() == netns))
         .unwrap_or_else(|| panic!("namespace {netns} not in {json}"));
     assert_eq!(ns["name"], name.as_str(), "{ns}");
-    let _ = server.kill();
-    let _ = server.wait();
 }
