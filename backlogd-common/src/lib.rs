@@ -10,6 +10,9 @@ pub mod netstat;
 /// `TCP_LISTEN` from `include/net/tcp_states.h`; part of the tracepoint ABI.
 pub const TCP_LISTEN: u32 = 10;
 pub const IPPROTO_TCP: u16 = 6;
+/// Multipath TCP: a listener's file holds an MPTCP socket whose TCP listener (the one the
+/// SYN path sees) is its first subflow, a kernel socket of its own.
+pub const IPPROTO_MPTCP: u16 = 262;
 pub const AF_INET: u16 = 2;
 pub const AF_INET6: u16 = 10;
 
@@ -565,6 +568,19 @@ pub struct KernelOffsets {
     pub inode_mode: u32,
     /// `struct task_struct`'s `tgid`: the process holding a listener the scan found.
     pub task_tgid: u32,
+    /// `struct net`'s listen sysctls (`core.sysctl_somaxconn`, `ipv4.sysctl_max_syn_backlog`:
+    /// ints; `ipv4.sysctl_tcp_syncookies`, `ipv4.sysctl_tcp_abort_on_overflow`: ints on
+    /// older kernels, u8 on newer ones, read as their first byte, which holds the value
+    /// (0-2) on little-endian machines).
+    pub net_somaxconn: u32,
+    pub net_max_syn_backlog: u32,
+    pub net_syncookies: u32,
+    pub net_abort_on_overflow: u32,
+    /// An MPTCP listener's TCP listener: `struct mptcp_sock`'s `first` (a `struct sock *`),
+    /// or before it, `subflow` (a `struct socket *`); 0 where the kernel has neither (no
+    /// MPTCP). Go 1.24+ listens with MPTCP by default.
+    pub mptcp_first: u32,
+    pub mptcp_subflow: u32,
     /// fexit programs: the u64 slot of the context that holds the traced function's
     /// return value, by [`fexit_ret`] index. A trampoline passes the function's arguments
     /// first and its return value next, and the number of arguments differs between
@@ -596,6 +612,15 @@ pub struct ScannedListener {
     pub port: u16,
     /// Local address: 4 bytes and zeros for IPv4, 16 for IPv6.
     pub addr: [u8; 16],
+    /// The listen sysctls of the listener's network namespace, from its `struct net`
+    /// (what `/proc/sys/net` shows a task inside it): `net.core.somaxconn`,
+    /// `net.ipv4.tcp_max_syn_backlog`, `net.ipv4.tcp_syncookies` and
+    /// `net.ipv4.tcp_abort_on_overflow`. Read here, a rescan needs to join no namespace.
+    pub somaxconn: u32,
+    pub max_syn_backlog: u32,
+    pub syncookies: u8,
+    pub abort_on_overflow: u8,
+    pub _pad: [u8; 6],
 }
 
 #[cfg(feature = "user")]

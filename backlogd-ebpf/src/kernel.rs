@@ -52,6 +52,12 @@ static OFFSETS: KernelOffsets = KernelOffsets {
     skb_tcp_flags: 0,
     inode_mode: 0,
     task_tgid: 0,
+    net_somaxconn: 0,
+    net_max_syn_backlog: 0,
+    net_syncookies: 0,
+    net_abort_on_overflow: 0,
+    mptcp_first: 0,
+    mptcp_subflow: 0,
     ret_slot: [0; fexit_ret::COUNT],
 };
 

@@ -19,6 +19,11 @@
 //! reads. [`listeners_probed`] is for 5.10, which lacks the helper: a socket is
 //! `file->private_data` once the file's inode says it is one, read through probe reads.
 //! The daemon loads the first and falls back to the second.
+//!
+//! A file may hold an MPTCP socket (Go 1.24 and later listen with MPTCP by default): its
+//! TCP listener, the one SYNs reach, is the MPTCP socket's first subflow, a kernel socket
+//! with no file of its own but the same `struct socket` (so the same inode); the record is
+//! that subflow's.
 
 #![no_std]
 #![no_main]
@@ -29,9 +34,9 @@
 mod kernel;
 
 use aya_ebpf::helpers::{bpf_seq_write, generated::bpf_sock_from_file};
-use backlogd_common::{AF_INET6, ScannedListener};
+use backlogd_common::{AF_INET6, IPPROTO_MPTCP, ScannedListener};
 
-use crate::kernel::{BtfPtr, Kmem, Result, is_tcp_listener, offset};
+use crate::kernel::{BtfPtr, KPtr, Kmem, Result, errno, is_tcp_listener, offset};
 
 /// `struct bpf_iter_meta`: only `seq` is read.
 #[repr(C)]
@@ -85,10 +90,40 @@ fn listeners(ctx: *mut TaskFileCtx) -> i32 {
         return 0;
     }
     if let Ok(sk) = BtfPtr::new(socket as *const u8).deref(offset(|o| &o.socket_sk)) {
-        write(meta, record(task, BtfPtr::new(file), sk));
+        write_socket(meta, task, BtfPtr::new(file), sk);
     }
     // 0 moves on to the next file; anything else would stop or repeat the pass.
     0
+}
+
+/// Writes the record of the listener behind socket `sk` of `file`, if there is one: `sk`
+/// itself, or an MPTCP socket's TCP listener.
+#[inline(always)]
+fn write_socket<K: Kmem>(meta: *const IterMeta, task: BtfPtr, file: BtfPtr, sk: K) {
+    match sk.read::<u16>(offset(|o| &o.sk_protocol)) {
+        Ok(IPPROTO_MPTCP) => {
+            if let Ok(first) = mptcp_first(sk) {
+                write(meta, record(task, file, first));
+            }
+        }
+        Ok(_) => write(meta, record(task, file, sk)),
+        Err(_) => {}
+    }
+}
+
+/// The first subflow of MPTCP socket `msk`: a listening MPTCP socket's TCP listener,
+/// whose socket (so inode) is `msk`'s, which the SYN path and the listen events see.
+#[inline(always)]
+fn mptcp_first<K: Kmem>(msk: K) -> Result<KPtr> {
+    let first = offset(|o| &o.mptcp_first);
+    if first != 0 {
+        return msk.probed().deref(first);
+    }
+    let subflow = offset(|o| &o.mptcp_subflow);
+    if subflow == 0 {
+        return Err(errno::ENOENT);
+    }
+    msk.probed().deref(subflow)?.deref(offset(|o| &o.socket_sk))
 }
 
 /// Linux 5.10: a socket's file by its inode's type, the socket by probe reads.
@@ -100,7 +135,7 @@ fn listeners_probed(ctx: *mut TaskFileCtx) -> i32 {
     };
     let file = BtfPtr::new(file);
     if let Ok(Some(sk)) = socket_probed(file) {
-        write(meta, record(task, file, sk));
+        write_socket(meta, task, file, sk);
     }
     0
 }
@@ -156,6 +191,11 @@ fn record<K: Kmem>(task: BtfPtr, file: BtfPtr, sk: K) -> Result<Option<ScannedLi
     let net = sk.deref(offset(|o| &o.sk_net))?;
     let inode = file.deref(offset(|o| &o.file_inode))?;
     Ok(Some(ScannedListener {
+        somaxconn: net.read(offset(|o| &o.net_somaxconn))?,
+        max_syn_backlog: net.read(offset(|o| &o.net_max_syn_backlog))?,
+        syncookies: net.read(offset(|o| &o.net_syncookies))?,
+        abort_on_overflow: net.read(offset(|o| &o.net_abort_on_overflow))?,
+        _pad: [0; 6],
         ino: inode.read(offset(|o| &o.inode_ino))?,
         netns: net.read(offset(|o| &o.net_inum))?,
         tgid: task.read(offset(|o| &o.task_tgid))?,

@@ -35,7 +35,8 @@ pub struct Layer {
     /// /sys/kernel/btf/vmlinux [default: /sys/kernel/btf/vmlinux].
     #[arg(long, value_name = "FILE")]
     pub btf: Option<PathBuf>,
-    /// Seconds between sock_diag scans of every network namespace. Events report
+    /// Seconds between rescans of every listener (the scan iterator; sock_diag in each
+    /// network namespace where the iterator cannot see every process). Events report
     /// listeners as they come and go; the scan finds those that were listening before
     /// backlogd started and repairs the table if an event was ever lost [default: 30].
     #[arg(long, value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(1..))]

@@ -1,9 +1,9 @@
 //! Requested vs granted backlog per listener, checked against the kernel's own view.
 
 use backlogd_tests::{
-    Daemon, Exact, Netns, Scrape,
+    Daemon, Exact, Netns, Scrape, kernel,
     netns::THREAD_NAME,
-    sockets::{Listener, kernel_queue},
+    sockets::{self, Listener, kernel_queue},
 };
 
 const REQUESTED: &str = "backlogd_listen_backlog_requested";
@@ -176,6 +176,241 @@ fn listener_that_predates_the_daemon_is_found_by_the_startup_scan() {
             .is_empty()
             .then_some(())
     });
+}
+
+/// Listeners open before the daemon in three namespaces, each with its own listen
+/// sysctls, one of which is deleted while the daemon runs: the startup scan finds each
+/// with its namespace, owner and the namespace's sysctls exactly as the kernel has them,
+/// counts their SYNs, serves each namespace's TcpExt counters equal to the kernel's, and
+/// forgets the deleted namespace. All of it with the running daemon's capabilities, which
+/// hold no CAP_SYS_ADMIN where the scan iterator lists the listeners: no namespace is
+/// joined.
+#[test]
+fn listeners_in_three_namespaces_open_before_the_daemon_are_found_with_their_sysctls() {
+    // (somaxconn, tcp_max_syn_backlog, tcp_syncookies, tcp_abort_on_overflow)
+    let settings = [
+        (100u64, 300u64, 0u64, 1u64),
+        (200, 400, 2, 0),
+        (4, 500, 1, 0),
+    ];
+    let namespaces: Vec<Netns> = settings
+        .iter()
+        .map(|&(somaxconn, syn_backlog, cookies, abort)| {
+            let ns = Netns::new();
+            ns.sysctl("net.core.somaxconn", &somaxconn.to_string());
+            ns.sysctl("net.ipv4.tcp_max_syn_backlog", &syn_backlog.to_string());
+            ns.sysctl("net.ipv4.tcp_syncookies", &cookies.to_string());
+            ns.sysctl("net.ipv4.tcp_abort_on_overflow", &abort.to_string());
+            ns
+        })
+        .collect();
+    let mut listeners: Vec<Option<Listener>> = namespaces
+        .iter()
+        .map(|ns| Some(Listener::open(ns, "127.0.0.1:0", 511)))
+        .collect();
+    let daemon = Daemon::start();
+    let scrape = daemon.scrape();
+    let me = std::process::id().to_string();
+    let comm = std::fs::read_to_string("/proc/self/comm").unwrap();
+    let snapshot = daemon.api_snapshot();
+    for ((ns, l), &(somaxconn, syn_backlog, cookies, abort)) in
+        namespaces.iter().zip(&listeners).zip(&settings)
+    {
+        let l = l.as_ref().unwrap();
+        let found = scrape.find(GRANTED, &[("socket", &l.inode.to_string())]);
+        assert_eq!(found.len(), 1, "{}", scrape.text);
+        let labels = &found[0].labels;
+        assert_eq!(labels["netns"], ns.inode().to_string(), "{labels:?}");
+        assert_eq!(labels["port"], l.addr.port().to_string(), "{labels:?}");
+        assert_eq!(labels["pid"], me, "owner: {labels:?}");
+        assert_eq!(labels["comm"], comm.trim_end(), "{labels:?}");
+        check_backlog(&daemon, ns, l, &scrape, None);
+        let namespace = snapshot["namespaces"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|n| n["netns"].as_u64() == Some(ns.inode()))
+            .unwrap_or_else(|| panic!("namespace {} not in the API: {snapshot}", ns.inode()));
+        let read = |key: &str| namespace[key].as_u64().unwrap_or(u64::MAX);
+        assert_eq!(
+            [
+                read("somaxconn"),
+                read("tcp_max_syn_backlog"),
+                read("tcp_syncookies"),
+                read("tcp_abort_on_overflow")
+            ],
+            [somaxconn, syn_backlog, cookies, abort],
+            "{namespace}"
+        );
+    }
+
+    // Counted: the third namespace's accept queue holds 5 (somaxconn 4, and a full queue
+    // is one past the backlog), the next 3 clients' SYNs are dropped.
+    let clients: Vec<_> = namespaces
+        .iter()
+        .zip(&listeners)
+        .map(|(ns, l)| {
+            let l = l.as_ref().unwrap();
+            sockets::fill_accept_queue(ns, l, l.addr, 5)
+        })
+        .collect();
+    let (ns, l) = (&namespaces[2], listeners[2].as_ref().unwrap());
+    let dropped = sockets::connect_burst(ns, l.addr, 3);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while kernel::tcp_ext(ns)["ListenOverflows"] < 3 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the third namespace dropped no 3 SYNs: {:?}",
+            kernel::tcp_ext(ns)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    // Closed, the clients retransmit no more SYNs: the counters hold still from here.
+    drop(dropped);
+    let overflows = kernel::tcp_ext(ns)["ListenOverflows"];
+    let scrape = daemon.wait_for("the third namespace's drops", |s| {
+        let seen = s.value(
+            "backlogd_netns_listen_overflows_total",
+            &[("netns", &ns.inode().to_string())],
+        )?;
+        (seen as u64 >= overflows).then(|| s.clone())
+    });
+    for (ns, l) in namespaces.iter().zip(&listeners) {
+        let l = l.as_ref().unwrap();
+        let tcp_ext = kernel::tcp_ext(ns);
+        let inode = ns.inode().to_string();
+        for (metric, counter) in [
+            ("backlogd_netns_listen_overflows_total", "ListenOverflows"),
+            ("backlogd_netns_listen_drops_total", "ListenDrops"),
+        ] {
+            assert_eq!(
+                scrape.value(metric, &[("netns", &inode)]).map(|v| v as u64),
+                Some(tcp_ext[counter]),
+                "{metric} of namespace {inode}"
+            );
+        }
+        let socket = l.inode.to_string();
+        assert_eq!(
+            scrape
+                .value(
+                    "backlogd_listen_syns_received_total",
+                    &[("socket", &socket)]
+                )
+                .map(|v| v as u64),
+            Some(
+                5 + if ns.inode() == namespaces[2].inode() {
+                    overflows
+                } else {
+                    0
+                }
+            ),
+            "SYNs of listener {socket} (ListenOverflows {})",
+            tcp_ext["ListenOverflows"]
+        );
+    }
+
+    // The second namespace goes: its listener closes, nothing holds it any more.
+    let namespaces_gone = namespaces[1].inode();
+    let gone = namespaces_gone.to_string();
+    let inode = listeners[1].as_ref().unwrap().inode.to_string();
+    drop(clients);
+    listeners[1] = None;
+    let mut namespaces = namespaces;
+    drop(namespaces.remove(1));
+    daemon.wait_for("the deleted namespace's series to go", |s| {
+        (s.find(GRANTED, &[("socket", &inode)]).is_empty()
+            && s.find("backlogd_netns_listen_overflows_total", &[("netns", &gone)])
+                .is_empty())
+        .then_some(())
+    });
+    let snapshot = daemon.api_snapshot();
+    assert!(
+        !snapshot["namespaces"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|n| n["netns"].as_u64() == Some(namespaces_gone)),
+        "{snapshot}"
+    );
+
+    // With what the running daemon kept: no CAP_SYS_ADMIN where the iterator lists.
+    let status = std::fs::read_to_string(format!("/proc/{}/status", daemon.pid())).unwrap();
+    let effective = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .map(|hex| u64::from_str_radix(hex.trim(), 16).unwrap())
+        .unwrap();
+    const CAP_SYS_ADMIN: u64 = 1 << 21;
+    let log = daemon.log();
+    assert!(
+        log.contains("listing=Iterator"),
+        "the daemon did not list listeners with the scan iterator:\n{log}"
+    );
+    assert_eq!(
+        effective & CAP_SYS_ADMIN,
+        0,
+        "CapEff {effective:#x}:\n{log}"
+    );
+}
+
+/// An MPTCP listener (what Go 1.24 and later open by default) open before the daemon: its
+/// file holds the MPTCP socket, and its TCP listener, the one SYNs reach, is a subflow
+/// with no file of its own. The startup scan finds it by that subflow, as sock_diag would,
+/// with its owner, granted backlog and SYN queue now.
+#[test]
+fn an_mptcp_listener_open_before_the_daemon_is_found_with_its_syn_queue_now() {
+    use std::os::{fd::AsRawFd as _, unix::fs::MetadataExt as _};
+
+    use socket2::{Domain, Protocol, Socket, Type};
+    const IPPROTO_MPTCP: i32 = 262;
+    let ns = Netns::new();
+    let socket = ns.run(|| {
+        Socket::new(
+            Domain::IPV4,
+            Type::STREAM,
+            Some(Protocol::from(IPPROTO_MPTCP)),
+        )
+    });
+    let socket = match socket {
+        Ok(s) => s,
+        Err(e) => {
+            backlogd_tests::marks::skip(&format!(
+                "this kernel makes no MPTCP socket ({e}; CONFIG_MPTCP or net.mptcp.enabled)"
+            ));
+            return;
+        }
+    };
+    let addr: std::net::SocketAddr = "127.0.0.1:0".parse().unwrap();
+    socket.bind(&addr.into()).expect("bind");
+    socket.listen(64).expect("listen()");
+    let port = socket.local_addr().unwrap().as_socket().unwrap().port();
+    let inode = std::fs::metadata(format!("/proc/self/fd/{}", socket.as_raw_fd()))
+        .unwrap()
+        .ino()
+        .to_string();
+    let daemon = Daemon::start();
+    let scrape = daemon.scrape();
+    let found = scrape.find(GRANTED, &[("socket", &inode)]);
+    assert_eq!(
+        found.len(),
+        1,
+        "no MPTCP listener {inode}:\n{}",
+        scrape.text
+    );
+    let labels = &found[0].labels;
+    assert_eq!(found[0].value, 64.0, "{labels:?}");
+    assert_eq!(labels["port"], port.to_string(), "{labels:?}");
+    assert_eq!(labels["netns"], ns.inode().to_string(), "{labels:?}");
+    assert_eq!(labels["pid"], std::process::id().to_string(), "{labels:?}");
+    assert_eq!(
+        scrape.value(
+            "backlogd_listen_syn_queue_length",
+            &[("socket", inode.as_str())]
+        ),
+        Some(0.0),
+        "the scan pass read no SYN queue of the MPTCP listener:\n{}",
+        scrape.text
+    );
 }
 
 /// A 32-bit (compat) syscall is no native one, whatever its number: ia32's getegid is

@@ -36,7 +36,7 @@ use crate::{
     },
     loader::{self, LoadOptions},
     queues::QueueWindows,
-    sampling::iterator::LiveScan,
+    sampling::{self, iterator::LiveScan},
     service::{self, health::Heartbeats, notify},
     state::{Live, Shared},
 };
@@ -104,12 +104,19 @@ pub fn run(config: RunConfig) -> anyhow::Result<()> {
         );
     }
     if config.drop_privileges {
-        let kept = service::caps::drop_to_runtime_set()?;
+        let listing = if probes.scan.is_ok() && sampling::in_initial_pid_namespace() {
+            service::caps::Listing::Iterator
+        } else {
+            service::caps::Listing::EachNamespace
+        };
+        let kept = service::caps::drop_to_runtime_set(listing)?;
         tracing::info!(
             kept = ?kept.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            ?listing,
             "dropped every capability the running daemon does not need \
-             (kept: setns for rescans and BPF map access, /proc of other users); the \
-             bounding set is cut to the same and no_new_privs is set, so none returns"
+             (kept: BPF map access, and setns only where rescans join namespaces; /proc \
+             and the configuration files of other users' programs); the bounding set is \
+             cut to the same and no_new_privs is set, so none returns"
         );
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -155,19 +162,24 @@ async fn serve(
     ));
     let maps = Arc::new(Mutex::new(probes.maps));
     let scan = probes.scan.ok().map(|i| Arc::new(LiveScan::new(i)));
+    let windows = Arc::new(Mutex::new(QueueWindows::new(Duration::from_secs(
+        current.hwm_window,
+    ))));
+    let lister = rescans::Lister {
+        iterator: scan.clone(),
+        windows: windows.clone(),
+    };
     // Events are flowing, so a listener cannot slip between the scan and them; after this
     // first scan the table also holds what was listening before we started.
-    rescans::rescan(&shared, &maps).await;
+    rescans::rescan(&shared, &maps, &lister).await;
     let heartbeats = Arc::new(Heartbeats::new());
     let rescans = tokio::spawn(rescans::rescan_periodically(
         shared.clone(),
         maps.clone(),
+        lister,
         rescan_rx,
         heartbeats.clone(),
     ));
-    let windows = Arc::new(Mutex::new(QueueWindows::new(Duration::from_secs(
-        current.hwm_window,
-    ))));
     let mut live = Live::new(
         shared.clone(),
         maps.clone(),

@@ -1,24 +1,46 @@
 //! The rescans: every `rescan_interval`, the table reconciled with the kernel's own list
-//! of listeners (sock_diag in every namespace), and kernel map entries no listener can
-//! claim removed.
+//! of listeners (the scan iterator, or sock_diag in every namespace: see `sampling`), and
+//! kernel map entries no listener can claim removed.
 
-use std::{collections::HashSet, sync::Arc, time::Duration};
+use std::{
+    collections::HashSet,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
 
 use tokio::sync::watch;
 
 use super::identify::{identify_programs, name_containers};
-use crate::{kernel_maps::SharedMaps, sampling, service::health::Heartbeats, state::Shared};
+use crate::{
+    kernel_maps::SharedMaps,
+    queues::QueueWindows,
+    sampling::{self, iterator::LiveScan},
+    service::health::Heartbeats,
+    state::Shared,
+};
+
+/// What a rescan lists the listeners with: the scan iterator, if this kernel has it (a
+/// rescan's pass also refreshes the SYN-queue figures in `windows`).
+#[derive(Clone)]
+pub struct Lister {
+    pub iterator: Option<Arc<LiveScan>>,
+    pub windows: Arc<Mutex<QueueWindows>>,
+}
 
 /// Reconciles the table with the kernel's own list of listeners.
-pub async fn rescan(shared: &Arc<Shared>, maps: &SharedMaps) {
+pub async fn rescan(shared: &Arc<Shared>, maps: &SharedMaps, lister: &Lister) {
     let generation = shared.write_listeners().begin_scan();
-    let Ok(scan) = tokio::task::spawn_blocking(sampling::scan).await else {
-        tracing::warn!("sock_diag scan panicked");
+    let Lister { iterator, windows } = lister.clone();
+    let Ok(scan) =
+        tokio::task::spawn_blocking(move || sampling::scan(iterator.as_deref(), &windows)).await
+    else {
+        tracing::warn!("listener scan panicked");
         return;
     };
     shared.note_scanned_netns(scan.netns, scan.sysctls);
     let found = scan.listeners;
     let listed = scan.listed;
+    let scanned_owners = scan.owners;
     let unknown: HashSet<u64> = {
         let table = shared.listeners();
         found
@@ -43,9 +65,12 @@ pub async fn rescan(shared: &Arc<Shared>, maps: &SharedMaps) {
         .into_iter()
         .filter(|ino| !seen.iter().any(|e| e.ino == *ino))
         .collect();
-    let owners = tokio::task::spawn_blocking(move || sampling::owners::find(&unknown))
-        .await
-        .unwrap_or_default();
+    let owners = match scanned_owners {
+        Some(owners) => owners,
+        None => tokio::task::spawn_blocking(move || sampling::owners::find(&unknown))
+            .await
+            .unwrap_or_default(),
+    };
     let (added, removed) = shared
         .write_listeners()
         .finish_scan(generation, &found, &listed, &owners);
@@ -57,7 +82,7 @@ pub async fn rescan(shared: &Arc<Shared>, maps: &SharedMaps) {
             added,
             removed,
             listeners = found.len(),
-            "sock_diag scan reconciled listeners"
+            "rescan reconciled listeners"
         );
     }
 }
@@ -65,6 +90,7 @@ pub async fn rescan(shared: &Arc<Shared>, maps: &SharedMaps) {
 pub async fn rescan_periodically(
     shared: Arc<Shared>,
     maps: SharedMaps,
+    lister: Lister,
     mut every: watch::Receiver<Duration>,
     heartbeats: Arc<Heartbeats>,
 ) {
@@ -77,7 +103,7 @@ pub async fn rescan_periodically(
         loop {
             tokio::select! {
                 _ = tick.tick() => {
-                    rescan(&shared, &maps).await;
+                    rescan(&shared, &maps, &lister).await;
                     orphans = remove_orphans(&shared, &maps, orphans);
                     heartbeats.scanned();
                 }

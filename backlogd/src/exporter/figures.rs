@@ -4,7 +4,7 @@
 //! [`Figures`], with the last five minutes' client impact and drop sources from the
 //! sampler's records (`state/recent.rs`). Nothing here writes the state.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use backlogd_common::{ListenerStats, QueueState};
 
@@ -55,7 +55,10 @@ pub struct Figures {
 /// last is older than a second. Blocks for the pass: call it off the async workers.
 pub fn gather(live: &Live) -> Figures {
     if let Some(scan) = &live.scan {
-        scan.refresh(&live.windows);
+        let wanted: HashSet<u32> = live.shared.listeners().iter().map(|l| l.netns).collect();
+        scan.refresh(&live.windows, &wanted);
+        // Read from each namespace's `struct net` by the pass: no namespace joined.
+        live.shared.note_sysctls(scan.sysctls());
     }
     let epoch = live
         .windows

@@ -238,6 +238,17 @@ impl KernelBtf {
                 + f("tcp_skb_cb", "tcp_flags", 1).or_else(|_| f("tcp_skb_cb", "tcp_flags", 2))?,
             inode_mode: f("inode", "i_mode", 2)?,
             task_tgid: f("task_struct", "tgid", 4)?,
+            net_somaxconn: f("net", "core.sysctl_somaxconn", 4)?,
+            net_max_syn_backlog: f("net", "ipv4.sysctl_max_syn_backlog", 4)?,
+            // An int on older kernels, a u8 on newer ones: the programs read the first
+            // byte, the value on little-endian machines.
+            net_syncookies: f("net", "ipv4.sysctl_tcp_syncookies", 1)
+                .or_else(|_| f("net", "ipv4.sysctl_tcp_syncookies", 4))?,
+            net_abort_on_overflow: f("net", "ipv4.sysctl_tcp_abort_on_overflow", 1)
+                .or_else(|_| f("net", "ipv4.sysctl_tcp_abort_on_overflow", 4))?,
+            // No MPTCP in the kernel: no MPTCP listener to follow (0 tells the scan so).
+            mptcp_first: f("mptcp_sock", "first", 8).unwrap_or(0),
+            mptcp_subflow: f("mptcp_sock", "subflow", 8).unwrap_or(0),
             // Which functions is the hook table's business: the loader fills these in
             // with `fexit_ret_slot`.
             ret_slot: [0; fexit_ret::COUNT],

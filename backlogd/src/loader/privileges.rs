@@ -6,10 +6,11 @@ const CAP_BPF: u32 = 39;
 
 #[derive(Debug, thiserror::Error)]
 #[error(
-    "backlogd needs root, or the capabilities CAP_BPF and CAP_PERFMON (plus CAP_SYS_ADMIN on \
-     kernels older than 5.8), to load eBPF programs and attach tracepoints; this process has \
-     effective capabilities {effective:#x}. Fix: run it as root (`sudo backlogd run`), or grant \
-     them, e.g. `setcap cap_bpf,cap_perfmon,cap_sys_admin+ep $(command -v backlogd)`"
+    "backlogd needs root, or the capabilities CAP_BPF, CAP_PERFMON and CAP_NET_ADMIN (or \
+     CAP_SYS_ADMIN, the only one on kernels older than 5.8), to load eBPF programs and attach \
+     them; this process has effective capabilities {effective:#x}. Fix: run it as root (`sudo \
+     backlogd run`), or grant them, e.g. `setcap cap_bpf,cap_perfmon,cap_net_admin+ep \
+     $(command -v backlogd)`"
 )]
 pub struct MissingPrivileges {
     pub effective: u64,

@@ -9,7 +9,7 @@
 //! length.
 
 use std::{
-    collections::HashMap,
+    collections::{HashMap, HashSet},
     io::Read as _,
     sync::Mutex,
     time::{Duration, Instant},
@@ -17,6 +17,7 @@ use std::{
 
 use backlogd_common::ScannedListener;
 
+use super::tcpext::ListenSysctls;
 use crate::{
     loader::scan::ScanIterator,
     queues::{QueueWindows, ScanPass},
@@ -32,53 +33,112 @@ pub const MAX_AGE: Duration = Duration::from_secs(1);
 pub struct LiveScan {
     /// The iterator, and when a pass last began (succeeded or not).
     iterator: Mutex<(ScanIterator, Option<Instant>)>,
+    /// The listen sysctls of each namespace the last good pass found listeners in.
+    sysctls: Mutex<HashMap<u32, ListenSysctls>>,
+    /// Namespaces readers wanted that the last pass did not find (their listeners held by
+    /// no process it sees): a pass is not run again for them before its time.
+    unseen: Mutex<HashSet<u32>>,
 }
 
 impl LiveScan {
     pub fn new(iterator: ScanIterator) -> Self {
         Self {
             iterator: Mutex::new((iterator, None)),
+            sysctls: Mutex::default(),
+            unseen: Mutex::default(),
         }
+    }
+
+    /// The listen sysctls of each namespace the last good pass found listeners in, as
+    /// that pass read them from the namespaces' `struct net`.
+    pub fn sysctls(&self) -> HashMap<u32, ListenSysctls> {
+        self.sysctls
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// Makes the SYN-queue lengths in `windows` at most [`MAX_AGE`] old: runs a pass
     /// unless one began since. Blocks for the pass; readers arriving meanwhile wait for it
     /// and share it. A pass that failed counts too: failing passes are not retried by
     /// every reader, and the figures' age shows how old the last good one is.
-    pub fn refresh(&self, windows: &Mutex<QueueWindows>) {
+    ///
+    /// `wanted`: the namespaces the reader needs sysctls of (those with listeners). One the
+    /// last pass did not find (a listener that appeared since) gets a pass now, whatever
+    /// the last one's age; once per namespace, so one whose listeners no process holds
+    /// does not make every read run a pass.
+    pub fn refresh(&self, windows: &Mutex<QueueWindows>, wanted: &HashSet<u32>) {
         let mut guard = self.iterator.lock().unwrap_or_else(|e| e.into_inner());
-        let (iterator, began) = &mut *guard;
+        let new_namespace = {
+            let known = self.sysctls.lock().unwrap_or_else(|e| e.into_inner());
+            let unseen = self.unseen.lock().unwrap_or_else(|e| e.into_inner());
+            wanted
+                .iter()
+                .any(|ns| !known.contains_key(ns) && !unseen.contains(ns))
+        };
         // Another reader may have run one while this one waited.
-        if began.is_some_and(|at| at.elapsed() < MAX_AGE) {
+        if guard.1.is_some_and(|at| at.elapsed() < MAX_AGE) && !new_namespace {
             return;
         }
-        let start = Instant::now();
-        *began = Some(start);
-        match pass(iterator) {
+        // The last pass's figures stay, and their age says how old they are.
+        match self.pass_recorded(&mut guard, windows) {
             Ok(found) => {
-                let syn = found
-                    .into_iter()
-                    .map(|(ino, l)| (ino, l.syn_queue))
-                    .collect();
-                windows
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .record_scan(
-                        syn,
-                        ScanPass {
-                            at: Instant::now(),
-                            took: start.elapsed(),
-                        },
-                    );
+                let seen: HashSet<u32> = found.values().map(|l| l.netns).collect();
+                *self.unseen.lock().unwrap_or_else(|e| e.into_inner()) =
+                    wanted.difference(&seen).copied().collect();
             }
-            // The last pass's figures stay, and their age says how old they are.
             Err(e) => tracing::debug!(error = %e, "a scan pass failed"),
         }
+    }
+
+    /// A pass of its own (a rescan's: it must see the listeners as they are now, not
+    /// share a reader's), whose SYN-queue lengths readers then share like any other.
+    pub fn fresh_pass(
+        &self,
+        windows: &Mutex<QueueWindows>,
+    ) -> std::io::Result<HashMap<u64, ScannedListener>> {
+        let mut guard = self.iterator.lock().unwrap_or_else(|e| e.into_inner());
+        self.pass_recorded(&mut guard, windows)
+    }
+
+    fn pass_recorded(
+        &self,
+        (iterator, began): &mut (ScanIterator, Option<Instant>),
+        windows: &Mutex<QueueWindows>,
+    ) -> std::io::Result<HashMap<u64, ScannedListener>> {
+        let start = Instant::now();
+        *began = Some(start);
+        let found = pass(iterator)?;
+        *self.sysctls.lock().unwrap_or_else(|e| e.into_inner()) =
+            found.values().map(|l| (l.netns, sysctls(l))).collect();
+        let syn = found.iter().map(|(&ino, l)| (ino, l.syn_queue)).collect();
+        windows
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .record_scan(
+                syn,
+                ScanPass {
+                    at: Instant::now(),
+                    took: start.elapsed(),
+                },
+            );
+        Ok(found)
+    }
+}
+
+/// The listen sysctls of `l`'s namespace, as the pass read them.
+pub fn sysctls(l: &ScannedListener) -> ListenSysctls {
+    ListenSysctls {
+        somaxconn: l.somaxconn,
+        tcp_max_syn_backlog: l.max_syn_backlog,
+        tcp_syncookies: u32::from(l.syncookies),
+        tcp_abort_on_overflow: u32::from(l.abort_on_overflow),
     }
 }
 
 /// Each listener once, by socket inode (the kernel writes one record per descriptor that
-/// holds it: every worker of a pre-forking server).
+/// holds it: every worker of a pre-forking server), with the lowest process id that holds
+/// it (a pre-forking server's parent, as a walk of /proc finds first).
 pub fn pass(iterator: &ScanIterator) -> std::io::Result<HashMap<u64, ScannedListener>> {
     let mut file = iterator.open()?;
     let mut bytes = Vec::new();
@@ -103,17 +163,23 @@ pub fn pass(iterator: &ScanIterator) -> std::io::Result<HashMap<u64, ScannedList
 
 fn parse(bytes: &[u8]) -> HashMap<u64, ScannedListener> {
     let size = size_of::<ScannedListener>();
-    bytes
-        .chunks_exact(size)
-        .map(|record| {
-            // SAFETY: `record` holds exactly one ScannedListener's bytes as the kernel
-            // wrote them (repr(C), integers only, every bit pattern valid); read
-            // unaligned, as a Vec<u8> gives no alignment.
-            let l: ScannedListener =
-                unsafe { std::ptr::read_unaligned(record.as_ptr().cast::<ScannedListener>()) };
-            (l.ino, l)
-        })
-        .collect()
+    let mut found: HashMap<u64, ScannedListener> = HashMap::new();
+    for record in bytes.chunks_exact(size) {
+        // SAFETY: `record` holds exactly one ScannedListener's bytes as the kernel
+        // wrote them (repr(C), integers only, every bit pattern valid); read
+        // unaligned, as a Vec<u8> gives no alignment.
+        let l: ScannedListener =
+            unsafe { std::ptr::read_unaligned(record.as_ptr().cast::<ScannedListener>()) };
+        found
+            .entry(l.ino)
+            .and_modify(|kept| {
+                if l.tgid < kept.tgid {
+                    *kept = l;
+                }
+            })
+            .or_insert(l);
+    }
+    found
 }
 
 #[cfg(test)]
@@ -144,11 +210,19 @@ mod tests {
             ..Default::default()
         };
         let forked = ScannedListener { tgid: 101, ..a };
-        let mut bytes = [bytes_of(&a), bytes_of(&b), bytes_of(&forked)].concat();
+        let parent = ScannedListener { tgid: 99, ..a };
+        let mut bytes = [
+            bytes_of(&a),
+            bytes_of(&b),
+            bytes_of(&forked),
+            bytes_of(&parent),
+        ]
+        .concat();
         bytes.extend_from_slice(&[1, 2, 3]);
         let found = parse(&bytes);
         assert_eq!(found.len(), 2);
         assert_eq!(found[&7].syn_queue, 3);
+        assert_eq!(found[&7].tgid, 99, "the lowest holder is the owner");
         assert_eq!(found[&9], b);
     }
 }

@@ -43,6 +43,17 @@ impl Source {
         }
     }
 
+    /// A thread of process `pid` in namespace `netns`: any of them may be in another
+    /// (a thread that entered a namespace to open a listener there).
+    pub fn thread_of(pid: u32, netns: u32) -> Option<Self> {
+        let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+        tasks.flatten().find_map(|task| {
+            let tid: u32 = task.file_name().to_str()?.parse().ok()?;
+            let ino = std::fs::metadata(task.path().join("ns/net")).ok()?.ino();
+            (ino == u64::from(netns)).then_some(Source::Task { pid, tid })
+        })
+    }
+
     /// Opens this thread's namespace's netstat for later reads from any thread.
     pub fn open_here() -> std::io::Result<Self> {
         Ok(Source::Netstat(Arc::new(File::open(

@@ -166,6 +166,16 @@ impl Shared {
             .remove(&netns);
     }
 
+    /// Listen sysctls a scan pass read (fresher than a rescan's, and no namespace need be
+    /// joined for them), for the namespaces that have listeners.
+    pub fn note_sysctls(&self, read: HashMap<u32, tcpext::ListenSysctls>) {
+        let in_use: HashSet<u32> = self.listeners().iter().map(|l| l.netns).collect();
+        self.netns_sysctls
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .extend(read.into_iter().filter(|(ns, _)| in_use.contains(ns)));
+    }
+
     /// A rescan's namespaces: its sources replace older ones; sources noted from events
     /// for namespaces the scan did not see stay while listeners live there.
     pub fn note_scanned_netns(

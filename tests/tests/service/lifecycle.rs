@@ -50,7 +50,7 @@ fn readiness_comes_after_attach_and_serving_then_reload_watchdog_and_stop() {
     let threads = assert_runtime_caps(daemon.pid()).len();
     eprintln!(
         "all {threads} threads after READY=1: CapPrm = CapEff = {KEEP:#018x} \
-         (CAP_DAC_READ_SEARCH, CAP_SYS_PTRACE, CAP_SYS_ADMIN), CapInh = CapAmb = 0"
+         (CAP_DAC_READ_SEARCH, CAP_SYS_PTRACE, CAP_BPF), CapInh = CapAmb = 0"
     );
     daemon.wait_for_log("dropped every capability");
 
