@@ -14,7 +14,7 @@ use std::{
     time::Duration,
 };
 
-use backlogd_common::names::figure;
+use backlogd_common::names::{figure, map};
 use backlogd_tests::{
     Daemon, Exact, Netns,
     kernel::{ListenCounters, tcp_ext},
@@ -779,7 +779,7 @@ fn source_prefixes_go_only_to_local_readers_unless_opted_in() {
 /// Listener inodes holding entries of the daemon's DROP_SOURCES map (bpftool's dump: the
 /// key formatted from BTF, or its raw bytes, the inode being the first eight).
 fn inodes_with_sources(daemon: &Daemon) -> Vec<u64> {
-    let id = backlogd_tests::bpf::map_of(daemon.pid(), "DROP_SOURCES");
+    let id = backlogd_tests::bpf::map_of(daemon.pid(), map::DROP_SOURCES);
     backlogd_tests::bpf::bpftool(&["map", "dump", "id", &id])
         .as_array()
         .expect("map dump")
