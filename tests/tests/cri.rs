@@ -46,6 +46,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use backlogd_common::netstat::counter;
 use backlogd_tests::{
     Daemon, Netns, Scrape,
     containers::{
@@ -53,7 +54,7 @@ use backlogd_tests::{
         oci::{app_image, pause_image},
     },
     figures::accept_queue_full_burst,
-    kernel::tcp_ext,
+    kernel::{exact_netns_counters, tcp_ext},
     tempdir::TempDir,
     tools,
 };
@@ -232,21 +233,18 @@ fn a_containerd_pods_listener_is_named_exact_and_gone_with_its_pod() {
     // The pod namespace's own counters, exported alongside and read at scrape time.
     let now = tcp_ext(&ns);
     let netns = ns.inode().to_string();
-    for (metric, name) in [
-        ("backlogd_netns_listen_overflows_total", "ListenOverflows"),
-        ("backlogd_netns_listen_drops_total", "ListenDrops"),
-        ("backlogd_netns_reqq_full_drops_total", "TCPReqQFullDrop"),
-        (
-            "backlogd_netns_reqq_full_do_cookies_total",
-            "TCPReqQFullDoCookies",
-        ),
-    ] {
-        let exported = burst
-            .scrape
-            .value(metric, &[("netns", &netns)])
-            .unwrap_or_else(|| panic!("no {metric} for netns {netns}:\n{}", burst.scrape.text));
-        exact.eq(&format!("{metric} vs {name}"), exported as u64, now[name]);
-    }
+    exact_netns_counters(
+        &mut exact,
+        &burst.scrape,
+        &netns,
+        &now,
+        &[
+            counter::LISTEN_OVERFLOWS,
+            counter::LISTEN_DROPS,
+            counter::REQQ_FULL_DROP,
+            counter::REQQ_FULL_DO_COOKIES,
+        ],
+    );
     exact.verify();
 
     // The pod's namespace is named as CNI's bind mount names it (`/var/run/netns/cni-...`).
