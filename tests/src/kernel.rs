@@ -27,16 +27,13 @@ pub fn netns_family(counter: &str) -> &'static str {
         .unwrap_or_else(|| panic!("backlogd exports no family for TcpExt {counter}"))
 }
 
-/// Adds to `exact` each of `counters` as `scrape` exports it for namespace `netns` (its
-/// inode), against the namespace's TcpExt `now` (read after the scrape).
+/// Adds to `exact` each of `counters` as `scrape` exports it for `ns`, against the
+/// namespace's TcpExt read now (after the scrape: backlogd reads them at scrape time).
 #[track_caller]
-pub fn exact_netns_counters(
-    exact: &mut Exact,
-    scrape: &Scrape,
-    netns: &str,
-    now: &HashMap<String, u64>,
-    counters: &[&str],
-) {
+pub fn exact_netns_counters(exact: &mut Exact, scrape: &Scrape, ns: &Netns, counters: &[&str]) {
+    let now = tcp_ext(ns);
+    let netns = ns.inode().to_string();
+    let netns = netns.as_str();
     for name in counters {
         let metric = netns_family(name);
         let exported = scrape

@@ -54,7 +54,7 @@ use backlogd_tests::{
         oci::{app_image, pause_image},
     },
     figures::accept_queue_full_burst,
-    kernel::{exact_netns_counters, tcp_ext},
+    kernel::exact_netns_counters,
     tempdir::TempDir,
     tools,
 };
@@ -231,13 +231,10 @@ fn a_containerd_pods_listener_is_named_exact_and_gone_with_its_pod() {
     ));
     let mut exact = burst.exact;
     // The pod namespace's own counters, exported alongside and read at scrape time.
-    let now = tcp_ext(&ns);
-    let netns = ns.inode().to_string();
     exact_netns_counters(
         &mut exact,
         &burst.scrape,
-        &netns,
-        &now,
+        &ns,
         &[
             counter::LISTEN_OVERFLOWS,
             counter::LISTEN_DROPS,
@@ -248,6 +245,7 @@ fn a_containerd_pods_listener_is_named_exact_and_gone_with_its_pod() {
     exact.verify();
 
     // The pod's namespace is named as CNI's bind mount names it (`/var/run/netns/cni-...`).
+    let netns = ns.inode().to_string();
     let netns_name = Path::new(pod.netns.as_deref().unwrap_or_default())
         .file_name()
         .and_then(|n| n.to_str())

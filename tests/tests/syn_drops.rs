@@ -53,13 +53,10 @@ fn accept_queue_full(bind: &str, connect_ip: Option<&str>) {
     let burst = accept_queue_full_burst(daemon, &ns, &listener, target(&listener, connect_ip));
     let mut exact = burst.exact;
     // The namespace's own counters are exported alongside, read at scrape time.
-    let now = tcp_ext(&ns);
-    let netns = ns.inode().to_string();
     exact_netns_counters(
         &mut exact,
         &burst.scrape,
-        &netns,
-        &now,
+        &ns,
         &[
             counter::LISTEN_OVERFLOWS,
             counter::LISTEN_DROPS,

@@ -22,7 +22,10 @@ use std::{
 
 use serde_json::{Value, json};
 
-use crate::{Netns, sockets::Listener};
+use crate::{
+    Netns,
+    sockets::{Listener, listening_inode},
+};
 
 /// The CRI API version whose api.proto the client is made from (runtime.v1, which
 /// containerd 1.6 serves; newer fields are unknown to it and ignored).
@@ -492,15 +495,9 @@ pub fn container_pid(containerd: &Containerd, id: &str) -> u32 {
 /// network namespace `ns` is, as a [`Listener`] holding a duplicate of the container
 /// process's own socket (pidfd_getfd), once it listens.
 pub fn containers_listener(ns: &Netns, pod: &Pod, name: &str, pid: u32, port: u16) -> Listener {
-    let filter = format!("sport = :{port}");
     let deadline = Instant::now() + Duration::from_secs(60);
     let inode: u64 = loop {
-        let out = ns.command("ss", &["-ltnHe", &filter]);
-        if let Some(ino) = out
-            .split_whitespace()
-            .find_map(|w| w.strip_prefix("ino:"))
-            .and_then(|i| i.parse().ok())
-        {
+        if let Some(ino) = listening_inode(ns, port) {
             break ino;
         }
         assert!(
