@@ -17,6 +17,15 @@ pub const NETNS_FAMILIES: [(&str, &str); 6] = [
     (EXPORTED[5], "backlogd_netns_syncookies_returned_total"),
 ];
 
+/// The namespace's drop counters: what backlogd's drops by reason and syncookies add up
+/// to ([`ListenCounters`] but for the retransmissions).
+pub const DROP_COUNTERS: [&str; 4] = [
+    counter::LISTEN_OVERFLOWS,
+    counter::LISTEN_DROPS,
+    counter::REQQ_FULL_DROP,
+    counter::REQQ_FULL_DO_COOKIES,
+];
+
 /// The family backlogd exports TcpExt `counter` as, per namespace ([`NETNS_FAMILIES`]).
 #[track_caller]
 pub fn netns_family(counter: &str) -> &'static str {

@@ -46,7 +46,6 @@ use std::{
     time::{Duration, Instant},
 };
 
-use backlogd_common::netstat::counter;
 use backlogd_tests::{
     Daemon, Netns, Scrape,
     containers::{
@@ -54,7 +53,7 @@ use backlogd_tests::{
         oci::{app_image, pause_image},
     },
     figures::accept_queue_full_burst,
-    kernel::exact_netns_counters,
+    kernel::{DROP_COUNTERS, exact_netns_counters},
     tempdir::TempDir,
     tools,
 };
@@ -231,17 +230,7 @@ fn a_containerd_pods_listener_is_named_exact_and_gone_with_its_pod() {
     ));
     let mut exact = burst.exact;
     // The pod namespace's own counters, exported alongside and read at scrape time.
-    exact_netns_counters(
-        &mut exact,
-        &burst.scrape,
-        &ns,
-        &[
-            counter::LISTEN_OVERFLOWS,
-            counter::LISTEN_DROPS,
-            counter::REQQ_FULL_DROP,
-            counter::REQQ_FULL_DO_COOKIES,
-        ],
-    );
+    exact_netns_counters(&mut exact, &burst.scrape, &ns, &DROP_COUNTERS);
     exact.verify();
 
     // The pod's namespace is named as CNI's bind mount names it (`/var/run/netns/cni-...`).

@@ -9,7 +9,7 @@ use backlogd_common::{names::figure, netstat::counter};
 use backlogd_tests::{
     Daemon, Exact, Netns,
     figures::{Figures, accept_queue_full_burst},
-    kernel::{ListenCounters, exact_netns_counters, tcp_ext},
+    kernel::{DROP_COUNTERS, ListenCounters, exact_netns_counters, tcp_ext},
     sockets::{Listener, client_view, connect_burst, kernel_queue},
 };
 
@@ -57,13 +57,7 @@ fn accept_queue_full(bind: &str, connect_ip: Option<&str>) {
         &mut exact,
         &burst.scrape,
         &ns,
-        &[
-            counter::LISTEN_OVERFLOWS,
-            counter::LISTEN_DROPS,
-            counter::REQQ_FULL_DROP,
-            counter::REQQ_FULL_DO_COOKIES,
-            counter::SYN_RETRANS,
-        ],
+        &[&DROP_COUNTERS[..], &[counter::SYN_RETRANS]].concat(),
     );
     exact.verify();
 }
