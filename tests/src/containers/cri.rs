@@ -48,6 +48,8 @@ pub struct Containerd {
 }
 
 impl Containerd {
+    /// containerd with its config, state and CNI conf under `dir`, once it answers;
+    /// `messages` is where [`cri_messages`] put the CRI client's message classes.
     pub fn start(dir: &Path, messages: PathBuf) -> Self {
         let d = dir.display();
         let cni = dir.join("cni");
@@ -631,6 +633,7 @@ fn tail(text: &str, lines: usize) -> String {
     all[all.len().saturating_sub(lines)..].join("\n")
 }
 
+/// A random UUID (the kernel's), for a pod's UID.
 pub fn uuid() -> String {
     std::fs::read_to_string("/proc/sys/kernel/random/uuid")
         .expect("reading a random UUID")
