@@ -3,6 +3,34 @@
 //! benchmarks (which compare backlogd's figures with them). The file is pairs of lines, a
 //! header of names then the values, each starting with its section's name.
 
+/// TcpExt counters by the names `/proc/net/netstat` gives them: the ones backlogd exports
+/// per namespace ([`EXPORTED`]) and the suite compares its figures with.
+pub mod counter {
+    /// Connections the accept queue had no room for (and SYNs refused for a full one).
+    pub const LISTEN_OVERFLOWS: &str = "ListenOverflows";
+    /// Every drop of a segment for a listener (overflows included).
+    pub const LISTEN_DROPS: &str = "ListenDrops";
+    /// SYNs dropped for a full SYN queue, syncookies off.
+    pub const REQQ_FULL_DROP: &str = "TCPReqQFullDrop";
+    /// SYNs answered with a syncookie for a full SYN queue.
+    pub const REQQ_FULL_DO_COOKIES: &str = "TCPReqQFullDoCookies";
+    /// SYN and SYN-ACK retransmissions.
+    pub const SYN_RETRANS: &str = "TCPSynRetrans";
+    /// ACKs that returned a valid syncookie.
+    pub const SYNCOOKIES_RECV: &str = "SyncookiesRecv";
+}
+
+/// The TcpExt counters backlogd exports for every namespace with listeners
+/// (`backlogd_netns_*`), in the order it serves them.
+pub const EXPORTED: [&str; 6] = [
+    counter::LISTEN_OVERFLOWS,
+    counter::LISTEN_DROPS,
+    counter::REQQ_FULL_DROP,
+    counter::REQQ_FULL_DO_COOKIES,
+    counter::SYN_RETRANS,
+    counter::SYNCOOKIES_RECV,
+];
+
 /// The `(name, value)` pairs of the TcpExt section of `netstat` (the text of
 /// `/proc/net/netstat`), or None if the text has no TcpExt section. A value that is not a
 /// number is skipped.

@@ -2,7 +2,55 @@
 
 use std::collections::HashMap;
 
-use crate::Netns;
+use backlogd_common::netstat::{EXPORTED, counter};
+
+use crate::{Exact, Netns, Scrape};
+
+/// backlogd's family for each TcpExt counter it exports per namespace
+/// ([`backlogd_common::netstat::EXPORTED`], in that order).
+pub const NETNS_FAMILIES: [(&str, &str); 6] = [
+    (EXPORTED[0], "backlogd_netns_listen_overflows_total"),
+    (EXPORTED[1], "backlogd_netns_listen_drops_total"),
+    (EXPORTED[2], "backlogd_netns_reqq_full_drops_total"),
+    (EXPORTED[3], "backlogd_netns_reqq_full_do_cookies_total"),
+    (EXPORTED[4], "backlogd_netns_syn_retransmits_total"),
+    (EXPORTED[5], "backlogd_netns_syncookies_returned_total"),
+];
+
+/// The namespace's drop counters: what backlogd's drops by reason and syncookies add up
+/// to ([`ListenCounters`] but for the retransmissions).
+pub const DROP_COUNTERS: [&str; 4] = [
+    counter::LISTEN_OVERFLOWS,
+    counter::LISTEN_DROPS,
+    counter::REQQ_FULL_DROP,
+    counter::REQQ_FULL_DO_COOKIES,
+];
+
+/// The family backlogd exports TcpExt `counter` as, per namespace ([`NETNS_FAMILIES`]).
+#[track_caller]
+pub fn netns_family(counter: &str) -> &'static str {
+    NETNS_FAMILIES
+        .iter()
+        .find(|(c, _)| *c == counter)
+        .map(|(_, family)| *family)
+        .unwrap_or_else(|| panic!("backlogd exports no family for TcpExt {counter}"))
+}
+
+/// Adds to `exact` each of `counters` as `scrape` exports it for `ns`, against the
+/// namespace's TcpExt read now (after the scrape: backlogd reads them at scrape time).
+#[track_caller]
+pub fn exact_netns_counters(exact: &mut Exact, scrape: &Scrape, ns: &Netns, counters: &[&str]) {
+    let now = tcp_ext(ns);
+    let netns = ns.inode().to_string();
+    let netns = netns.as_str();
+    for name in counters {
+        let metric = netns_family(name);
+        let exported = scrape
+            .value(metric, &[("netns", netns)])
+            .unwrap_or_else(|| panic!("no {metric} for netns {netns}:\n{}", scrape.text));
+        exact.eq(&format!("{metric} vs {name}"), exported as u64, now[*name]);
+    }
+}
 
 /// TcpExt counters of the namespace (`/proc/thread-self/net/netstat` read on the
 /// namespace's thread: `/proc/net` would show the process leader's namespace).
@@ -37,11 +85,11 @@ impl ListenCounters {
     pub fn delta(before: &HashMap<String, u64>, after: &HashMap<String, u64>) -> Self {
         let d = |k: &str| after[k] - before.get(k).copied().unwrap_or(0);
         Self {
-            listen_overflows: d("ListenOverflows"),
-            listen_drops: d("ListenDrops"),
-            reqq_full_drop: d("TCPReqQFullDrop"),
-            reqq_full_do_cookies: d("TCPReqQFullDoCookies"),
-            syn_retrans: d("TCPSynRetrans"),
+            listen_overflows: d(counter::LISTEN_OVERFLOWS),
+            listen_drops: d(counter::LISTEN_DROPS),
+            reqq_full_drop: d(counter::REQQ_FULL_DROP),
+            reqq_full_do_cookies: d(counter::REQQ_FULL_DO_COOKIES),
+            syn_retrans: d(counter::SYN_RETRANS),
         }
     }
 }

@@ -16,6 +16,8 @@ use std::{
 use serde::Deserialize;
 use socket2::Socket;
 
+use backlogd_common::netstat::counter;
+
 use crate::{
     Daemon, Netns, Scrape,
     kernel::{ListenCounters, tcp_ext},
@@ -744,25 +746,25 @@ fn compare(
         Some(sum("backlogd_listen_syns_received_total", &[])),
     );
     row(
-        "ListenOverflows",
+        counter::LISTEN_OVERFLOWS,
         None,
         Some(kernel.listen_overflows),
         Some(drops("accept_queue_full") + drops("final_ack_overflow")),
     );
     row(
-        "ListenDrops",
+        counter::LISTEN_DROPS,
         None,
         Some(kernel.listen_drops),
         Some(all_drops),
     );
     row(
-        "TCPReqQFullDrop",
+        counter::REQQ_FULL_DROP,
         None,
         Some(kernel.reqq_full_drop),
         Some(drops("syn_queue_full")),
     );
     row(
-        "TCPReqQFullDoCookies",
+        counter::REQQ_FULL_DO_COOKIES,
         None,
         Some(kernel.reqq_full_do_cookies),
         Some(sum("backlogd_listen_syncookies_sent_total", &[])),

@@ -9,6 +9,14 @@ use socket2::{Domain, Socket, Type};
 
 use crate::Netns;
 
+/// The socket inode of the listener on `port` in `ns` (`ss -e`'s `ino:`), if one listens.
+pub fn listening_inode(ns: &Netns, port: u16) -> Option<u64> {
+    ns.command("ss", &["-Hltne", &format!("sport = :{port}")])
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("ino:"))
+        .and_then(|i| i.parse().ok())
+}
+
 /// A TCP listener created inside a namespace.
 pub struct Listener {
     pub socket: Socket,

@@ -4,6 +4,7 @@
 
 use std::time::{Duration, Instant};
 
+use backlogd_common::names::map;
 use backlogd_tests::{
     Daemon, Exact, Netns, Scrape,
     bpf::{bpftool, fd_object_ids, map_of},
@@ -526,7 +527,7 @@ fn without_accept_wait_timing_nothing_is_timed_and_the_counts_stay_exact() {
     }
     let queue = kernel_queue(&ns, &listener);
     let scrape = daemon.scrape();
-    let timed = bpftool(&["map", "dump", "id", &map_of(daemon.pid(), "QUEUED_AT")]);
+    let timed = bpftool(&["map", "dump", "id", &map_of(daemon.pid(), map::QUEUED_AT)]);
     let me = daemon.api_listener(listener.inode);
     drop(clients);
     let v = |name| value(&scrape, name, &listener) as u64;

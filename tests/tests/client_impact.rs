@@ -11,6 +11,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use backlogd_common::netstat::counter;
 use backlogd_tests::{
     Daemon, Exact, Netns, Scrape,
     doctor::{Doctor, evidence},
@@ -130,7 +131,7 @@ fn final_acks_dropped_first_delay_their_connections_until_the_synack_retransmit(
     // victim connected (its own TCP_INFO) and the namespace's ListenOverflows up by one
     // per victim. (One victim's second final ACK comes with the next SYN-ACK, a second
     // later, never before the other's first.)
-    let first_drops = wait_for_rise(&ns, "ListenOverflows", &before, |rise| {
+    let first_drops = wait_for_rise(&ns, counter::LISTEN_OVERFLOWS, &before, |rise| {
         rise >= VICTIMS.len() as u64 && victims.iter().all(|v| tcp_state(v).0 == TCP_ESTABLISHED)
     });
     // Room now: each victim completes at the server's next SYN-ACK retransmission.
@@ -241,8 +242,10 @@ fn syn_drops_delay_their_connections_until_a_retransmitted_syn_gets_through() {
     let clients = connect_burst(&ns, listener.addr, CLIENTS as usize);
     // Each client's first SYN met the full queue (one ListenDrops each), then its first
     // retransmission: waited for in the kernel's count, then room is made.
-    let first_drops = wait_for_rise(&ns, "ListenDrops", &before, |rise| rise >= CLIENTS);
-    let retries = wait_for_rise(&ns, "ListenDrops", &before, |rise| rise >= 2 * CLIENTS);
+    let first_drops = wait_for_rise(&ns, counter::LISTEN_DROPS, &before, |rise| rise >= CLIENTS);
+    let retries = wait_for_rise(&ns, counter::LISTEN_DROPS, &before, |rise| {
+        rise >= 2 * CLIENTS
+    });
     let accepted = accept_all(&listener, clients.len() + fillers.len());
     let seen = close(clients, fillers);
     let scrape = resolved(&daemon);

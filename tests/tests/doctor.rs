@@ -8,6 +8,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use backlogd_common::netstat::counter;
 use backlogd_tests::{
     Daemon, Netns,
     daemon::binary,
@@ -85,7 +86,7 @@ fn doctor_names_each_situation_with_its_evidence_and_nothing_false_when_healthy(
         let clients = connect_burst(&ns, l.addr, 30);
         // The queue full (backlog + 1) and every other client dropped at least once.
         wait_for_queue(&ns, &l, 5);
-        wait_for_rise(&ns, "ListenDrops", &before, |rise| rise >= 25);
+        wait_for_rise(&ns, counter::LISTEN_DROPS, &before, |rise| rise >= 25);
         drop(clients);
         let d = Doctor::run(&daemon, &[]);
         let found = d.about(&ns);
@@ -107,9 +108,9 @@ fn doctor_names_each_situation_with_its_evidence_and_nothing_false_when_healthy(
         // 9 requests pending (backlog + 1), the SYN of each of the other 31 clients
         // dropped or answered with a cookie, in the kernel's count.
         let counter = if cookies == "0" {
-            "TCPReqQFullDrop"
+            counter::REQQ_FULL_DROP
         } else {
-            "TCPReqQFullDoCookies"
+            counter::REQQ_FULL_DO_COOKIES
         };
         wait_for_rise(&ns, counter, &before, |rise| rise >= 31);
         drop(clients);

@@ -14,7 +14,10 @@ use std::{
     time::Duration,
 };
 
-use backlogd_common::names::figure;
+use backlogd_common::{
+    names::{figure, map},
+    netstat::counter,
+};
 use backlogd_tests::{
     Daemon, Exact, Netns,
     kernel::{ListenCounters, tcp_ext},
@@ -779,7 +782,7 @@ fn source_prefixes_go_only_to_local_readers_unless_opted_in() {
 /// Listener inodes holding entries of the daemon's DROP_SOURCES map (bpftool's dump: the
 /// key formatted from BTF, or its raw bytes, the inode being the first eight).
 fn inodes_with_sources(daemon: &Daemon) -> Vec<u64> {
-    let id = backlogd_tests::bpf::map_of(daemon.pid(), "DROP_SOURCES");
+    let id = backlogd_tests::bpf::map_of(daemon.pid(), map::DROP_SOURCES);
     backlogd_tests::bpf::bpftool(&["map", "dump", "id", &id])
         .as_array()
         .expect("map dump")
@@ -1334,48 +1337,52 @@ fn doctor_tells_a_cookie_flood_from_clients_that_return_their_cookies() {
             .eq(
                 &format!("{what}: namespace cookies sent vs TCPReqQFullDoCookies"),
                 count(api, "sent"),
-                kernel["TCPReqQFullDoCookies"],
+                kernel[counter::REQQ_FULL_DO_COOKIES],
             )
             .eq(
                 &format!("{what}: namespace cookies returned vs SyncookiesRecv"),
                 count(api, "returned"),
-                kernel["SyncookiesRecv"],
+                kernel[counter::SYNCOOKIES_RECV],
             );
     }
     exact
         .eq(
             "flood: cookies sent vs the raw SYNs nft counted",
-            flood_kernel["TCPReqQFullDoCookies"],
+            flood_kernel[counter::REQQ_FULL_DO_COOKIES],
             flood_sent.iter().sum(),
         )
-        .eq("flood: cookies returned", flood_kernel["SyncookiesRecv"], 0)
+        .eq(
+            "flood: cookies returned",
+            flood_kernel[counter::SYNCOOKIES_RECV],
+            0,
+        )
         .eq_fed(
             "flood: the listener's cookies vs the namespace's",
             &[figure::SYNCOOKIES],
             count(&flood_sources["counted"], "cookies"),
-            flood_kernel["TCPReqQFullDoCookies"],
+            flood_kernel[counter::REQQ_FULL_DO_COOKIES],
         )
         .eq(
             "clients: cookies sent vs the SYNs nft counted",
-            clients_kernel["TCPReqQFullDoCookies"],
+            clients_kernel[counter::REQQ_FULL_DO_COOKIES],
             client_sent[0],
         )
         .eq(
             "clients: cookies returned vs the connected clients",
-            clients_kernel["SyncookiesRecv"],
+            clients_kernel[counter::SYNCOOKIES_RECV],
             queue.recv_q,
         )
         .eq_fed(
             "clients: the listener's cookies vs the namespace's",
             &[figure::SYNCOOKIES],
             count(&client_sources["counted"], "cookies"),
-            clients_kernel["TCPReqQFullDoCookies"],
+            clients_kernel[counter::REQQ_FULL_DO_COOKIES],
         );
     exact.verify();
 
     let doctor = backlogd_tests::doctor::Doctor::run(&daemon, &[]);
     let f = doctor.on("syncookies_sent", &flood_ns, &flooded);
-    let n = flood_kernel["TCPReqQFullDoCookies"];
+    let n = flood_kernel[counter::REQQ_FULL_DO_COOKIES];
     assert!(
         f["summary"]
             .as_str()
@@ -1389,8 +1396,8 @@ fn doctor_tells_a_cookie_flood_from_clients_that_return_their_cookies() {
     );
     assert!(f.to_string().contains(&line), "no {line:?} in {f:#}");
     let c = doctor.on("syncookies_sent", &clients_ns, &served);
-    let n = clients_kernel["TCPReqQFullDoCookies"];
-    let back = clients_kernel["SyncookiesRecv"];
+    let n = clients_kernel[counter::REQQ_FULL_DO_COOKIES];
+    let back = clients_kernel[counter::SYNCOOKIES_RECV];
     assert!(
         c["summary"]
             .as_str()

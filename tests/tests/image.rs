@@ -16,20 +16,13 @@ use std::{
 
 use backlogd_tests::{
     Netns, Scrape,
-    containers::podman_ok,
+    containers::{podman, podman_ok, text, xtask_image},
     daemon::{binary, hook_mode},
     http,
     sockets::Listener,
     tempdir::TempDir,
 };
 use socket2::{Domain, Socket, Type};
-
-fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("tests/ lives in the workspace")
-        .to_path_buf()
-}
 
 /// podman and runc must be there: `cargo xtask setup` installs both, and a test that
 /// skipped here would prove nothing.
@@ -52,24 +45,8 @@ struct Build {
 }
 
 /// `cargo xtask image --binary BIN --output ARCHIVE --reference REFERENCE`.
-fn xtask_image(archive: &Path, reference: &str) -> Build {
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let out = Command::new(cargo)
-        .args(["xtask", "image", "--binary"])
-        .arg(binary())
-        .arg("--output")
-        .arg(archive)
-        .args(["--reference", reference])
-        .current_dir(workspace())
-        .output()
-        .expect("starting cargo xtask image");
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "cargo xtask image failed ({}):\n{stdout}{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
+fn build_image(archive: &Path, reference: &str) -> Build {
+    let stdout = xtask_image(archive, reference);
     let field = |name: &str| {
         stdout
             .lines()
@@ -97,11 +74,8 @@ struct Cleanup {
 
 impl Drop for Cleanup {
     fn drop(&mut self) {
-        let quiet = |args: &[&str]| {
-            Command::new("podman").args(args).output().ok();
-        };
-        quiet(&["rm", "--force", "--time", "2", &self.container]);
-        quiet(&["rmi", "--force", &self.image]);
+        podman(&["rm", "--force", "--time", "2", &self.container]);
+        podman(&["rmi", "--force", &self.image]);
         // The pins hold the daemon's links: with the daemon gone, unlinking them detaches
         // its programs.
         std::fs::remove_dir_all(&self.pin_dir).ok();
@@ -110,11 +84,7 @@ impl Drop for Cleanup {
 
 /// `podman logs` of the container (stdout and stderr: the daemon logs to stderr).
 fn logs(container: &str) -> String {
-    let out = Command::new("podman")
-        .args(["logs", container])
-        .output()
-        .expect("starting podman logs");
-    String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr)
+    text(&podman(&["logs", container]))
 }
 
 /// The address from the daemon's "serving metrics on http://ADDR/metrics" line, once it
@@ -196,8 +166,8 @@ fn the_image_is_reproducible_and_serves_the_hosts_listeners_from_a_container() {
 
     // Two builds of the same binary: the same bytes, so the same image digest.
     let dir = TempDir::new("image");
-    let first = xtask_image(&dir.path().join("first.tar"), &reference);
-    let second = xtask_image(&dir.path().join("second.tar"), &reference);
+    let first = build_image(&dir.path().join("first.tar"), &reference);
+    let second = build_image(&dir.path().join("second.tar"), &reference);
     assert_eq!(first.digest, second.digest, "two builds, two digests");
     let bytes = std::fs::read(&first.archive).unwrap();
     assert!(

@@ -27,7 +27,7 @@ use std::{
 
 use backlogd_tests::{
     Netns, Scrape,
-    containers::podman,
+    containers::{Podman, go_module, podman, text, workspace_root, xtask_image},
     daemon::{binary, hook_mode},
     http,
     pins::PinDir,
@@ -45,15 +45,8 @@ const OLDEST_KUBERNETES: &str = "1.30.0";
 /// Pinned in xtask/src/setup.rs too; its CRDs are what the monitors must satisfy.
 const PROMETHEUS_OPERATOR: &str = "github.com/prometheus-operator/prometheus-operator@v0.85.0";
 
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("tests/ lives in the workspace")
-        .to_path_buf()
-}
-
 fn manifest(name: &str) -> PathBuf {
-    root().join("deploy/kubernetes").join(name)
+    workspace_root().join("deploy/kubernetes").join(name)
 }
 
 /// A program of the venv setup makes, if it runs; else fails or skips as tools.rs says.
@@ -87,41 +80,15 @@ fn skip_or_fail<T>(test: &str, need: &str) -> Option<T> {
 
 /// prometheus-operator's CRD for `plural` (`podmonitors`), from the module cache only.
 fn crd(test: &str, plural: &str) -> Option<PathBuf> {
-    let out = Command::new("go")
-        .args(["mod", "download", "-json", PROMETHEUS_OPERATOR])
-        .env("GOPROXY", "off")
-        .env("GOFLAGS", "-mod=mod")
-        .current_dir(std::env::temp_dir())
-        .output();
-    let dir = match out {
-        Ok(out) if out.status.success() => {
-            let info: Value = serde_json::from_slice(&out.stdout).expect("go's JSON");
-            PathBuf::from(info["Dir"].as_str().expect("a Dir"))
-        }
-        Ok(out) => {
-            return skip_or_fail(
-                test,
-                &format!(
-                    "{PROMETHEUS_OPERATOR} in the Go module cache: {}",
-                    String::from_utf8_lossy(&out.stdout)
-                ),
-            );
-        }
-        Err(e) => return skip_or_fail(test, &format!("`go` (the Go toolchain): {e}")),
+    let dir = match go_module(PROMETHEUS_OPERATOR, &std::env::temp_dir(), true) {
+        Ok(dir) => dir,
+        Err(e) => return skip_or_fail(test, &e),
     };
     let path = dir.join(format!(
         "example/prometheus-operator-crd/monitoring.coreos.com_{plural}.yaml"
     ));
     assert!(path.exists(), "{} is not in the module", path.display());
     Some(path)
-}
-
-fn text(out: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
 }
 
 /// Every YAML document of `path`, as PyYAML's safe loader (the venv's) reads it.
@@ -414,7 +381,8 @@ fn the_config_map_holds_the_shipped_config_where_the_daemon_reads_it() {
     let Some(m) = manifests(test) else {
         return;
     };
-    let shipped = std::fs::read_to_string(root().join("deploy/config/backlogd.toml")).unwrap();
+    let shipped =
+        std::fs::read_to_string(workspace_root().join("deploy/config/backlogd.toml")).unwrap();
     let data = m.configmap["data"].as_object().expect("data");
     assert_eq!(data.len(), 1, "{data:?}");
     let (key, embedded) = data.iter().next().unwrap();
@@ -461,7 +429,7 @@ fn the_ports_and_the_pin_directory_are_the_daemons() {
     assert_eq!(strings(&c["command"]), ["/usr/bin/backlogd"]);
     let args = strings(&c["args"]);
     assert_eq!(args[0], "run");
-    let shipped = root().join("deploy/config/backlogd.toml");
+    let shipped = workspace_root().join("deploy/config/backlogd.toml");
     let args: Vec<&str> = args[1..]
         .iter()
         .map(|a| {
@@ -535,7 +503,8 @@ fn the_capabilities_are_the_systemd_units() {
     let Some(m) = manifests(test) else {
         return;
     };
-    let unit = std::fs::read_to_string(root().join("deploy/systemd/backlogd.service")).unwrap();
+    let unit =
+        std::fs::read_to_string(workspace_root().join("deploy/systemd/backlogd.service")).unwrap();
     let bounding: BTreeSet<String> = unit
         .lines()
         .find_map(|l| l.strip_prefix("CapabilityBoundingSet="))
@@ -562,7 +531,8 @@ fn the_capabilities_are_the_systemd_units() {
 
 fn workspace_version() -> String {
     let cargo: toml::Table =
-        toml::from_str(&std::fs::read_to_string(root().join("Cargo.toml")).unwrap()).unwrap();
+        toml::from_str(&std::fs::read_to_string(workspace_root().join("Cargo.toml")).unwrap())
+            .unwrap();
     cargo["workspace"]["package"]["version"]
         .as_str()
         .unwrap()
@@ -624,23 +594,6 @@ fn the_image_the_labels_and_the_selectors_agree() {
         c["securityContext"]["appArmorProfile"]["type"],
         "Unconfined"
     );
-}
-
-/// What podman made for the test, removed when dropped (even when the test fails).
-enum Podman {
-    Image(String),
-    Container(String),
-}
-
-impl Drop for Podman {
-    fn drop(&mut self) {
-        let _ = match self {
-            // Not --force: that would also remove containers of the same image id (a
-            // reproducible build of the same binary is the same image) that are not ours.
-            Podman::Image(name) => podman(&["rmi", name]),
-            Podman::Container(name) => podman(&["rm", "--force", "--time", "0", name]),
-        };
-    }
 }
 
 /// `podman run` arguments for the DaemonSet's one container: its pod's host namespaces, its
@@ -737,17 +690,7 @@ fn podman_run_args(m: &Manifests, scratch: &Path) -> Vec<String> {
 /// IfNotPresent is what makes a loaded image enough on a node too).
 fn load_image(scratch: &Path, reference: &str) -> Podman {
     let archive = scratch.join("image.tar");
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let out = Command::new(cargo)
-        .args(["xtask", "image", "--binary"])
-        .arg(binary())
-        .arg("--output")
-        .arg(&archive)
-        .args(["--reference", reference])
-        .current_dir(root())
-        .output()
-        .expect("running cargo xtask image");
-    assert!(out.status.success(), "cargo xtask image: {}", text(&out));
+    xtask_image(&archive, reference);
     let image = Podman::Image(reference.to_owned());
     let out = podman(&["load", "--input", archive.to_str().unwrap()]);
     assert!(out.status.success(), "podman load: {}", text(&out));

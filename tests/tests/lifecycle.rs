@@ -2,6 +2,7 @@
 
 use std::{collections::HashSet, process::Command, time::Duration};
 
+use backlogd_common::names::map;
 use backlogd_tests::Daemon;
 
 /// IDs of the BPF programs process `pid` holds fds for (`prog_id:` in fdinfo).
@@ -157,7 +158,7 @@ fn counting_programs(daemon: &Daemon) -> Vec<u64> {
         .filter(|prog| {
             prog["map_ids"].as_array().into_iter().flatten().any(|m| {
                 let map = json(&["map", "show", "id", &m.to_string()]);
-                map["name"].as_str() == Some("LISTENER_STATS")
+                map["name"].as_str() == Some(map::LISTENER_STATS)
             })
         })
         .map(|prog| prog["id"].as_u64().expect("program id"))

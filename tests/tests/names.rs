@@ -10,7 +10,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use backlogd_tests::{Daemon, Netns, cgroups::Tree, tools};
+use backlogd_tests::{Daemon, Netns, cgroups::Tree, sockets::listening_inode, tools};
 
 const CONTAINER_ID: &str = "5e0c2d1e0b9a8f7e6d5c4b3a29181706f5e4d3c2b1a09f8e7d6c5b4a39281706";
 const POD_UID: &str = "0a1b2c3d-4e5f-6789-abcd-ef0123456789";
@@ -49,12 +49,7 @@ impl Drop for Server {
 fn listener_inode(ns: &Netns, port: u16) -> u64 {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        let out = ns.command("ss", &["-Hltne", &format!("sport = :{port}")]);
-        if let Some(ino) = out
-            .split_whitespace()
-            .find_map(|w| w.strip_prefix("ino:"))
-            .and_then(|i| i.parse().ok())
-        {
+        if let Some(ino) = listening_inode(ns, port) {
             return ino;
         }
         assert!(

@@ -8,7 +8,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use backlogd_common::names::figure;
+use backlogd_common::names::{figure, map};
 use backlogd_tests::{
     Daemon, Exact, Netns, caps,
     daemon::run_to_end,
@@ -362,7 +362,7 @@ fn state_pinned_by_another_build_is_removed_and_counting_starts_afresh() {
     let map_name = format!("stale{}", std::process::id() % 100_000);
     let out = Command::new("bpftool")
         .args(["map", "create"])
-        .arg(stale.join("maps/LISTENER_STATS"))
+        .arg(stale.join("maps").join(map::LISTENER_STATS))
         .args(["type", "array", "key", "4", "value", "4", "entries", "1"])
         .args(["name", &map_name])
         .output()

@@ -19,14 +19,13 @@
 use std::{
     os::fd::AsRawFd as _,
     os::unix::process::CommandExt as _,
-    path::Path,
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
 };
 
 use backlogd_tests::{
     Daemon, Netns,
-    containers::{podman, podman_ok},
+    containers::{Podman, podman_command, podman_ok, usr_rootfs},
     figures::accept_queue_full_burst,
     sockets::Listener,
     tempdir::TempDir,
@@ -55,8 +54,7 @@ impl ApiService {
             return Self(None);
         }
         std::fs::create_dir_all("/run/podman").expect("creating /run/podman");
-        let child = Command::new("podman")
-            .args(["--runtime", "runc", "--cgroup-manager", "cgroupfs"])
+        let child = podman_command()
             .args(["system", "service", "--time=0", &format!("unix://{SOCKET}")])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -89,32 +87,6 @@ impl Drop for ApiService {
     }
 }
 
-/// The container, removed when dropped (even when the test fails).
-struct Container(String);
-
-impl Drop for Container {
-    fn drop(&mut self) {
-        let _ = podman(&["rm", "--force", "--time", "0", &self.0]);
-    }
-}
-
-/// A root file system of symlinks into /usr (merged-/usr Debian), which is mounted in.
-fn rootfs(dir: &Path) -> std::path::PathBuf {
-    let root = dir.join("rootfs");
-    for d in ["usr", "proc", "sys", "dev", "etc", "tmp"] {
-        std::fs::create_dir_all(root.join(d)).unwrap();
-    }
-    for (link, target) in [
-        ("bin", "usr/bin"),
-        ("sbin", "usr/sbin"),
-        ("lib", "usr/lib"),
-        ("lib64", "usr/lib64"),
-    ] {
-        let _ = std::os::unix::fs::symlink(target, root.join(link));
-    }
-    root
-}
-
 #[test]
 fn a_podman_container_is_named_in_metrics_top_and_doctor() {
     const TEST: &str = "a_podman_container_is_named_in_metrics_top_and_doctor";
@@ -125,7 +97,9 @@ fn a_podman_container_is_named_in_metrics_top_and_doctor() {
     }
     let name = format!("backlogd-test-{}", std::process::id());
     let dir = TempDir::new("podman");
-    let root = rootfs(dir.path());
+    // A root file system of symlinks into /usr, which is mounted in.
+    let root = dir.path().join("rootfs");
+    usr_rootfs(&root);
 
     let ns = Netns::new();
     ns.sysctl("net.ipv4.tcp_syncookies", "0");
@@ -141,26 +115,19 @@ fn a_podman_container_is_named_in_metrics_top_and_doctor() {
                   open('/tmp/listening', 'w').close()\n\
                   time.sleep(1e9)\n";
     let fd = listener.socket.as_raw_fd();
-    let mut run = Command::new("podman");
-    run.args([
-        "--runtime",
-        "runc",
-        "--cgroup-manager",
-        "cgroupfs",
-        "run",
-        "-d",
-    ])
-    .args(["--name", &name, "--network", "none", "--preserve-fds", "1"])
-    .args([
-        "--ulimit",
-        "nofile=1024:1024",
-        "--ulimit",
-        "nproc=1024:1024",
-    ])
-    .args(["-v", "/usr:/usr:ro", "--rootfs"])
-    .arg(&root)
-    .args(["python3", "-c", server])
-    .stdin(Stdio::null());
+    let mut run = podman_command();
+    run.args(["run", "-d"])
+        .args(["--name", &name, "--network", "none", "--preserve-fds", "1"])
+        .args([
+            "--ulimit",
+            "nofile=1024:1024",
+            "--ulimit",
+            "nproc=1024:1024",
+        ])
+        .args(["-v", "/usr:/usr:ro", "--rootfs"])
+        .arg(&root)
+        .args(["python3", "-c", server])
+        .stdin(Stdio::null());
     // SAFETY: dup2 and fcntl are async-signal-safe; this runs in the child between fork
     // and exec.
     unsafe {
@@ -185,7 +152,7 @@ fn a_podman_container_is_named_in_metrics_top_and_doctor() {
         String::from_utf8_lossy(&out.stderr)
     );
     let id = String::from_utf8_lossy(&out.stdout).trim().to_owned();
-    let _container = Container(name.clone());
+    let _container = Podman::Container(name.clone());
     assert_eq!(id.len(), 64, "podman run printed {id:?}");
 
     // The container's listen() is the last: backlogd's owner is its process. With no
@@ -243,7 +210,7 @@ fn a_podman_container_is_named_in_metrics_top_and_doctor() {
         "-c",
         server2,
     ]);
-    let _second = Container(second.clone());
+    let _second = Podman::Container(second.clone());
     let id2 = String::from_utf8_lossy(&out.stdout).trim().to_owned();
     daemon.wait_for("the second container's name from the API", |s| {
         let labels = [

@@ -8,6 +8,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use backlogd_common::netstat::counter;
 use backlogd_tests::{
     Daemon, Exact, Netns,
     figures::Figures,
@@ -144,7 +145,7 @@ fn a_real_prometheus_scrapes_backlogd_with_the_right_values_and_types() {
     let clients = connect_burst(&ns, listener.addr, 200);
     // The accept queue has room for 129: the other 71 clients were dropped, in the
     // kernel's count, before Prometheus looks.
-    wait_for_rise(&ns, "ListenDrops", &before, |rise| rise >= 71);
+    wait_for_rise(&ns, counter::LISTEN_DROPS, &before, |rise| rise >= 71);
     let socket = listener.inode.to_string();
 
     let prometheus = Prometheus::start(daemon.addr);
@@ -248,7 +249,7 @@ fn grafana_dashboard_parses_and_every_query_uses_real_metrics() {
     let before = tcp_ext(&ns);
     let clients = connect_burst(&ns, listener.addr, 10);
     // The queue holds 3: the other 7 dropped, in the kernel's count.
-    wait_for_rise(&ns, "ListenDrops", &before, |rise| rise >= 7);
+    wait_for_rise(&ns, counter::LISTEN_DROPS, &before, |rise| rise >= 7);
     drop(clients);
     let scrape = daemon.scrape();
     for expr in &exprs {

@@ -9,7 +9,7 @@ use std::{
     time::Duration,
 };
 
-use backlogd_common::names::figure;
+use backlogd_common::{names::figure, netstat::counter};
 use backlogd_tests::{
     Daemon, Exact, Netns,
     kernel::{ListenCounters, tcp_ext},
@@ -86,7 +86,7 @@ fn stalled_member_of_a_four_socket_group_stands_out_and_matches_the_kernel() {
             let scrape = daemon.scrape();
             let (after, netstat_after) = read_kernel();
             tries += 1;
-            let stable = netstat["ListenDrops"] == netstat_after["ListenDrops"]
+            let stable = netstat[counter::LISTEN_DROPS] == netstat_after[counter::LISTEN_DROPS]
                 && queues.iter().zip(&after).all(|(a, b)| a.drops == b.drops);
             if stable || tries == 5 {
                 if !stable {

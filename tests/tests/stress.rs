@@ -10,6 +10,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use backlogd_common::names::map;
 use backlogd_tests::{
     Daemon, Netns,
     bpf::{bpftool, inodes_in_maps, map_of},
@@ -349,7 +350,7 @@ fn deleted_namespace_and_10k_churned_listeners_leave_nothing_behind() {
             .any(|ino| ino.parse().is_ok_and(|i: u64| gone.contains(&i)));
         (!stale).then_some(())
     });
-    let left = inodes_in_maps(daemon.pid(), &["LISTENER_STATS", "LISTENER_QUEUES"]);
+    let left = inodes_in_maps(daemon.pid(), &[map::LISTENER_STATS, map::LISTENER_QUEUES]);
     let stale: Vec<u64> = left.intersection(&gone).copied().collect();
     assert!(
         stale.is_empty(),
@@ -405,7 +406,7 @@ fn map_entries_no_listener_claims_are_removed_after_a_rescan_interval() {
 
     // An entry for an inode no socket has, as a lost race would leave it (bpftool writes
     // the one value given to every CPU).
-    let id = map_of(daemon.pid(), "LISTENER_STATS");
+    let id = map_of(daemon.pid(), map::LISTENER_STATS);
     let value_size = bpftool(&["map", "show", "id", &id])["bytes_value"]
         .as_u64()
         .expect("bytes_value");
@@ -418,7 +419,7 @@ fn map_entries_no_listener_claims_are_removed_after_a_rescan_interval() {
     args.extend(std::iter::repeat_n("0".to_owned(), value_size as usize));
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     bpftool(&args);
-    let keys = || inodes_in_maps(daemon.pid(), &["LISTENER_STATS"]);
+    let keys = || inodes_in_maps(daemon.pid(), &[map::LISTENER_STATS]);
     let removed = |s: &backlogd_tests::Scrape| {
         s.value("backlogd_listener_map_orphans_removed_total", &[])
             .expect("orphans metric") as u64
@@ -442,7 +443,7 @@ fn map_entries_no_listener_claims_are_removed_after_a_rescan_interval() {
     // The live listener's entry stayed through the rescans, with its count (its SYN, which
     // met no drop, is counted in its queue entry).
     assert!(
-        inodes_in_maps(daemon.pid(), &["LISTENER_STATS", "LISTENER_QUEUES"])
+        inodes_in_maps(daemon.pid(), &[map::LISTENER_STATS, map::LISTENER_QUEUES])
             .contains(&listener.inode),
         "live listener's entry removed"
     );

@@ -5,11 +5,11 @@
 
 use std::{net::SocketAddr, time::Duration};
 
-use backlogd_common::names::figure;
+use backlogd_common::{names::figure, netstat::counter};
 use backlogd_tests::{
     Daemon, Exact, Netns,
     figures::{Figures, accept_queue_full_burst},
-    kernel::{ListenCounters, tcp_ext},
+    kernel::{DROP_COUNTERS, ListenCounters, exact_netns_counters, tcp_ext},
     sockets::{Listener, client_view, connect_burst, kernel_queue},
 };
 
@@ -53,24 +53,12 @@ fn accept_queue_full(bind: &str, connect_ip: Option<&str>) {
     let burst = accept_queue_full_burst(daemon, &ns, &listener, target(&listener, connect_ip));
     let mut exact = burst.exact;
     // The namespace's own counters are exported alongside, read at scrape time.
-    let now = tcp_ext(&ns);
-    let netns = ns.inode().to_string();
-    for (metric, name) in [
-        ("backlogd_netns_listen_overflows_total", "ListenOverflows"),
-        ("backlogd_netns_listen_drops_total", "ListenDrops"),
-        ("backlogd_netns_reqq_full_drops_total", "TCPReqQFullDrop"),
-        (
-            "backlogd_netns_reqq_full_do_cookies_total",
-            "TCPReqQFullDoCookies",
-        ),
-        ("backlogd_netns_syn_retransmits_total", "TCPSynRetrans"),
-    ] {
-        let exported = burst
-            .scrape
-            .value(metric, &[("netns", &netns)])
-            .unwrap_or_else(|| panic!("no {metric} for netns {netns}:\n{}", burst.scrape.text));
-        exact.eq(&format!("{metric} vs {name}"), exported as u64, now[name]);
-    }
+    exact_netns_counters(
+        &mut exact,
+        &burst.scrape,
+        &ns,
+        &[&DROP_COUNTERS[..], &[counter::SYN_RETRANS]].concat(),
+    );
     exact.verify();
 }
 
@@ -315,7 +303,7 @@ fn icmp_aborted_requests(bind: &str) {
     exact.eq(
         "backlogd_netns_listen_drops_total vs ListenDrops",
         exported as u64,
-        before["ListenDrops"] + kernel.listen_drops,
+        before[counter::LISTEN_DROPS] + kernel.listen_drops,
     );
     if scrape.hook_mode() == "tracepoint" {
         // Tracepoint mode has no hook in tcp_req_err: it attributes none (docs/metrics.md).
@@ -368,7 +356,7 @@ fn a_burst_at_an_empty_accept_queue_is_exact_in_total() {
         let scrape = daemon.scrape();
         let second = tcp_ext(&ns);
         let moved = |k: &str| first.get(k) != second.get(k);
-        if !moved("ListenOverflows") && !moved("ListenDrops") {
+        if !moved(counter::LISTEN_OVERFLOWS) && !moved(counter::LISTEN_DROPS) {
             break (
                 ListenCounters::delta(&before, &second),
                 Figures::of(&scrape, &listener),

@@ -380,7 +380,7 @@ const MANIFEST_CHECKERS: &[&str] = &[
 /// it gets here; the checksum database vouches for it.
 const PROMETHEUS_OPERATOR: &str = "github.com/prometheus-operator/prometheus-operator@v0.85.0";
 /// The CRI's api.proto, which tests/tests/cri.rs compiles for its client (same version
-/// as its `CRI_API`).
+/// as `CRI_API` in tests/src/containers/cri.rs).
 const CRI_API: &str = "k8s.io/cri-api@v0.28.4";
 
 /// kubernetes-validate (the Kubernetes schemas), check-jsonschema (the CRDs' schemas) and

@@ -10,14 +10,7 @@ use std::{
 };
 
 /// TcpExt counters backlogd exports, as `/proc/net/netstat` names them.
-pub const COUNTERS: [&str; 6] = [
-    "ListenOverflows",
-    "ListenDrops",
-    "TCPReqQFullDrop",
-    "TCPReqQFullDoCookies",
-    "TCPSynRetrans",
-    "SyncookiesRecv",
-];
+pub const COUNTERS: [&str; 6] = backlogd_common::netstat::EXPORTED;
 
 /// Where a namespace's counters can be read without switching namespaces.
 #[derive(Debug, Clone)]

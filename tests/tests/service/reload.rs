@@ -6,10 +6,11 @@ use std::{
     time::{Duration, Instant},
 };
 
+use backlogd_common::netstat::counter;
 use backlogd_tests::{
     Daemon, Netns, Scrape,
     http::{Reply, basic, exchange, get_request},
-    kernel::tcp_ext,
+    kernel::{netns_family, tcp_ext},
     sockets::Listener,
     tempdir::TempDir,
 };
@@ -200,12 +201,12 @@ fn sighup_applies_reloadable_settings_and_keeps_the_old_config_when_the_new_is_b
         Duration::from_secs(15),
         || {
             scrape_as(addr, &good).value(
-                "backlogd_netns_listen_overflows_total",
+                netns_family(counter::LISTEN_OVERFLOWS),
                 &[("netns", &netns)],
             )
         },
     );
-    assert_eq!(exported, tcp_ext(&ns)["ListenOverflows"] as f64);
+    assert_eq!(exported, tcp_ext(&ns)[counter::LISTEN_OVERFLOWS] as f64);
     // log = "warn": this reload's own "configuration reloaded" line (info) was filtered out.
     assert_eq!(
         log_lines(&daemon, "configuration reloaded"),
