@@ -27,13 +27,14 @@
 //! ```
 //!
 //! - `--privileged`: loading and attaching eBPF programs needs CAP_BPF, CAP_PERFMON and
-//!   CAP_SYS_ADMIN (also for entering other network namespaces),
-//!   reading other processes' sockets and configs CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH;
+//!   CAP_NET_ADMIN, or CAP_SYS_ADMIN (the runtimes' default seccomp profiles allow bpf(2)
+//!   only with it), reading other processes' configs CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH;
 //!   without it the daemon exits naming the capabilities. It also gives the container a
 //!   sysfs with /sys/kernel/btf/vmlinux in it, so BTF needs no mount of its own.
-//! - `--pid=host`: listeners of other network namespaces are found through
-//!   /proc/PID/ns/net, and every listener is named by its owner (pid, comm, unit,
-//!   container); in a PID namespace of its own the daemon reports `pid="0"`, `comm=""`.
+//! - `--pid=host`: the scan iterator sees every process's sockets, so listeners of every
+//!   network namespace are found without entering one, and every listener is named by its
+//!   owner (pid, comm, unit, container); in a PID namespace of its own the daemon falls
+//!   back to sock_diag in every namespace and reports `pid="0"`, `comm=""`.
 //! - `--network=host`: /metrics is served in the host's network namespace, where
 //!   Prometheus scrapes node exporters (the eBPF hooks see every namespace either way).
 //! - `-v /sys/fs/cgroup:/sys/fs/cgroup:ro` and `--cgroupns=host`: tracepoint mode (the
