@@ -22,8 +22,8 @@
 //!
 //! A file may hold an MPTCP socket (Go 1.24 and later listen with MPTCP by default): its
 //! TCP listener, the one SYNs reach, is the MPTCP socket's first subflow, a kernel socket
-//! with no file of its own but the same `struct socket` (so the same inode); the record is
-//! that subflow's.
+//! with no file of its own; the record is that subflow's, under its socket's inode (the
+//! file's from Linux 5.12, which grafts the subflow onto the MPTCP socket; its own before).
 
 #![no_std]
 #![no_main]
@@ -102,17 +102,29 @@ fn listeners(ctx: *mut TaskFileCtx) -> i32 {
 fn write_socket<K: Kmem>(meta: *const IterMeta, task: BtfPtr, file: BtfPtr, sk: K) {
     match sk.read::<u16>(offset(|o| &o.sk_protocol)) {
         Ok(IPPROTO_MPTCP) => {
-            if let Ok(first) = mptcp_first(sk) {
-                write(meta, record(task, file, first));
+            // The subflow's own socket inode, as the hooks key it: the file's from Linux
+            // 5.12 (the subflow is grafted onto the MPTCP socket), its own kernel
+            // socket's before.
+            if let Ok(first) = mptcp_first(sk)
+                && let Ok(ino) = first.socket_inode()
+            {
+                write(meta, record(task, ino, first));
             }
         }
-        Ok(_) => write(meta, record(task, file, sk)),
+        Ok(_) => {
+            if let Ok(ino) = file
+                .deref(offset(|o| &o.file_inode))
+                .and_then(|inode| inode.read(offset(|o| &o.inode_ino)))
+            {
+                write(meta, record(task, ino, sk));
+            }
+        }
         Err(_) => {}
     }
 }
 
 /// The first subflow of MPTCP socket `msk`: a listening MPTCP socket's TCP listener,
-/// whose socket (so inode) is `msk`'s, which the SYN path and the listen events see.
+/// which the SYN path and the listen events see.
 #[inline(always)]
 fn mptcp_first<K: Kmem>(msk: K) -> Result<KPtr> {
     let first = offset(|o| &o.mptcp_first);
@@ -172,10 +184,10 @@ fn write(meta: *const IterMeta, found: Result<Option<ScannedListener>>) {
     }
 }
 
-/// The record of socket `sk` (read through `K`) of `file`, held by `task`, or `None` if
-/// it is not a TCP listener.
+/// The record of socket `sk` (read through `K`, socket inode `ino`), held by `task`, or
+/// `None` if it is not a TCP listener.
 #[inline(always)]
-fn record<K: Kmem>(task: BtfPtr, file: BtfPtr, sk: K) -> Result<Option<ScannedListener>> {
+fn record<K: Kmem>(task: BtfPtr, ino: u64, sk: K) -> Result<Option<ScannedListener>> {
     if !is_tcp_listener(sk)? {
         return Ok(None);
     }
@@ -189,14 +201,13 @@ fn record<K: Kmem>(task: BtfPtr, file: BtfPtr, sk: K) -> Result<Option<ScannedLi
         addr[..4].copy_from_slice(&v4.to_ne_bytes());
     }
     let net = sk.deref(offset(|o| &o.sk_net))?;
-    let inode = file.deref(offset(|o| &o.file_inode))?;
     Ok(Some(ScannedListener {
         somaxconn: net.read(offset(|o| &o.net_somaxconn))?,
         max_syn_backlog: net.read(offset(|o| &o.net_max_syn_backlog))?,
         syncookies: net.read(offset(|o| &o.net_syncookies))?,
         abort_on_overflow: net.read(offset(|o| &o.net_abort_on_overflow))?,
         _pad: [0; 6],
-        ino: inode.read(offset(|o| &o.inode_ino))?,
+        ino,
         netns: net.read(offset(|o| &o.net_inum))?,
         tgid: task.read(offset(|o| &o.task_tgid))?,
         accept_queue: sk.read(offset(|o| &o.sk_ack_backlog))?,

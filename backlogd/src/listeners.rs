@@ -136,7 +136,9 @@ impl ListenerTable {
     /// Merges a scan begun with `generation`: adds listeners no event announced (already
     /// listening at startup), drops entries made before the scan that the kernel no longer
     /// lists (a lost close event) in a namespace the scan could list (`listed`: one it
-    /// could not enter, or could not find, says nothing about its listeners). Returns
+    /// could not enter, or could not find, says nothing about its listeners), unless the
+    /// kernel still holds it open (`open`: the listen() the programs saw and no close
+    /// since; the scan iterator does not see a listener no process holds). Returns
     /// (added, removed).
     pub fn finish_scan(
         &mut self,
@@ -144,8 +146,13 @@ impl ListenerTable {
         found: &[DiagListener],
         listed: &HashSet<u32>,
         owners: &HashMap<u64, Owner>,
+        open: &HashSet<u64>,
     ) -> (usize, usize) {
-        let present: HashSet<u64> = found.iter().map(|d| d.inode).collect();
+        let present: HashSet<u64> = found
+            .iter()
+            .map(|d| d.inode)
+            .chain(open.iter().copied())
+            .collect();
         let before = self.by_inode.len();
         self.by_inode.retain(|inode, l| {
             l.generation >= generation || present.contains(inode) || !listed.contains(&l.netns)
@@ -369,7 +376,13 @@ mod tests {
         t.restore(&listen(1, 511, 128));
         t.restore(&listen(2, 64, 64));
         assert_eq!(
-            t.finish_scan(g, &[diag(1), diag(2)], &listed(), &HashMap::new()),
+            t.finish_scan(
+                g,
+                &[diag(1), diag(2)],
+                &listed(),
+                &HashMap::new(),
+                &HashSet::new()
+            ),
             (0, 0)
         );
         let l = t.iter().find(|l| l.inode == 1).unwrap();
@@ -397,7 +410,7 @@ mod tests {
             },
         )]);
         assert_eq!(
-            t.finish_scan(g, &[diag(1), diag(2)], &listed(), &owners),
+            t.finish_scan(g, &[diag(1), diag(2)], &listed(), &owners, &HashSet::new()),
             (1, 0)
         );
         let sshd = t.iter().find(|l| l.inode == 2).unwrap();
@@ -413,12 +426,29 @@ mod tests {
     }
 
     #[test]
+    fn scan_keeps_an_unlisted_entry_the_kernel_still_holds_open() {
+        let mut t = ListenerTable::default();
+        t.apply(&listen(1, 10, 10)); // held by no process: the scan iterator misses it
+        t.apply(&listen(3, 10, 10)); // its close event was lost
+        let g = t.begin_scan();
+        let open = HashSet::from([1]);
+        assert_eq!(
+            t.finish_scan(g, &[], &listed(), &HashMap::new(), &open),
+            (0, 1)
+        );
+        assert!(t.contains(1) && !t.contains(3));
+    }
+
+    #[test]
     fn scan_removes_entries_the_kernel_no_longer_lists_but_not_newer_ones() {
         let mut t = ListenerTable::default();
         t.apply(&listen(1, 10, 10)); // its close event was lost
         let g = t.begin_scan();
         t.apply(&listen(2, 10, 10)); // appeared while the scan ran
-        assert_eq!(t.finish_scan(g, &[], &listed(), &HashMap::new()), (0, 1));
+        assert_eq!(
+            t.finish_scan(g, &[], &listed(), &HashMap::new(), &HashSet::new()),
+            (0, 1)
+        );
         assert!(!t.contains(1) && t.contains(2));
     }
 
@@ -428,7 +458,7 @@ mod tests {
         t.apply(&listen(1, 10, 10));
         let g = t.begin_scan();
         assert_eq!(
-            t.finish_scan(g, &[], &HashSet::new(), &HashMap::new()),
+            t.finish_scan(g, &[], &HashSet::new(), &HashMap::new(), &HashSet::new()),
             (0, 0)
         );
         assert!(t.contains(1));
@@ -440,7 +470,7 @@ mod tests {
         let g = t.begin_scan();
         t.apply(&close(3));
         assert_eq!(
-            t.finish_scan(g, &[diag(3)], &listed(), &HashMap::new()),
+            t.finish_scan(g, &[diag(3)], &listed(), &HashMap::new(), &HashSet::new()),
             (0, 0)
         );
         assert_eq!(t.len(), 0);

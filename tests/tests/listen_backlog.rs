@@ -411,6 +411,16 @@ fn an_mptcp_listener_open_before_the_daemon_is_found_with_its_syn_queue_now() {
         "the scan pass read no SYN queue of the MPTCP listener:\n{}",
         scrape.text
     );
+    // The hooks count its SYNs under the same socket: one client, one SYN.
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let _client = sockets::connect_burst(&ns, addr, 1);
+    daemon.wait_for("the MPTCP listener's SYN", |s| {
+        (s.value(
+            "backlogd_listen_syns_received_total",
+            &[("socket", inode.as_str())],
+        ) == Some(1.0))
+        .then_some(())
+    });
 }
 
 /// A 32-bit (compat) syscall is no native one, whatever its number: ia32's getegid is

@@ -71,9 +71,29 @@ pub async fn rescan(shared: &Arc<Shared>, maps: &SharedMaps, lister: &Lister) {
             .await
             .unwrap_or_default(),
     };
+    // Listeners the scan did not find in a namespace it listed whose listen() the programs
+    // saw with no close since (LISTENS_SEEN, which the close program empties): held by no
+    // process (an in-kernel server, an io_uring fixed file, a descriptor in flight), not
+    // closed. Kept.
+    let missing: HashSet<u64> = {
+        let present: HashSet<u64> = found.iter().map(|d| d.inode).collect();
+        shared
+            .listeners()
+            .iter()
+            .filter(|l| listed.contains(&l.netns) && !present.contains(&l.inode))
+            .map(|l| l.inode)
+            .collect()
+    };
+    let open: HashSet<u64> = maps
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .listens_seen(&missing)
+        .iter()
+        .map(|e| e.ino)
+        .collect();
     let (added, removed) = shared
         .write_listeners()
-        .finish_scan(generation, &found, &listed, &owners);
+        .finish_scan(generation, &found, &listed, &owners, &open);
     identify_programs(shared.clone()).await;
     // Every rescan: names come once a runtime answers, and go with their containers.
     name_containers(shared).await;

@@ -87,7 +87,16 @@ impl LiveScan {
                 *self.unseen.lock().unwrap_or_else(|e| e.into_inner()) =
                     wanted.difference(&seen).copied().collect();
             }
-            Err(e) => tracing::debug!(error = %e, "a scan pass failed"),
+            Err(e) => {
+                tracing::debug!(error = %e, "a scan pass failed");
+                // Not again before its time for the same namespaces.
+                let known = self.sysctls.lock().unwrap_or_else(|e| e.into_inner());
+                *self.unseen.lock().unwrap_or_else(|e| e.into_inner()) = wanted
+                    .iter()
+                    .filter(|ns| !known.contains_key(ns))
+                    .copied()
+                    .collect();
+            }
         }
     }
 

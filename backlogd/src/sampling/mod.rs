@@ -62,6 +62,19 @@ pub fn scan(live: Option<&iterator::LiveScan>, windows: &Mutex<QueueWindows>) ->
             );
         }
     }
+    if !netns::can_join() {
+        // Without CAP_SYS_ADMIN (the systemd unit grants none) no namespace can be
+        // joined, the daemon's own included: sock_diag there, which needs none.
+        tracing::warn!(
+            "the scan iterator cannot list listeners here and setns(2) needs CAP_SYS_ADMIN, \
+             which this daemon does not hold: listeners open before it are found in its own \
+             network namespace only. Fix: a kernel with BPF iterators (5.8+) and the daemon \
+             in the host's PID namespace, or grant CAP_SYS_ADMIN"
+        );
+        let mut scan = Scan::default();
+        own_namespace(&mut scan);
+        return scan;
+    }
     scan_each_namespace()
 }
 

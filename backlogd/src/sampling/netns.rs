@@ -62,6 +62,16 @@ fn numeric_entries(dir: &Path) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// Whether this thread may setns(2) into other network namespaces (CAP_SYS_ADMIN).
+pub fn can_join() -> bool {
+    caps::has_cap(
+        None,
+        caps::CapSet::Effective,
+        caps::Capability::CAP_SYS_ADMIN,
+    )
+    .unwrap_or(false)
+}
+
 /// Runs `f` on a fresh thread that has joined the namespace at `path`; the caller's
 /// threads never change namespace.
 pub fn run_in<T: Send>(

@@ -77,6 +77,10 @@ impl Source {
         let Source::Task { pid, tid } = self else {
             return None;
         };
+        // No setns without CAP_SYS_ADMIN: not a thread spawned to fail at every request.
+        if !super::netns::can_join() {
+            return None;
+        }
         let path = PathBuf::from(format!("/proc/{pid}/task/{tid}/ns/net"));
         if std::fs::metadata(&path).ok()?.ino() != u64::from(netns) {
             return None;

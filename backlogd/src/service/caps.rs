@@ -41,10 +41,14 @@ pub enum Listing {
 
 /// What the running daemon keeps (see the module comment for why each), of what it was
 /// given: `permitted`. CAP_BPF exists from Linux 5.8 and may not have been granted (a pod
-/// given CAP_SYS_ADMIN): CAP_SYS_ADMIN stands in for it then.
+/// given CAP_SYS_ADMIN): CAP_SYS_ADMIN stands in for it then. Listing each namespace
+/// without CAP_SYS_ADMIN granted (the systemd unit's bounding set has none) keeps CAP_BPF
+/// for the maps; the rescans then see the daemon's own namespace only (`sampling::scan`).
 pub fn runtime_set(listing: Listing, permitted: &CapsHashSet) -> CapsHashSet {
+    let has = |c| permitted.contains(&c);
     let bpf = match listing {
-        Listing::Iterator if permitted.contains(&Capability::CAP_BPF) => Capability::CAP_BPF,
+        Listing::Iterator if has(Capability::CAP_BPF) => Capability::CAP_BPF,
+        Listing::EachNamespace if !has(Capability::CAP_SYS_ADMIN) => Capability::CAP_BPF,
         _ => Capability::CAP_SYS_ADMIN,
     };
     [
@@ -138,6 +142,24 @@ mod tests {
                 Capability::CAP_DAC_READ_SEARCH
             ])
         );
+    }
+
+    #[test]
+    fn each_namespace_without_cap_sys_admin_granted_keeps_cap_bpf_for_the_maps() {
+        let unit = set(&[
+            Capability::CAP_BPF,
+            Capability::CAP_PERFMON,
+            Capability::CAP_NET_ADMIN,
+            Capability::CAP_SYS_PTRACE,
+            Capability::CAP_DAC_READ_SEARCH,
+        ]);
+        let kept = set(&[
+            Capability::CAP_BPF,
+            Capability::CAP_SYS_PTRACE,
+            Capability::CAP_DAC_READ_SEARCH,
+        ]);
+        assert_eq!(runtime_set(Listing::EachNamespace, &unit), kept);
+        assert_eq!(runtime_set(Listing::Iterator, &unit), kept);
     }
 
     #[test]
