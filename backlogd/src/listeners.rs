@@ -126,7 +126,7 @@ impl ListenerTable {
         self.by_inode.values()
     }
 
-    /// Starts a reconciliation with a sock_diag scan; returns the scan's generation.
+    /// Starts a reconciliation with a rescan; returns the scan's generation.
     pub fn begin_scan(&mut self) -> u64 {
         self.generation += 1;
         self.closed_during_scan.clear();

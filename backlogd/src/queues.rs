@@ -160,7 +160,7 @@ impl QueueWindows {
 
     /// Figures for a listener given the kernel's current (not yet sampled) state, or,
     /// while the kernel side has never observed its queues, the accept-queue length a
-    /// sock_diag scan saw (`scanned`). Everything that changes a queue is observed (a
+    /// rescan saw (`scanned`). Everything that changes a queue is observed (a
     /// queued handshake, an accept), so a queue without an observation is still what the
     /// scan saw: one that filled before the daemon started and has met only drops since.
     pub fn figures(

@@ -125,7 +125,7 @@ pub fn run(config: RunConfig) -> anyhow::Result<()> {
         .build()
         .context("starting the async runtime")?;
     let served = runtime.block_on(serve(config, socket, http_settings, probes));
-    // A sock_diag scan on the blocking pool finishes in milliseconds; never wait long.
+    // A rescan on the blocking pool finishes in milliseconds; never wait long.
     runtime.shutdown_timeout(Duration::from_secs(1));
     served
 }
