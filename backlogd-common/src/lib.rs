@@ -555,6 +555,9 @@ pub struct KernelOffsets {
     pub skb_network_header: u32,
     /// `offsetof(struct tcp_sock, rcv_nxt)`: a new child's is its client's ISN + 1.
     pub tcp_rcv_nxt: u32,
+    /// `offsetof(struct tcp_sock, rcvq_space.time)` (a u64 of µs): stamped when a child's
+    /// handshake completes, read at accept() for how long it waited.
+    pub tcp_rcvq_time: u32,
     /// `struct socket`'s `file`, `struct file`'s `f_inode`, `struct inode`'s `i_ino`: the
     /// socket inode by direct loads (fentry mode), where `socket_ino` lies outside the
     /// `struct socket` the verifier knows.

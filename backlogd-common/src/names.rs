@@ -45,11 +45,6 @@ pub mod map {
         DROP_SOURCES,
     ];
 
-    /// Enqueue times of connections still on an accept queue (`backlogd-ebpf/src/accept.rs`):
-    /// the accept programs hold it and the daemon never opens it; the suite reads it to see
-    /// whether accept waits are timed.
-    pub const QUEUED_AT: &str = "QUEUED_AT";
-
     /// The global the daemon fills with the running kernel's struct offsets.
     pub const OFFSETS: &str = "OFFSETS";
     /// The global with the client-impact settings (`ImpactSettings`).

@@ -1,18 +1,19 @@
 //! The accept queue: connections queued for accept(), taken by accept(), how long they
 //! waited, and queue depths.
 //!
-//! Every mode records a child's enqueue time under the child's address ([`enqueued`]);
-//! the accept hooks find the child accept() returned and the wait is the difference.
-//! Tracepoint mode learns of the enqueue from the child's state changes inside the
-//! listener's segment window (`syn::child_cloned`, `syn::handshake_completed`), fentry and
-//! kprobe modes from `tcp_check_req`'s return (`syn::call_exit`). The accept hooks: in
+//! A queued connection is counted where the listener puts its child on the accept queue:
+//! tracepoint mode learns of it from the child's state changes inside the listener's
+//! segment window (`syn::child_cloned`, `syn::handshake_completed`), fentry and kprobe
+//! modes from `tcp_check_req`'s return (`syn::call_exit`). The accept hooks: in
 //! tracepoint and kprobe modes accept()/accept4() returning, at the `sys_exit`
 //! tracepoint (tp_btf, `syscall.rs`), which finds the child behind the returned fd (io_uring
 //! accepts do not pass these syscalls and are not counted as accepted in those modes); in
 //! fentry mode [`accepted`] from `inet_csk_accept`'s return, which also sees io_uring
 //! accepts and runs nothing per other syscall.
+//!
+//! The wait needs no record of ours per connection: the kernel stamps the child when its
+//! handshake completes, and accept() reads the stamp ([`waited`]).
 
-use aya_ebpf::{macros::map, maps::LruHashMap};
 use backlogd_common::ACCEPT_WAIT_BUCKETS;
 
 use crate::{
@@ -20,14 +21,9 @@ use crate::{
     listener,
 };
 
-/// Enqueue time (ns) of children still on an accept queue, by child `struct sock *`.
-#[map]
-static QUEUED_AT: LruHashMap<u64, u64> = LruHashMap::with_max_entries(65536, 0);
-
 /// Whether accept waits are timed: set by the daemon at load (`accept_wait`), 1 in the
 /// object. A frozen read-only global, so the verifier sees a constant and drops the
-/// branch that is never taken: off, the programs never touch QUEUED_AT, the LRU map's
-/// insert being most of an enqueue's cost.
+/// branch that is never taken.
 #[unsafe(no_mangle)]
 static ACCEPT_WAIT: u32 = 1;
 
@@ -37,19 +33,16 @@ fn timing_waits() -> bool {
     unsafe { core::ptr::read_volatile(&ACCEPT_WAIT) != 0 }
 }
 
-/// `child` was appended to the accept queue of listener `sk` (inode `ino`) just now.
+/// Listener `sk` (inode `ino`) appended a child to its accept queue just now.
 #[inline(always)]
-pub(crate) fn enqueued(sk: KPtr, ino: u64, child: KPtr) {
-    enqueued_at(sk, ino, child, listener::now())
+pub(crate) fn enqueued(sk: KPtr, ino: u64) {
+    enqueued_at(sk, ino, listener::now())
 }
 
 /// [`enqueued`] at `now` (the caller's clock read), for a caller that has the listener
 /// as a typed pointer (whose queues it reads by direct load) or has read the clock.
 #[inline(always)]
-pub(crate) fn enqueued_at<K: Kmem>(sk: K, ino: u64, child: KPtr, now: u64) {
-    if timing_waits() {
-        let _ = QUEUED_AT.insert(child.0, now, 0);
-    }
+pub(crate) fn enqueued_at<K: Kmem>(sk: K, ino: u64, now: u64) {
     let hot = listener::Hot { syns: 0, queued: 1 };
     if !listener::observe_counting(sk, ino, now, hot) {
         listener::update(sk.probed(), ino, |s| s.queued += 1);
@@ -74,10 +67,7 @@ pub(crate) fn accepted<K: Kmem>(listener: K, child: KPtr) -> Result<()> {
     let ino = socket_inode(listener)?;
     let now = listener::now();
     let waited = if timing_waits() {
-        // SAFETY: a plain u64 value.
-        let waited = (unsafe { QUEUED_AT.get(child.0) }).map(|&t| now.saturating_sub(t));
-        let _ = QUEUED_AT.remove(child.0);
-        waited
+        waited(listener, child, now)
     } else {
         None
     };
@@ -93,6 +83,32 @@ pub(crate) fn accepted<K: Kmem>(listener: K, child: KPtr) -> Result<()> {
     });
     listener::observe_queues(listener, ino, now);
     Ok(())
+}
+
+/// How long `child`, accepted at `now` from `listener`, waited on the accept queue (ns).
+///
+/// `tcp_init_buffer_space` stamps a new connection's `rcvq_space.time` with a fresh
+/// reading of the socket's clock (`tcp_mstamp`, µs of CLOCK_MONOTONIC, the clock
+/// `bpf_ktime_get_ns` reads) when its handshake completes: in `tcp_child_process`, µs
+/// after `inet_csk_complete_hashdance` queued it (regular and syncookie children, MPTCP
+/// first subflows), or for a Fast Open child at its SYN, µs before `tcp_conn_request`
+/// queues it. The stamp moves again only in `tcp_rcv_space_adjust`, which runs when the
+/// application reads, so data that arrives before accept() leaves it alone (checked in
+/// 5.10, 6.1, 6.12, 6.19 and 7.1's sources). Reading it costs a probe read or two at the
+/// accept; the LRU map of enqueue times it replaced cost an insert, a lookup and a delete
+/// per connection (about 1,000 instructions per handshake in fentry mode).
+///
+/// An accept that takes the child in the µs between its queueing and its stamp (an
+/// accept loop on another CPU that did not wait for the wakeup, which comes after the
+/// stamp) finds the value the child inherited from its listener: 0, or a connection's
+/// time if the listener was connected once. Equal to the listener's own, the wait is
+/// unknown and not counted, as it was when such an accept beat the enqueue record.
+#[inline(always)]
+fn waited<K: Kmem>(listener: K, child: KPtr, now: u64) -> Option<u64> {
+    let at = offset(|o| &o.tcp_rcvq_time);
+    let stamp_us: u64 = child.read(at).ok()?;
+    let inherited: u64 = listener.probed().read(at).ok()?;
+    (stamp_us != inherited).then(|| now.saturating_sub(stamp_us.wrapping_mul(1000)))
 }
 
 /// Index of the first bucket whose bound (2^i µs) exceeds `us`.

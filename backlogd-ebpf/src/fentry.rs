@@ -234,7 +234,7 @@ fn try_reqsk_queue_add_exit(ctx: &FExitContext) -> Result<()> {
     if child == 0 {
         return Ok(());
     }
-    accept::enqueued(sk, ino, KPtr(child));
+    accept::enqueued(sk, ino);
     Ok(())
 }
 

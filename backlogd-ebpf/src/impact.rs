@@ -31,7 +31,6 @@
 
 use aya_ebpf::{
     bindings::BPF_NOEXIST,
-    helpers::bpf_ktime_get_ns,
     macros::map,
     maps::{Array, HashMap, PerCpuArray},
 };
@@ -73,12 +72,6 @@ const GATE_SLACK_NS: u64 = 1_000_000_000;
 fn horizon_ns() -> u64 {
     // SAFETY: a valid static; volatile so LLVM cannot fold the object file's zero.
     unsafe { core::ptr::read_volatile(&CLIENT_IMPACT.horizon_ns) }
-}
-
-#[inline(always)]
-fn now_ns() -> u64 {
-    // SAFETY: the helper takes no arguments.
-    unsafe { bpf_ktime_get_ns() }
 }
 
 /// Where a settled segment's attempt (addresses and ports) and sequence number come from.
@@ -326,7 +319,7 @@ fn record<S: Segment>(sk: KPtr, ino: u64, net: u64, seg: S, outcome: Outcome) ->
     // SAFETY: this CPU's element, which identify has just written whole; a segment is
     // settled start to finish on one CPU, and settling does not nest (softirq context).
     let key = unsafe { &*scratch };
-    let now = now_ns();
+    let now = listener::now();
     let kind = outcome.kind();
     // The attempt first: its prefix counts it if this drop is its first.
     let attempt = outcome.drops() != 0 && record_drop(sk, ino, key, seq, kind, now);
@@ -437,7 +430,7 @@ pub(crate) fn completed<S: Segment>(sk: KPtr, ino: u64, net: u64, seg: S, child:
 
 #[inline(always)]
 fn match_completion<S: Segment>(sk: KPtr, ino: u64, net: u64, seg: S, child: KPtr) -> Result<()> {
-    let now = now_ns();
+    let now = listener::now();
     let horizon = horizon_ns();
     // Not `AttemptKey::default()`: its zeros would be a `memset` call, and identify
     // writes every byte anyway.

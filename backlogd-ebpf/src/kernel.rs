@@ -46,6 +46,7 @@ static OFFSETS: KernelOffsets = KernelOffsets {
     compat_mask: 0,
     skb_network_header: 0,
     tcp_rcv_nxt: 0,
+    tcp_rcvq_time: 0,
     socket_file: 0,
     file_inode: 0,
     inode_ino: 0,

@@ -119,6 +119,6 @@ fn try_reqsk_queue_add_ret(ctx: &RetProbeContext) -> Result<()> {
     if sk != listener.0 || ret == 0 || ret != child {
         return Ok(());
     }
-    accept::enqueued(listener, ino, KPtr(child));
+    accept::enqueued(listener, ino);
     Ok(())
 }

@@ -131,7 +131,7 @@ pub(crate) fn child_cloned(child: KPtr) -> Result<()> {
     }
     if stash.kind == segment_kind::SYN {
         stash.observed = 1;
-        crate::accept::enqueued(KPtr(stash.sk), stash.ino, child);
+        crate::accept::enqueued(KPtr(stash.sk), stash.ino);
     } else {
         stash.child = child.0;
     }
@@ -180,7 +180,7 @@ fn child_queued<L: Kmem, S: impact::Segment>(
     if impact::gate_open(now) {
         let _ = impact::completed(sk.probed(), ino, net, seg, child);
     }
-    crate::accept::enqueued_at(sk, ino, child, now);
+    crate::accept::enqueued_at(sk, ino, now);
     Ok(())
 }
 

@@ -228,6 +228,7 @@ impl KernelBtf {
             compat_mask: COMPAT_FLAG.3,
             skb_network_header: f("sk_buff", "network_header", 2)?,
             tcp_rcv_nxt: f("tcp_sock", "rcv_nxt", 4)?,
+            tcp_rcvq_time: f("tcp_sock", "rcvq_space.time", 8)?,
             socket_file: f("socket", "file", 8)?,
             file_inode: f("file", "f_inode", 8)?,
             inode_ino: f("inode", "i_ino", 8)?,
