@@ -104,7 +104,8 @@ pub fn run(config: RunConfig) -> anyhow::Result<()> {
         );
     }
     if config.drop_privileges {
-        let listing = if probes.scan.is_ok() && sampling::in_initial_pid_namespace() {
+        let lists = probes.scan.as_ref().is_ok_and(|s| s.reads_sysctls);
+        let listing = if lists && sampling::in_initial_pid_namespace() {
             service::caps::Listing::Iterator
         } else {
             service::caps::Listing::EachNamespace

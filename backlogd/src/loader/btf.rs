@@ -174,7 +174,8 @@ impl KernelBtf {
         Ok(Self { btf })
     }
 
-    /// Everything the eBPF programs need about struct layouts.
+    /// Everything the eBPF programs need about struct layouts. The listen sysctls' offsets
+    /// may be 0 (not found): see [`reads_listen_sysctls`].
     pub fn kernel_offsets(&self) -> Result<KernelOffsets, BtfError> {
         let offsets = self.layout()?;
         check_mib_pairs(&offsets.mib_index)?;
@@ -239,20 +240,40 @@ impl KernelBtf {
                 + f("tcp_skb_cb", "tcp_flags", 1).or_else(|_| f("tcp_skb_cb", "tcp_flags", 2))?,
             inode_mode: f("inode", "i_mode", 2)?,
             task_tgid: f("task_struct", "tgid", 4)?,
-            net_somaxconn: f("net", "core.sysctl_somaxconn", 4)?,
-            net_max_syn_backlog: f("net", "ipv4.sysctl_max_syn_backlog", 4)?,
-            // An int on older kernels, a u8 on newer ones: the programs read the first
-            // byte, the value on little-endian machines.
-            net_syncookies: f("net", "ipv4.sysctl_tcp_syncookies", 1)
-                .or_else(|_| f("net", "ipv4.sysctl_tcp_syncookies", 4))?,
-            net_abort_on_overflow: f("net", "ipv4.sysctl_tcp_abort_on_overflow", 1)
-                .or_else(|_| f("net", "ipv4.sysctl_tcp_abort_on_overflow", 4))?,
+            // Only the scan iterator reads these, for the namespaces' listen sysctls: a
+            // kernel that renamed one keeps every hook, and the iterator stops listing
+            // ([`reads_listen_sysctls`]). An int on older kernels, a u8 on newer ones
+            // (the last two): the programs read the first byte, the value on
+            // little-endian machines.
+            net_somaxconn: self.listen_sysctl("core.sysctl_somaxconn", &[4]),
+            net_max_syn_backlog: self.listen_sysctl("ipv4.sysctl_max_syn_backlog", &[4]),
+            net_syncookies: self.listen_sysctl("ipv4.sysctl_tcp_syncookies", &[1, 4]),
+            net_abort_on_overflow: self.listen_sysctl("ipv4.sysctl_tcp_abort_on_overflow", &[1, 4]),
             // No MPTCP in the kernel: no MPTCP listener to follow (0 tells the scan so).
             mptcp_first: f("mptcp_sock", "first", 8).unwrap_or(0),
             mptcp_subflow: f("mptcp_sock", "subflow", 8).unwrap_or(0),
             // Which functions is the hook table's business: the loader fills these in
             // with `fexit_ret_slot`.
             ret_slot: [0; fexit_ret::COUNT],
+        })
+    }
+
+    /// Byte offset in `struct net` of listen sysctl `path`, of one of `sizes`; 0 (never
+    /// a field's place in `struct net`, which starts with its reference counts) when
+    /// the kernel's BTF has no such field, said at warning level.
+    fn listen_sysctl(&self, path: &str, sizes: &[usize]) -> u32 {
+        let found = sizes
+            .iter()
+            .find_map(|&size| self.offset_of("net", path, Some(size)).ok());
+        found.unwrap_or_else(|| {
+            tracing::warn!(
+                field = %format!("struct net.{path}"),
+                "the kernel's BTF has no such field (of the size backlogd reads): the scan \
+                 iterator cannot read the namespaces' listen sysctls there, so it does not \
+                 list listeners; rescans use sock_diag in each namespace instead, which \
+                 needs CAP_SYS_ADMIN to join them. Every hook and figure is unaffected"
+            );
+            0
         })
     }
 
@@ -435,6 +456,19 @@ impl KernelBtf {
     }
 }
 
+/// Whether `offsets` give every listen sysctl the scan iterator reads from `struct net`
+/// (0: the kernel's BTF had no such field).
+pub fn reads_listen_sysctls(offsets: &KernelOffsets) -> bool {
+    [
+        offsets.net_somaxconn,
+        offsets.net_max_syn_backlog,
+        offsets.net_syncookies,
+        offsets.net_abort_on_overflow,
+    ]
+    .iter()
+    .all(|&o| o != 0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -465,6 +499,24 @@ mod tests {
         assert_eq!((o.regs_arg0, o.regs_syscall_nr), (14 * 8, 15 * 8));
         #[cfg(target_arch = "x86_64")]
         assert_eq!(o.regs_arg1, 13 * 8, "si");
+    }
+
+    /// A listen sysctl the kernel does not have (a rename) costs the scan its listing,
+    /// not the daemon its start: every other offset still resolves.
+    #[test]
+    fn a_listen_sysctl_the_kernel_lacks_stops_the_listing_not_the_load() {
+        let k = kernel();
+        let mut o = k.kernel_offsets().unwrap();
+        assert!(reads_listen_sysctls(&o), "this kernel has all four: {o:?}");
+        assert_ne!(o.net_syncookies, 0);
+        assert_eq!(
+            k.listen_sysctl("ipv4.sysctl_tcp_backlogd_renamed", &[1, 4]),
+            0
+        );
+        // Of a size backlogd does not read: not taken either.
+        assert_eq!(k.listen_sysctl("core.sysctl_somaxconn", &[2]), 0);
+        o.net_abort_on_overflow = 0;
+        assert!(!reads_listen_sysctls(&o));
     }
 
     #[test]

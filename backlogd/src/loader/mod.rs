@@ -132,7 +132,12 @@ pub fn load(opts: &LoadOptions) -> Result<Probes, LoadError> {
     loader
         .btf(Some(&kernel_btf))
         .override_global(map::OFFSETS, &offsets, true);
-    let scan = scan::ScanIterator::load(&mut loader, &kernel_btf).map_err(|e| error_chain(&e));
+    let scan = scan::ScanIterator::load(
+        &mut loader,
+        &kernel_btf,
+        btf::reads_listen_sysctls(&offsets),
+    )
+    .map_err(|e| error_chain(&e));
     let pins = match &opts.pin_dir {
         // The maps' capacity is part of what a pinned state is: a daemon configured for
         // another one does not adopt it.

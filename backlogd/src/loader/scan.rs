@@ -19,6 +19,10 @@ pub struct ScanIterator {
     /// Holds the program loaded.
     _ebpf: Ebpf,
     link: OwnedFd,
+    /// Whether its records' listen sysctls are the namespaces' (the kernel's BTF gave
+    /// their places in `struct net`, `btf::reads_listen_sysctls`): only then does it list
+    /// listeners; without, it still reads the SYN queues.
+    pub reads_sysctls: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -47,7 +51,11 @@ impl ScanIterator {
     /// running kernel's `btf` and the `OFFSETS` global (and nothing the scan object lacks).
     /// Needs the loading capabilities (CAP_BPF and CAP_PERFMON, or CAP_SYS_ADMIN); the
     /// passes later do not.
-    pub fn load(loader: &mut EbpfLoader<'_>, btf: &aya::Btf) -> Result<Self, ScanError> {
+    pub fn load(
+        loader: &mut EbpfLoader<'_>,
+        btf: &aya::Btf,
+        reads_sysctls: bool,
+    ) -> Result<Self, ScanError> {
         let mut ebpf = loader.load(SCAN_OBJECT).map_err(ScanError::Load)?;
         // The first that loads: the typed one where the kernel has its helper.
         let mut refused = Vec::new();
@@ -63,7 +71,11 @@ impl ScanIterator {
                     let link =
                         crate::bpf_syscall::link_iterator(fd.as_fd()).map_err(ScanError::Link)?;
                     tracing::debug!(program = name, "scan iterator loaded");
-                    return Ok(Self { _ebpf: ebpf, link });
+                    return Ok(Self {
+                        _ebpf: ebpf,
+                        link,
+                        reads_sysctls,
+                    });
                 }
                 Err(e) => {
                     tracing::debug!(

@@ -38,19 +38,29 @@ pub struct LiveScan {
     /// Namespaces readers wanted that the last pass did not find (their listeners held by
     /// no process it sees): a pass is not run again for them before its time.
     unseen: Mutex<HashSet<u32>>,
+    /// The iterator's records carry their namespaces' sysctls
+    /// (`ScanIterator::reads_sysctls`): it lists listeners and gives sysctls.
+    lists: bool,
 }
 
 impl LiveScan {
     pub fn new(iterator: ScanIterator) -> Self {
         Self {
+            lists: iterator.reads_sysctls,
             iterator: Mutex::new((iterator, None)),
             sysctls: Mutex::default(),
             unseen: Mutex::default(),
         }
     }
 
+    /// Whether the passes list listeners and read their namespaces' sysctls; without, a
+    /// pass gives the SYN queues alone, and rescans list by sock_diag.
+    pub fn lists(&self) -> bool {
+        self.lists
+    }
+
     /// The listen sysctls of each namespace the last good pass found listeners in, as
-    /// that pass read them from the namespaces' `struct net`.
+    /// that pass read them from the namespaces' `struct net` (none when it cannot).
     pub fn sysctls(&self) -> HashMap<u32, ListenSysctls> {
         self.sysctls
             .lock()
@@ -72,9 +82,10 @@ impl LiveScan {
         let new_namespace = {
             let known = self.sysctls.lock().unwrap_or_else(|e| e.into_inner());
             let unseen = self.unseen.lock().unwrap_or_else(|e| e.into_inner());
-            wanted
-                .iter()
-                .any(|ns| !known.contains_key(ns) && !unseen.contains(ns))
+            self.lists
+                && wanted
+                    .iter()
+                    .any(|ns| !known.contains_key(ns) && !unseen.contains(ns))
         };
         // Another reader may have run one while this one waited.
         if guard.1.is_some_and(|at| at.elapsed() < MAX_AGE) && !new_namespace {
@@ -118,8 +129,10 @@ impl LiveScan {
         let start = Instant::now();
         *began = Some(start);
         let found = pass(iterator)?;
-        *self.sysctls.lock().unwrap_or_else(|e| e.into_inner()) =
-            found.values().map(|l| (l.netns, sysctls(l))).collect();
+        if self.lists {
+            *self.sysctls.lock().unwrap_or_else(|e| e.into_inner()) =
+                found.values().map(|l| (l.netns, sysctls(l))).collect();
+        }
         let syn = found.iter().map(|(&ino, l)| (ino, l.syn_queue)).collect();
         windows
             .lock()

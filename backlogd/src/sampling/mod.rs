@@ -49,7 +49,12 @@ pub struct Scan {
 /// `live` where it sees every task, else by sock_diag in each namespace.
 pub fn scan(live: Option<&iterator::LiveScan>, windows: &Mutex<QueueWindows>) -> Scan {
     if let Some(live) = live {
-        if in_initial_pid_namespace() {
+        if !live.lists() {
+            // Said at warning level once, at load (`btf::listen_sysctl`).
+            tracing::debug!(
+                "the scan iterator reads no listen sysctls on this kernel; scanning each namespace with sock_diag"
+            );
+        } else if in_initial_pid_namespace() {
             match live.fresh_pass(windows) {
                 Ok(found) => return from_iterator(found),
                 Err(e) => {
