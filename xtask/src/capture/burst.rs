@@ -219,31 +219,16 @@ pub fn plot(samples: &[Sample], title: &str, asked: u32, path: &Path) -> Result<
     } else {
         "SYNs and final ACKs"
     };
-    let mut chart = ChartBuilder::on(&upper)
-        .caption(
-            format!(
-                "{segments} dropped per sample interval (~{} ms), by reason; a retransmitted SYN counts again",
-                EVERY.as_millis()
-            ),
-            ("sans-serif", 16),
-        )
-        .margin(8)
-        .margin_right(24)
-        .x_label_area_size(28)
-        .y_label_area_size(64)
-        .build_cartesian_2d(x.clone(), 0.0..top)
-        .map_err(plotting)?;
-    chart
-        .configure_mesh()
-        .disable_x_mesh()
-        .light_line_style(TRANSPARENT)
-        .x_label_formatter(&|v| format!("{v}"))
-        .y_label_formatter(&|v| format!("{v:.0}"))
-        .y_desc("segments per interval")
-        .label_style(("sans-serif", 13))
-        .axis_desc_style(("sans-serif", 14))
-        .draw()
-        .map_err(plotting)?;
+    let mut chart = panel(
+        &upper,
+        &format!(
+            "{segments} dropped per sample interval (~{} ms), by reason; a retransmitted SYN counts again",
+            EVERY.as_millis()
+        ),
+        (x.clone(), 0.0..top),
+        None,
+        "segments per interval",
+    )?;
     let mut base = vec![0u64; intervals.len()];
     for &reason in &reasons {
         let (label, colour) = legend(reason);
@@ -275,35 +260,15 @@ pub fn plot(samples: &[Sample], title: &str, asked: u32, path: &Path) -> Result<
         .map_err(plotting)?
         .label("SYNs received (outline)")
         .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 14, y + 5)], received));
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
-        .label_font(("sans-serif", 13))
-        .background_style(WHITE.mix(0.9))
-        .border_style(BLACK.mix(0.4))
-        .draw()
-        .map_err(plotting)?;
+    legend_box(&mut chart, SeriesLabelPosition::UpperRight)?;
 
-    let mut chart = ChartBuilder::on(&lower)
-        .caption("Connections on the accept queue", ("sans-serif", 16))
-        .margin(8)
-        .margin_right(24)
-        .x_label_area_size(44)
-        .y_label_area_size(64)
-        .build_cartesian_2d(x.clone(), 0.0..queue_top)
-        .map_err(plotting)?;
-    chart
-        .configure_mesh()
-        .disable_x_mesh()
-        .light_line_style(TRANSPARENT)
-        .x_label_formatter(&|v| format!("{v}"))
-        .y_label_formatter(&|v| format!("{v:.0}"))
-        .x_desc("seconds from the burst")
-        .y_desc("connections")
-        .label_style(("sans-serif", 13))
-        .axis_desc_style(("sans-serif", 14))
-        .draw()
-        .map_err(plotting)?;
+    let mut chart = panel(
+        &lower,
+        "Connections on the accept queue",
+        (x.clone(), 0.0..queue_top),
+        Some("seconds from the burst"),
+        "connections",
+    )?;
     let depth = RGBColor(31, 119, 180);
     chart
         .draw_series(LineSeries::new(
@@ -336,16 +301,60 @@ pub fn plot(samples: &[Sample], title: &str, asked: u32, path: &Path) -> Result<
             "capacity the kernel granted: {granted} (listen() asked for {asked})"
         ))
         .legend(move |(x, y)| PathElement::new([(x, y), (x + 14, y)], capacity.stroke_width(2)));
+    legend_box(&mut chart, SeriesLabelPosition::LowerRight)?;
+    root.present().map_err(plotting)?;
+    Ok(())
+}
+
+type Panel<'a> = ChartContext<
+    'a,
+    SVGBackend<'a>,
+    Cartesian2d<plotters::coord::types::RangedCoordf64, plotters::coord::types::RangedCoordf64>,
+>;
+
+/// One of the plot's two panels on `area`: its caption, axes (`ranges`: time, and the
+/// panel's quantity) and mesh, in the style both share. `x_desc`: the time axis's
+/// description, on the lower panel only.
+fn panel<'a>(
+    area: &DrawingArea<SVGBackend<'a>, plotters::coord::Shift>,
+    caption: &str,
+    ranges: (std::ops::Range<f64>, std::ops::Range<f64>),
+    x_desc: Option<&str>,
+    y_desc: &str,
+) -> Result<Panel<'a>> {
+    let mut chart = ChartBuilder::on(area)
+        .caption(caption, ("sans-serif", 16))
+        .margin(8)
+        .margin_right(24)
+        .x_label_area_size(if x_desc.is_some() { 44 } else { 28 })
+        .y_label_area_size(64)
+        .build_cartesian_2d(ranges.0, ranges.1)
+        .map_err(plotting)?;
+    let mut mesh = chart.configure_mesh();
+    mesh.disable_x_mesh()
+        .light_line_style(TRANSPARENT)
+        .x_label_formatter(&|v| format!("{v}"))
+        .y_label_formatter(&|v| format!("{v:.0}"))
+        .y_desc(y_desc)
+        .label_style(("sans-serif", 13))
+        .axis_desc_style(("sans-serif", 14));
+    if let Some(desc) = x_desc {
+        mesh.x_desc(desc);
+    }
+    mesh.draw().map_err(plotting)?;
+    Ok(chart)
+}
+
+/// A panel's legend, boxed, at `position`.
+fn legend_box(chart: &mut Panel<'_>, position: SeriesLabelPosition) -> Result<()> {
     chart
         .configure_series_labels()
-        .position(SeriesLabelPosition::LowerRight)
+        .position(position)
         .label_font(("sans-serif", 13))
         .background_style(WHITE.mix(0.9))
         .border_style(BLACK.mix(0.4))
         .draw()
-        .map_err(plotting)?;
-    root.present().map_err(plotting)?;
-    Ok(())
+        .map_err(plotting)
 }
 
 fn plotting(e: impl std::fmt::Display) -> anyhow::Error {
