@@ -111,7 +111,7 @@ impl Conn {
     /// yet (a scraper's, on a fresh connection, behind a burst of accepts) makes the
     /// connection busy, and closing it then would also reset it.
     fn evictable(&self) -> bool {
-        self.state.idle() && !unread_bytes(self.fd)
+        self.state.idle() && !self.state.head_arriving(now_ms()) && !unread_bytes(self.fd)
     }
 }
 
@@ -137,12 +137,36 @@ struct ConnState {
     ended_unflushed: AtomicUsize,
     /// The last answer on this connection was 401: a client without valid credentials.
     unauthorized: AtomicBool,
+    /// When ([`now_ms`]) the first bytes of a request arrived while idle, 0: none since the
+    /// last request began. The socket no longer holds them (`unread_bytes` says nothing)
+    /// and hyper has not yet parsed a whole head (not in flight yet): without this, an
+    /// eviction in that moment closed a scraper's connection with its request unanswered
+    /// (seen under a wrong-password flood on a loaded machine).
+    head_since_ms: AtomicU64,
 }
 
 impl ConnState {
     fn idle(&self) -> bool {
         self.in_flight.load(Ordering::Acquire) == 0
     }
+
+    /// A request's head is arriving (at `now`, [`now_ms`]) and has for less than
+    /// [`NEW_CONNECTION_GRACE`]: the connection is not idle for eviction. A head that
+    /// trickles for longer (a slowloris) is evictable again, and cut at
+    /// `read_header_timeout` anyway.
+    fn head_arriving(&self, now: u64) -> bool {
+        let since = self.head_since_ms.load(Ordering::Acquire);
+        since != 0 && now.saturating_sub(since) < NEW_CONNECTION_GRACE.as_millis() as u64
+    }
+}
+
+/// Milliseconds on a clock of this process, from 1 (0 means "never" in [`ConnState`]).
+fn now_ms() -> u64 {
+    static BASE: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    BASE.get_or_init(std::time::Instant::now)
+        .elapsed()
+        .as_millis() as u64
+        + 1
 }
 
 #[derive(Default)]
@@ -429,6 +453,7 @@ impl InFlight {
     fn begin(state: Arc<ConnState>) -> Self {
         state.requests.fetch_add(1, Ordering::AcqRel);
         state.in_flight.fetch_add(1, Ordering::AcqRel);
+        state.head_since_ms.store(0, Ordering::Release);
         Self(state)
     }
 }
@@ -507,6 +532,14 @@ impl<S: AsyncRead + Unpin> AsyncRead for Tracked<S> {
         let before = buf.filled().len();
         match Pin::new(&mut this.inner).poll_read(cx, buf) {
             Poll::Ready(Ok(())) => {
+                if idle && buf.filled().len() > before {
+                    let _ = this.state.head_since_ms.compare_exchange(
+                        0,
+                        now_ms(),
+                        Ordering::AcqRel,
+                        Ordering::Acquire,
+                    );
+                }
                 if idle && this.head_deadline.is_none() && buf.filled().len() > before {
                     this.head_deadline = Some(Box::pin(tokio::time::sleep(this.head_timeout)));
                     this.deadline_for = requests;
@@ -567,5 +600,28 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Tracked<S> {
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A request whose bytes hyper has read but whose head it has not finished keeps its
+    /// connection from eviction for the grace, not longer; a request that began clears it.
+    #[test]
+    fn a_head_arriving_is_not_idle_for_the_grace_only() {
+        let state = ConnState::default();
+        assert!(!state.head_arriving(now_ms()), "nothing read yet");
+        state.head_since_ms.store(1000, Ordering::Release);
+        assert!(state.head_arriving(1000));
+        assert!(state.head_arriving(1999));
+        assert!(
+            !state.head_arriving(2000),
+            "a slowloris is evictable after the grace"
+        );
+        let state = Arc::new(state);
+        let _in_flight = InFlight::begin(state.clone());
+        assert!(!state.head_arriving(1500), "the request began");
     }
 }
