@@ -31,8 +31,17 @@ pub struct Snapshot {
     /// where no pass ran (a kernel without BPF iterators, an older daemon).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub syn_queue_read_age_seconds: Option<f64>,
+    /// Whether the programs see accept() return. False with `syscall_hook = false` in
+    /// tracepoint and kprobe modes: every listener's `accepted` and `accept_wait` are then
+    /// zeros that say nothing (absent from older daemons, which always saw them).
+    #[serde(default = "seen")]
+    pub accepts_counted: bool,
     /// Listen sysctls of each namespace that has listeners.
     pub namespaces: Vec<NamespaceSnapshot>,
+}
+
+fn seen() -> bool {
+    true
 }
 
 /// What the daemon's kernel supports, as it found by trying at startup: the figures of the
@@ -544,6 +553,7 @@ pub mod fixtures {
             listeners,
             impact_window: None,
             syn_queue_read_age_seconds: None,
+            accepts_counted: true,
             namespaces,
         }
     }

@@ -78,12 +78,24 @@ pub struct Layer {
     #[arg(long, value_name = "SECONDS,...|all")]
     pub accept_wait_buckets: Option<AcceptWaitBuckets>,
     /// Time each connection's wait on the accept queue (backlogd_listen_accept_wait_seconds,
-    /// the JSON API's accept_wait, top's WAIT column). Off, the kernel side records no
-    /// enqueue time: about 1,200 fewer instructions per handshake in fentry mode (a quarter
+    /// the JSON API's accept_wait, top's WAIT column). Off, accept() reads no stamp and
+    /// buckets no wait: about 290 fewer instructions per handshake in fentry mode (a tenth
     /// of what backlogd adds to one), and the histogram is not served. Every other figure
     /// stays [default: true].
     #[arg(long, value_name = "true|false", value_parser = clap::value_parser!(bool))]
     pub accept_wait: Option<bool>,
+    /// Tracepoint and kprobe modes: run a program at the exit of every syscall on the host
+    /// (the `sys_exit` tracepoint) to see accept() and listen() return. It is what counts
+    /// accepts (backlogd_listen_accepted_total and its group and process sums), times accept
+    /// waits, knows the backlog listen() asked for (backlogd_listen_backlog_requested) and
+    /// lists a new listener at once. Its price falls on every syscall of every process,
+    /// most of it the kernel's slower syscall path (docs/performance.md has the figures).
+    /// Off: those figures are not served, a new listener is listed by the next rescan (its
+    /// counts are kept from its first SYN meanwhile), and every other figure stays exact.
+    /// fentry mode hooks accept and listen themselves and runs nothing per syscall: there
+    /// this changes nothing [default: true].
+    #[arg(long, value_name = "true|false", value_parser = clap::value_parser!(bool))]
+    pub syscall_hook: Option<bool>,
     /// Seconds a connection attempt a listener dropped a segment of may take to complete.
     /// One that completes sooner is counted delayed (backlogd_listen_connections_delayed_total,
     /// with its delay); one that has not completed by then is counted abandoned
@@ -188,6 +200,7 @@ pub struct Config {
     pub max_listeners: u64,
     pub accept_wait_buckets: AcceptWaitBuckets,
     pub accept_wait: bool,
+    pub syscall_hook: bool,
     pub client_impact_horizon: u64,
     pub client_impact_attempts: u64,
     pub drop_source_prefix_v4: u8,
@@ -240,6 +253,7 @@ impl Default for Config {
             max_listeners: u64::from(backlogd_common::LISTENER_STATS_ENTRIES),
             accept_wait_buckets: AcceptWaitBuckets::default(),
             accept_wait: true,
+            syscall_hook: true,
             client_impact_horizon: 130,
             client_impact_attempts: u64::from(backlogd_common::ATTEMPTS_ENTRIES),
             drop_source_prefix_v4: 24,
@@ -365,6 +379,7 @@ impl Layer {
             "max_listeners" => self.max_listeners.is_some(),
             "accept_wait_buckets" => self.accept_wait_buckets.is_some(),
             "accept_wait" => self.accept_wait.is_some(),
+            "syscall_hook" => self.syscall_hook.is_some(),
             "client_impact_horizon" => self.client_impact_horizon.is_some(),
             "client_impact_attempts" => self.client_impact_attempts.is_some(),
             "drop_source_prefix_v4" => self.drop_source_prefix_v4.is_some(),
@@ -406,6 +421,7 @@ pub fn merge(file: Option<&Layer>, cli: &Layer) -> Config {
         max_listeners: pick!(max_listeners, d.max_listeners),
         accept_wait_buckets: pick!(accept_wait_buckets, d.accept_wait_buckets),
         accept_wait: pick!(accept_wait, d.accept_wait),
+        syscall_hook: pick!(syscall_hook, d.syscall_hook),
         client_impact_horizon: pick!(client_impact_horizon, d.client_impact_horizon),
         client_impact_attempts: pick!(client_impact_attempts, d.client_impact_attempts),
         drop_source_prefix_v4: pick!(drop_source_prefix_v4, d.drop_source_prefix_v4),
@@ -629,6 +645,13 @@ impl Config {
                 new.accept_wait.to_string(),
             ));
         }
+        if self.syscall_hook != new.syscall_hook {
+            out.push((
+                "syscall_hook",
+                self.syscall_hook.to_string(),
+                new.syscall_hook.to_string(),
+            ));
+        }
         if self.pin_dir != new.pin_dir {
             let show = |d: &Option<PathBuf>| {
                 d.as_ref()
@@ -657,6 +680,7 @@ impl Config {
         self.client_impact_horizon = running.client_impact_horizon;
         self.client_impact_attempts = running.client_impact_attempts;
         self.accept_wait = running.accept_wait;
+        self.syscall_hook = running.syscall_hook;
         self.drop_source_prefix_v4 = running.drop_source_prefix_v4;
         self.drop_source_prefix_v6 = running.drop_source_prefix_v6;
         self.drop_source_entries = running.drop_source_entries;
@@ -1028,6 +1052,7 @@ mod tests {
         new.pin_dir = Some("/sys/fs/bpf/other".into());
         new.hook_mode = HookModeArg::Tracepoint;
         new.accept_wait = false;
+        new.syscall_hook = false;
         new.drop_source_prefix_v4 = 20;
         new.drop_source_prefix_v6 = 56;
         new.drop_source_entries = 3;
@@ -1052,6 +1077,7 @@ mod tests {
                 "drop_source_top_series",
                 "drop_source_addresses_remote",
                 "accept_wait",
+                "syscall_hook",
                 "pin_dir",
                 "hook_mode"
             ]

@@ -74,6 +74,9 @@ pub struct ScanPass {
     pub took: Duration,
 }
 
+/// A listener's (SYN-queue, accept-queue) lengths as a scan pass read them.
+pub type Lengths = (u32, u32);
+
 #[derive(Debug)]
 pub struct QueueWindows {
     window: Duration,
@@ -81,8 +84,12 @@ pub struct QueueWindows {
     /// The epoch the kernel side is tagging observations with now.
     epoch: u32,
     /// The last scan pass: when it ran, how long it took, and each listener's SYN-queue
-    /// length then.
-    scan: Option<(ScanPass, HashMap<u64, u32>)>,
+    /// and accept-queue lengths then.
+    scan: Option<(ScanPass, HashMap<u64, Lengths>)>,
+    /// The programs do not see accepts (`syscall_hook = false`), so the length their
+    /// last observation saw only grows: a listener's accept-queue length now is the scan
+    /// pass's, where it found the listener.
+    accept_from_scan: bool,
 }
 
 impl QueueWindows {
@@ -92,20 +99,28 @@ impl QueueWindows {
             samples: HashMap::new(),
             epoch: FIRST_EPOCH,
             scan: None,
+            accept_from_scan: false,
         }
     }
 
-    /// A scan pass read these SYN-queue lengths (by socket inode). Each becomes a sample
-    /// of its listener at the pass's time, so the window's peak holds what the passes saw
-    /// too (for listeners the kernel side has observed: the others' samples go at the
-    /// next [`Self::record_all`], and their peak is the last pass's length).
-    pub fn record_scan(&mut self, syn: HashMap<u64, u32>, pass: ScanPass) {
-        for (ino, now) in &syn {
+    /// The accept queues' lengths now come from the scan passes (see `accept_from_scan`).
+    pub fn take_accept_lengths_from_scans(&mut self) {
+        self.accept_from_scan = true;
+    }
+
+    /// A scan pass read these SYN-queue and accept-queue lengths (by socket inode). Each
+    /// SYN-queue length becomes a sample of its listener at the pass's time, so the
+    /// window's peak holds what the passes saw too (for listeners the kernel side has
+    /// observed: the others' samples go at the next [`Self::record_all`], and their peak is
+    /// the last pass's length). The accept queue's peak is the programs' alone: every
+    /// connection that joins it is observed.
+    pub fn record_scan(&mut self, lengths: HashMap<u64, Lengths>, pass: ScanPass) {
+        for (ino, (syn, _)) in &lengths {
             if let Some(q) = self.samples.get_mut(ino) {
-                q.push_back((pass.at, 0, *now));
+                q.push_back((pass.at, 0, *syn));
             }
         }
-        self.scan = Some((pass, syn));
+        self.scan = Some((pass, lengths));
     }
 
     /// The last scan pass, if one ran.
@@ -178,12 +193,17 @@ impl QueueWindows {
             accept_max = accept_max.max(*a);
             syn_max = syn_max.max(*s);
         }
-        let syn_depth = self
+        let scanned_now = self
             .scan
             .as_ref()
-            .and_then(|(_, syn)| syn.get(&ino).copied());
+            .and_then(|(_, lengths)| lengths.get(&ino).copied());
+        let syn_depth = scanned_now.map(|(syn, _)| syn);
+        let accept_depth = match scanned_now {
+            Some((_, accept)) if self.accept_from_scan => accept,
+            _ => current.accept_depth.max(seed),
+        };
         QueueFigures {
-            accept_depth: current.accept_depth.max(seed),
+            accept_depth,
             accept_max,
             // A queue the pass saw is part of the window too (one that filled before the
             // daemon started, or between observations by timeouts alone, cannot grow).
@@ -262,7 +282,7 @@ mod tests {
             observed_ns: 1,
             ..Default::default()
         };
-        w.record_scan([(1, 6), (2, 0)].into_iter().collect(), pass());
+        w.record_scan([(1, (6, 0)), (2, (0, 0))].into_iter().collect(), pass());
         let f = w.figures(1, Some(observed), None);
         assert_eq!((f.syn_depth, f.syn_max), (Some(6), 6));
         assert_eq!(w.figures(2, None, None).syn_depth, Some(0));
@@ -270,10 +290,34 @@ mod tests {
         assert!(w.last_scan().is_some());
         // Sampled, then a pass: its length stays in the window after the next pass.
         w.record(1, observed, Instant::now());
-        w.record_scan([(1, 9)].into_iter().collect(), pass());
-        w.record_scan([(1, 0)].into_iter().collect(), pass());
+        w.record_scan([(1, (9, 0))].into_iter().collect(), pass());
+        w.record_scan([(1, (0, 0))].into_iter().collect(), pass());
         let f = w.figures(1, Some(observed), None);
         assert_eq!((f.syn_depth, f.syn_max), (Some(0), 9));
+    }
+
+    /// Without accepts seen, the last observation's length (at an enqueue) stays high
+    /// after accept() drains the queue: the pass's length is the one now. The peak stays
+    /// the programs'.
+    #[test]
+    fn without_accepts_seen_the_accept_queue_length_is_the_passs() {
+        let mut w = QueueWindows::new(Duration::from_secs(15));
+        let observed = QueueState {
+            accept_depth: 12,
+            accept_hwm: 12,
+            observed_ns: 1,
+            ..Default::default()
+        };
+        w.record_scan([(1, (0, 7))].into_iter().collect(), pass());
+        assert_eq!(w.figures(1, Some(observed), None).accept_depth, 12);
+        w.take_accept_lengths_from_scans();
+        let f = w.figures(1, Some(observed), None);
+        assert_eq!((f.accept_depth, f.accept_max), (7, 12));
+        assert_eq!(
+            w.figures(2, Some(observed), None).accept_depth,
+            12,
+            "not in the pass"
+        );
     }
 
     fn pass() -> ScanPass {

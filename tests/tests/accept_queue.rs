@@ -575,3 +575,117 @@ fn without_accept_wait_timing_nothing_is_timed_and_the_counts_stay_exact() {
     );
     exact.verify();
 }
+
+/// `syscall_hook = false`: tracepoint and kprobe modes run no program per syscall, so
+/// accepts, accept waits and listen()'s request are not served, and a listener opened
+/// after the daemon is listed by a rescan; every other figure stays exact. fentry mode
+/// has no per-syscall program, and there the setting changes nothing.
+#[test]
+fn without_the_syscall_hook_no_program_runs_per_syscall_and_the_rest_stays_exact() {
+    let daemon = Daemon::start_with(&["--syscall-hook", "false", "--rescan-interval", "1"]);
+    let fentry = daemon.scrape().hook_mode() == "fentry";
+    let programs: Vec<&str> = fd_object_ids(daemon.pid(), "prog_id")
+        .iter()
+        .flat_map(|id| backlogd_tests::daemon::program_names(id.parse().expect("prog id")))
+        .collect();
+    assert!(
+        !programs.contains(&backlogd_common::names::program::SYSCALL_EXIT),
+        "the per-syscall program is loaded: {programs:?}"
+    );
+    // Opened after the daemon: outside fentry mode no program sees its listen(), and the
+    // 1 s rescan lists it.
+    let ns = Netns::new();
+    let listener = Listener::open(&ns, "127.0.0.1:0", 64);
+    daemon.wait_for_listener(listener.inode);
+    let addr = listener.addr;
+    let clients: Vec<std::net::TcpStream> = ns.run(move || {
+        (0..12)
+            .map(|_| std::net::TcpStream::connect(addr).expect("connect"))
+            .collect()
+    });
+    wait_for_queue(&ns, &listener, 12);
+    for _ in 0..5 {
+        listener.socket.accept().expect("accept");
+    }
+    let queue = kernel_queue(&ns, &listener);
+    // Outside fentry mode the length now is a scan pass's: one after the accepts.
+    let scrape = scrape_after(&daemon, Instant::now());
+    let snapshot = daemon.api_snapshot();
+    let me = daemon.api_listener(listener.inode);
+    drop(clients);
+    let socket = listener.inode.to_string();
+    let served = |name: &str| scrape.value(name, &[("socket", &socket)]);
+    let v =
+        |name: &str| served(name).unwrap_or_else(|| panic!("no {name}:\n{}", scrape.text)) as u64;
+    let mut exact = Exact::listener(&daemon, &ns, &listener);
+    exact
+        .evidence("socket (ss) after 5 accepts", &queue)
+        .eq(
+            "queued vs the clients' completed handshakes",
+            v("backlogd_listen_queued_total"),
+            12,
+        )
+        .eq(
+            "SYNs received vs the clients' connects",
+            v("backlogd_listen_syns_received_total"),
+            12,
+        )
+        .eq(
+            "accept queue length vs Recv-Q",
+            v("backlogd_listen_accept_queue_length"),
+            queue.recv_q,
+        )
+        .eq(
+            "granted backlog vs Send-Q",
+            v("backlogd_listen_backlog_granted"),
+            queue.send_q,
+        );
+    let accepted_lines = scrape
+        .text
+        .lines()
+        .filter(|l| l.contains("accepted_total") || l.contains("accept_wait_seconds"))
+        .count() as u64;
+    exact.evidence("the API's accepts_counted", &snapshot["accepts_counted"]);
+    if fentry {
+        // inet_csk_accept's return: nothing per syscall to give up.
+        exact
+            .eq(
+                "accepted vs the application's accept() calls (fentry)",
+                v("backlogd_listen_accepted_total"),
+                5,
+            )
+            .eq(
+                "accept waits timed (fentry)",
+                me["accept_wait"]["count"].as_u64().expect("count"),
+                5,
+            )
+            .eq(
+                "requested backlog (fentry's listen fexit)",
+                v("backlogd_listen_backlog_requested"),
+                64,
+            )
+            .eq(
+                "the API's accepts_counted (fentry)",
+                u64::from(snapshot["accepts_counted"] == true),
+                1,
+            );
+    } else {
+        exact
+            .eq(
+                "lines of accepted counters and accept-wait histograms on /metrics",
+                accepted_lines,
+                0,
+            )
+            .eq(
+                "requested backlog series (no listen() seen)",
+                u64::from(served("backlogd_listen_backlog_requested").is_some()),
+                0,
+            )
+            .eq(
+                "the API's accepts_counted",
+                u64::from(snapshot["accepts_counted"] == false),
+                1,
+            );
+    }
+    exact.verify();
+}

@@ -77,6 +77,7 @@ pub fn run(config: RunConfig) -> anyhow::Result<()> {
         // validate() bounds it by MAX_ATTEMPTS.
         attempts: u32::try_from(config.config.client_impact_attempts).unwrap_or(u32::MAX),
         accept_wait: config.config.accept_wait,
+        syscall_hook: config.config.syscall_hook,
         source_prefixes: backlogd_common::SourcePrefixes {
             v4: config.config.drop_source_prefix_v4,
             v6: config.config.drop_source_prefix_v6,
@@ -209,7 +210,27 @@ async fn serve(
         current.max_listeners,
         current.client_impact_horizon * 1_000_000_000,
     ));
-    live.accept_wait = current.accept_wait;
+    live.accepts = loader::hooks::sees_accepts(live.mode, current.syscall_hook);
+    live.accept_wait = current.accept_wait && live.accepts;
+    if !live.accepts {
+        windows
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take_accept_lengths_from_scans();
+        tracing::info!(
+            "syscall_hook = false: no program runs per syscall; accepts, accept waits and \
+             the backlog listen() asked for are not served, a new listener is listed at \
+             the next rescan, and accept-queue lengths now are the scan pass's (at most a \
+             second old). Every other figure is"
+        );
+        if live.scan.is_none() {
+            tracing::warn!(
+                "syscall_hook = false without a scan iterator: an accept queue's length is \
+                 the one the programs last saw at an enqueue or a drop, which accept() \
+                 lowers unseen; use syscall_hook = true on this kernel for a length now"
+            );
+        }
+    }
     live.drop_source_addresses_remote = current.drop_source_addresses_remote;
     // validate() bounds it by MAX_TOP_SERIES.
     live.drop_source_top_series = usize::try_from(current.drop_source_top_series).unwrap_or(0);

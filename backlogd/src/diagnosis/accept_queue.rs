@@ -24,13 +24,20 @@ const SLOW_WAIT_P99_SECONDS: f64 = 0.1;
 /// What keeps the accept queue full, by the figures: `None` when they show a queue that
 /// drains quickly (accept waits short, not full now, connections accepted) and bursts that
 /// outgrow it; else why the accept loop is the limit.
-fn accept_loop_limit(l: &ListenerSnapshot) -> Option<String> {
+fn accept_loop_limit(l: &ListenerSnapshot, cx: &Context<'_>) -> Option<String> {
     let granted = l.listener.granted;
     if l.queues.accept_depth > granted {
         return Some(format!(
             "the queue is full now ({} of capacity {granted})",
             l.queues.accept_depth
         ));
+    }
+    if !cx.snapshot.accepts_counted {
+        return Some(
+            "accepts are neither counted nor timed (syscall_hook = false), so the figures \
+             cannot tell a slow accept loop from bursts; if the loop is the limit"
+                .to_owned(),
+        );
     }
     if l.accepted == 0 {
         return Some("no connection was accepted".to_owned());
@@ -54,7 +61,7 @@ fn accept_loop_limit(l: &ListenerSnapshot) -> Option<String> {
 /// a drop (in the last five minutes when known), which had all fitted had the queue been
 /// that long.
 fn overflow_remedy(l: &ListenerSnapshot, cx: &Context<'_>) -> String {
-    if let Some(why) = accept_loop_limit(l) {
+    if let Some(why) = accept_loop_limit(l, cx) {
         return format!("{why}: {ACCEPTS_SLOWLY}");
     }
     let (delayed, when) = match &l.recent_impact {
@@ -98,7 +105,7 @@ pub fn overflow(l: &ListenerSnapshot, cx: &Context<'_>) -> Option<Finding> {
         l.drops[DropReason::FinalAckOverflow]
     )];
     evidence.extend(impact.iter().flat_map(|i| i.lines.iter().cloned()));
-    evidence.extend(queue_evidence(l));
+    evidence.extend(queue_evidence(l, cx));
     Some(Finding {
         severity: Severity::Critical,
         kind: FindingKind::AcceptQueueOverflow,
@@ -112,7 +119,7 @@ pub fn overflow(l: &ListenerSnapshot, cx: &Context<'_>) -> Option<Finding> {
 }
 
 /// `accept_queue_near_full`: no drops, but a peak of 90% of the capacity or more.
-pub fn near_full(l: &ListenerSnapshot, _: &Context<'_>) -> Option<Finding> {
+pub fn near_full(l: &ListenerSnapshot, cx: &Context<'_>) -> Option<Finding> {
     let granted = l.listener.granted;
     let peak = l.queues.accept_max;
     if overflows(l) > 0 || granted == 0 || f64::from(peak) < 0.9 * f64::from(granted) {
@@ -126,15 +133,16 @@ pub fn near_full(l: &ListenerSnapshot, _: &Context<'_>) -> Option<Finding> {
             "the accept queue of {} reached {peak} of {granted} connections",
             l.listener.endpoint()
         ),
-        evidence: queue_evidence(l),
+        evidence: queue_evidence(l, cx),
         remedy: ACCEPTS_SLOWLY.to_owned(),
         client_impact: None,
         recent_client_impact: None,
     })
 }
 
-/// The queue's peak and depth, what was accepted of what was queued, the wait's p99.
-fn queue_evidence(l: &ListenerSnapshot) -> Vec<String> {
+/// The queue's peak and depth, what was accepted of what was queued (where accepts are
+/// counted), the wait's p99.
+fn queue_evidence(l: &ListenerSnapshot, cx: &Context<'_>) -> Vec<String> {
     let granted = l.listener.granted;
     let peak = l.queues.accept_max;
     // A drop for a full accept queue means it held more than its capacity then; a
@@ -152,10 +160,15 @@ fn queue_evidence(l: &ListenerSnapshot) -> Vec<String> {
             l.queues.accept_depth
         )
     };
-    let mut evidence = vec![
-        peak_line,
-        format!("{} connections accepted of {} queued", l.accepted, l.queued),
-    ];
+    let mut evidence = vec![peak_line];
+    evidence.push(if cx.snapshot.accepts_counted {
+        format!("{} connections accepted of {} queued", l.accepted, l.queued)
+    } else {
+        format!(
+            "{} connections queued (accepts not counted: syscall_hook = false)",
+            l.queued
+        )
+    });
     if let Some(p99) = wait_p99(l) {
         evidence.push(format!("accept wait p99 {}", wait_text(p99)));
     }

@@ -428,6 +428,39 @@ fn an_accept_loop_that_cannot_keep_up_is_named_with_the_figure_that_shows_it() {
     );
 }
 
+/// A daemon that does not see accepts (`syscall_hook = false`) serves zeros for them: the
+/// diagnosis says it cannot judge the accept loop, and quotes no "0 accepted" as evidence.
+#[test]
+fn without_accepts_the_accept_loop_is_not_judged_from_zeros() {
+    let mut l = quick_but_small();
+    l.accepted = 0;
+    l.accept_wait.buckets[0].count = 0;
+    let mut blind = snapshot(vec![l], vec![]);
+    blind.accepts_counted = false;
+    let f = only(diagnose(&blind), "accept_queue_overflow");
+    assert!(
+        f.remedy.starts_with(
+            "accepts are neither counted nor timed (syscall_hook = false), so the figures \
+             cannot tell a slow accept loop from bursts; if the loop is the limit: the \
+             application accepts too slowly"
+        ),
+        "{}",
+        f.remedy
+    );
+    assert!(
+        f.evidence.contains(
+            &"102 connections queued (accepts not counted: syscall_hook = false)".to_owned()
+        ),
+        "{:?}",
+        f.evidence
+    );
+    assert!(
+        !f.evidence.iter().any(|e| e.contains("accepted")),
+        "{:?}",
+        f.evidence
+    );
+}
+
 /// 312 connections delayed (300 after a SYN drop, 12 after a final-ACK drop): 22 by up
 /// to 0.5 s, 250 by 0.5-1.5 s (a first retry), 40 by more (30 by 2.5-3.5 s, 9 by 5.5-9 s,
 /// 1 by 9-17 s); 41 attempts abandoned.

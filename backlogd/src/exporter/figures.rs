@@ -200,6 +200,7 @@ pub fn snapshot(live: &Live) -> Snapshot {
         listeners,
         impact_window: recent.map(|r| r.window),
         syn_queue_read_age_seconds: scan.map(|s| s.at.elapsed().as_secs_f64()),
+        accepts_counted: live.accepts,
     }
 }
 

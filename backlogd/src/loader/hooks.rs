@@ -218,23 +218,34 @@ const TRACEPOINT_SYN: &[Hook] = &[
     },
 ];
 
-/// The hooks of `mode`, in attach order.
-pub fn for_mode(mode: HookMode) -> Vec<Hook> {
+/// The hooks of `mode`, in attach order; `syscalls`: with [`SYSCALLS`] where the mode has
+/// them (`syscall_hook`: the operator may trade accepts, accept waits and listen()'s
+/// request for every other syscall's fast path).
+pub fn for_mode(mode: HookMode, syscalls: bool) -> Vec<Hook> {
     let mut hooks = COMMON.to_vec();
+    let syscalls = if syscalls { SYSCALLS } else { &[] };
     match mode {
         HookMode::Fentry => hooks.extend_from_slice(FENTRY),
         HookMode::Kprobe => {
             hooks.extend_from_slice(STATE_CHANGES);
-            hooks.extend_from_slice(SYSCALLS);
+            hooks.extend_from_slice(syscalls);
             hooks.extend_from_slice(KPROBE);
         }
         HookMode::Tracepoint => {
             hooks.extend_from_slice(STATE_CHANGES);
-            hooks.extend_from_slice(SYSCALLS);
+            hooks.extend_from_slice(syscalls);
             hooks.extend_from_slice(TRACEPOINT_SYN);
         }
     }
     hooks
+}
+
+/// Whether `mode`, with `syscall_hook` as configured, sees accept() return: fentry mode
+/// always (`inet_csk_accept`), the others only through [`SYSCALLS`].
+pub fn sees_accepts(mode: HookMode, syscall_hook: bool) -> bool {
+    for_mode(mode, syscall_hook)
+        .iter()
+        .any(|h| matches!(h.program(), p::SYSCALL_EXIT | p::INET_CSK_ACCEPT_EXIT))
 }
 
 #[cfg(test)]
@@ -247,7 +258,7 @@ mod tests {
     fn every_program_has_a_hook_in_some_mode_and_none_twice_in_one() {
         let mut used = BTreeSet::new();
         for mode in [HookMode::Fentry, HookMode::Kprobe, HookMode::Tracepoint] {
-            let hooks = for_mode(mode);
+            let hooks = for_mode(mode, true);
             let programs: BTreeSet<&str> = hooks.iter().map(Hook::program).collect();
             assert_eq!(
                 programs.len(),
@@ -268,7 +279,7 @@ mod tests {
     #[test]
     fn the_return_slots_are_looked_up_for_the_functions_those_programs_trace() {
         let traced = |program: &str| {
-            for_mode(HookMode::Fentry)
+            for_mode(HookMode::Fentry, true)
                 .into_iter()
                 .find_map(|h| match h {
                     Hook::Fexit {
@@ -292,7 +303,30 @@ mod tests {
 
     #[test]
     fn tracepoint_mode_attaches_its_ingress_last() {
-        let hooks = for_mode(HookMode::Tracepoint);
+        let hooks = for_mode(HookMode::Tracepoint, true);
         assert_eq!(hooks.last().map(Hook::program), Some(p::LISTENER_INGRESS));
+    }
+
+    /// Without the syscall hook, only the per-syscall program goes: every other figure
+    /// keeps its hooks, and fentry mode, which has no such program, is unchanged.
+    #[test]
+    fn without_the_syscall_hook_only_the_per_syscall_program_goes() {
+        for mode in [HookMode::Fentry, HookMode::Kprobe, HookMode::Tracepoint] {
+            let with = for_mode(mode, true);
+            let without = for_mode(mode, false);
+            let gone: Vec<&str> = with
+                .iter()
+                .filter(|h| !without.contains(h))
+                .map(Hook::program)
+                .collect();
+            let expected: &[&str] = match mode {
+                HookMode::Fentry => &[],
+                _ => &[p::SYSCALL_EXIT],
+            };
+            assert_eq!(gone, expected, "{mode:?}");
+            assert!(without.iter().all(|h| with.contains(h)), "{mode:?}");
+            assert_eq!(sees_accepts(mode, false), mode == HookMode::Fentry);
+            assert!(sees_accepts(mode, true));
+        }
     }
 }

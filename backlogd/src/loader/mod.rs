@@ -7,7 +7,7 @@ mod attach;
 pub mod btf;
 mod cgroup;
 mod error;
-mod hooks;
+pub mod hooks;
 pub mod modes;
 pub mod pins;
 pub mod privileges;
@@ -56,6 +56,8 @@ pub struct LoadOptions {
     pub attempts: u32,
     /// Time accept waits (`accept_wait`), baked into the programs.
     pub accept_wait: bool,
+    /// Attach the per-syscall program where the mode has one (`syscall_hook`).
+    pub syscall_hook: bool,
     /// Prefix lengths dropped segments' sources are counted at, baked into the programs.
     pub source_prefixes: SourcePrefixes,
     /// Capacity of the DROP_SOURCES map.
@@ -150,6 +152,8 @@ pub fn load(opts: &LoadOptions) -> Result<Probes, LoadError> {
                     &opts.impact.horizon_ns.to_le_bytes(),
                     &opts.attempts.to_le_bytes(),
                     &[u8::from(opts.accept_wait)],
+                    // A state pinned with the other choice has the other set of links.
+                    &[u8::from(opts.syscall_hook)],
                     &[opts.source_prefixes.v4, opts.source_prefixes.v6],
                     &opts.drop_sources.to_le_bytes(),
                 ]
@@ -208,7 +212,7 @@ pub fn load(opts: &LoadOptions) -> Result<Probes, LoadError> {
             }
             can
         });
-        match load_mode(mode, &mut loader, &kernel_btf, pins) {
+        match load_mode(mode, opts.syscall_hook, &mut loader, &kernel_btf, pins) {
             Ok(mut probes) => {
                 probes.kernel = kernel;
                 probes.pinned = pins.is_some();
@@ -325,6 +329,7 @@ fn start_epochs(mut epoch: Array<MapData, u32>) -> Result<Array<MapData, u32>, L
 /// links, dropping the unfinished `Pinning` removes its pins).
 fn load_mode(
     mode: HookMode,
+    syscall_hook: bool,
     loader: &mut EbpfLoader<'_>,
     kernel_btf: &aya::Btf,
     pins: Option<&PinDir>,
@@ -334,7 +339,7 @@ fn load_mode(
     let pinning = &mut pinning;
     let queue_epoch = start_epochs(typed_map(&mut ebpf, map::QUEUE_EPOCH, pinning)?)?;
     let mut cgroup_ingress = None;
-    for hook in hooks::for_mode(mode) {
+    for hook in hooks::for_mode(mode, syscall_hook) {
         if let Some(attachment) = attach::attach(&mut ebpf, kernel_btf, &hook, pinning)? {
             cgroup_ingress = Some(attachment);
         }

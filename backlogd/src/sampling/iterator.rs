@@ -133,12 +133,15 @@ impl LiveScan {
             *self.sysctls.lock().unwrap_or_else(|e| e.into_inner()) =
                 found.values().map(|l| (l.netns, sysctls(l))).collect();
         }
-        let syn = found.iter().map(|(&ino, l)| (ino, l.syn_queue)).collect();
+        let lengths = found
+            .iter()
+            .map(|(&ino, l)| (ino, (l.syn_queue, l.accept_queue)))
+            .collect();
         windows
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .record_scan(
-                syn,
+                lengths,
                 ScanPass {
                     at: Instant::now(),
                     took: start.elapsed(),

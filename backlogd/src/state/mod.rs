@@ -42,8 +42,11 @@ pub struct Live {
     /// The accept-wait bounds /metrics exports (`accept_wait_buckets`; SIGHUP replaces
     /// them). The JSON API always has every bucket.
     pub accept_wait_buckets: Arc<RwLock<AcceptWaitBuckets>>,
-    /// The programs time accept waits (`accept_wait`, fixed at load): without, /metrics
-    /// serves no accept-wait histogram.
+    /// The programs see accept() return (fentry mode, or `syscall_hook`; fixed at load):
+    /// without, accepts are not served.
+    pub accepts: bool,
+    /// The programs time accept waits (`accept_wait`, and they see accepts; fixed at
+    /// load): without, /metrics serves no accept-wait histogram.
     pub accept_wait: bool,
     /// Serve source prefixes to API readers not on this host
     /// (`drop_source_addresses_remote`).
@@ -76,6 +79,7 @@ impl Live {
             kernel,
             pinned,
             accept_wait_buckets: Arc::default(),
+            accepts: true,
             accept_wait: true,
             drop_source_addresses_remote: false,
             drop_source_top_series: 0,

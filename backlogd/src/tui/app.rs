@@ -138,6 +138,8 @@ struct GroupSums {
 #[derive(Debug)]
 pub struct App {
     pub hook_mode: String,
+    /// The daemon sees accepts (`Snapshot::accepts_counted`).
+    pub accepts_counted: bool,
     /// What the listeners' recent client impact covers (None from an older daemon).
     pub impact_window: Option<crate::api::ImpactWindow>,
     pub rows: Vec<Row>,
@@ -163,6 +165,7 @@ impl App {
     pub fn new(interval: Duration) -> Self {
         Self {
             hook_mode: String::new(),
+            accepts_counted: true,
             impact_window: None,
             rows: Vec::new(),
             sort: SortBy::Drops,
@@ -192,6 +195,7 @@ impl App {
             .map(|l| (l.listener.inode, l))
             .collect();
         self.hook_mode = snapshot.hook_mode.clone();
+        self.accepts_counted = snapshot.accepts_counted;
         let somaxconn: HashMap<u32, u32> = snapshot
             .namespaces
             .iter()

@@ -504,7 +504,15 @@ fn draw_detail(frame: &mut Frame, app: &App, area: Rect) {
                 TextLine::raw(format!(
                     "totals: SYNs {} (retransmissions included)  connections queued {}  \
                      accepted {}  SYNs answered with a cookie {}  SYN-ACKs retransmitted {}",
-                    l.syns_received, l.queued, l.accepted, l.syncookies_sent, l.synack_retransmits
+                    l.syns_received,
+                    l.queued,
+                    if app.accepts_counted {
+                        l.accepted.to_string()
+                    } else {
+                        "- (syscall_hook = false)".to_owned()
+                    },
+                    l.syncookies_sent,
+                    l.synack_retransmits
                 )),
                 TextLine::raw(format!(
                     "dropped: SYNs, accept queue full {}  SYNs, SYN queue full {}  final \

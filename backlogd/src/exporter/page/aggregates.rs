@@ -149,8 +149,8 @@ pub fn sum<'r>(
     }
 }
 
-/// Renders the group and process families.
-pub fn render(e: &mut Exposition<'_>, sums: &Sums<'_>) {
+/// Renders the group and process families; `accepts`: as for the listeners' own.
+pub fn render(e: &mut Exposition<'_>, sums: &Sums<'_>, accepts: bool) {
     for (families, sums) in [(GROUP, &sums.groups), (PROCESS, &sums.processes)] {
         type SumField = fn(&Sum) -> u64;
         let singles: [(Metric, SumField); 4] = [
@@ -160,6 +160,9 @@ pub fn render(e: &mut Exposition<'_>, sums: &Sums<'_>) {
             (families.accepted, |s| s.counted.accepted),
         ];
         for (metric, value) in singles {
+            if metric == families.accepted && !accepts {
+                continue;
+            }
             metric.open(e);
             for (set, sum) in sums {
                 e.sample_with(metric.name(), set, &[], value(sum));

@@ -36,13 +36,16 @@ const QUEUES: [(Metric, QueueField); 3] = [
     (Metric::ListenSynQueueMaxLength, |q| q.syn_max),
 ];
 
-/// `accept_wait`: the accept-wait bounds to export; `None`: waits are not timed
-/// (`accept_wait = false`), and the family is not served. `top_sources`: how many of each
+/// `accepts`: the programs see accept() return (else `syscall_hook = false` in a mode
+/// that needs it, and accepts are not served: a zero would read as an application that
+/// accepts nothing). `accept_wait`: the accept-wait bounds to export; `None`: waits are
+/// not timed, and the family is not served. `top_sources`: how many of each
 /// listener's largest source prefixes get a series (`drop_source_top_series`, 0: none).
 pub fn render(
     e: &mut Exposition<'_>,
     rows: &[Row<'_>],
     figures: &Figures,
+    accepts: bool,
     accept_wait: Option<&AcceptWaitBuckets>,
     top_sources: usize,
 ) {
@@ -84,6 +87,9 @@ pub fn render(
         })
         .collect();
     for (metric, value) in COUNTERS {
+        if metric == Metric::ListenAccepted && !accepts {
+            continue;
+        }
         metric.open(e);
         for (r, (s, _)) in rows.iter().zip(&found) {
             e.sample_with(metric.name(), &r.set, &[], value(s));

@@ -69,10 +69,11 @@ fn render_into(live: &Live, retired: &Mutex<Retired>, e: &mut Exposition<'_>) {
         e,
         &rows,
         &figures,
+        live.accepts,
         live.accept_wait.then_some(&accept_wait),
         live.drop_source_top_series,
     );
-    aggregates::render(e, &sums);
+    aggregates::render(e, &sums, live.accepts);
     netns::render(e, &namespaces, crate::names::netns::named());
 
     // One look at the maps for both figures read outside `gather`.

@@ -2,7 +2,7 @@
 //! catalogue's declaration: the collectors take their label names from it, and this is
 //! what fails if one ever builds a label set of its own.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use backlogd_common::{DropReason, ListenerStats};
 
@@ -115,6 +115,11 @@ const TOP_SERIES: usize = 1;
 
 /// The whole page, every collector in page order, without a kernel.
 fn page() -> String {
+    page_seeing(true)
+}
+
+/// The whole page, by programs that see accepts or not (`syscall_hook`).
+fn page_seeing(accepts: bool) -> String {
     let table = listeners();
     let rows: Vec<Row<'_>> = table.iter().map(Row::new).collect();
     let figures = figures();
@@ -123,7 +128,8 @@ fn page() -> String {
         &mut e,
         &rows,
         &figures,
-        Some(&AcceptWaitBuckets::default()),
+        accepts,
+        accepts.then(AcceptWaitBuckets::default).as_ref(),
         TOP_SERIES,
     );
     let sums = aggregates::sum(
@@ -132,7 +138,7 @@ fn page() -> String {
         &figures.queues,
         &mut Retired::default(),
     );
-    aggregates::render(&mut e, &sums);
+    aggregates::render(&mut e, &sums, accepts);
     let counters: HashMap<String, u64> = tcpext::COUNTERS
         .iter()
         .map(|c| ((*c).to_owned(), 1))
@@ -189,6 +195,35 @@ fn label_names(line: &str) -> Vec<String> {
         }
     }
     names
+}
+
+/// Programs that do not see accept() return (`syscall_hook = false` outside fentry mode)
+/// leave every accepted counter at zero: served, a zero would say the application
+/// accepts nothing. Not served, and nothing else goes with them.
+#[test]
+fn without_accepts_no_accepted_family_is_served_and_every_other_is() {
+    let families = |page: &str| -> BTreeSet<String> {
+        page.lines()
+            .filter_map(|l| l.strip_prefix("# TYPE "))
+            .filter_map(|l| l.split_whitespace().next())
+            .map(str::to_owned)
+            .collect()
+    };
+    let with = families(&page_seeing(true));
+    let without = families(&page_seeing(false));
+    let gone: BTreeSet<&str> = with.difference(&without).map(String::as_str).collect();
+    assert_eq!(
+        gone,
+        [
+            Metric::GroupAccepted.name(),
+            Metric::ListenAcceptWaitSeconds.name(),
+            Metric::ListenAccepted.name(),
+            Metric::ProcessAccepted.name(),
+        ]
+        .into_iter()
+        .collect::<BTreeSet<_>>()
+    );
+    assert!(without.is_subset(&with));
 }
 
 #[test]
