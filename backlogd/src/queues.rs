@@ -123,6 +123,11 @@ impl QueueWindows {
         self.scan = Some((pass, lengths));
     }
 
+    /// The listeners the kernel side has observed the queues of (within the window).
+    pub fn observed(&self) -> impl Iterator<Item = u64> + '_ {
+        self.samples.keys().copied()
+    }
+
     /// The last scan pass, if one ran.
     pub fn last_scan(&self) -> Option<ScanPass> {
         self.scan.as_ref().map(|(pass, _)| *pass)

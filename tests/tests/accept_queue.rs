@@ -578,11 +578,12 @@ fn without_accept_wait_timing_nothing_is_timed_and_the_counts_stay_exact() {
 
 /// `syscall_hook = false`: tracepoint and kprobe modes run no program per syscall, so
 /// accepts, accept waits and listen()'s request are not served, and a listener opened
-/// after the daemon is listed by a rescan; every other figure stays exact. fentry mode
-/// has no per-syscall program, and there the setting changes nothing.
+/// after the daemon is listed by the rescan its first segments ask for (the scheduled
+/// one is 30 s away); every other figure stays exact. fentry mode has no per-syscall
+/// program, and there the setting changes nothing.
 #[test]
 fn without_the_syscall_hook_no_program_runs_per_syscall_and_the_rest_stays_exact() {
-    let daemon = Daemon::start_with(&["--syscall-hook", "false", "--rescan-interval", "1"]);
+    let daemon = Daemon::start_with(&["--syscall-hook", "false", "--rescan-interval", "30"]);
     let fentry = daemon.scrape().hook_mode() == "fentry";
     let programs: Vec<&str> = fd_object_ids(daemon.pid(), "prog_id")
         .iter()
@@ -592,11 +593,11 @@ fn without_the_syscall_hook_no_program_runs_per_syscall_and_the_rest_stays_exact
         !programs.contains(&backlogd_common::names::program::SYSCALL_EXIT),
         "the per-syscall program is loaded: {programs:?}"
     );
-    // Opened after the daemon: outside fentry mode no program sees its listen(), and the
-    // 1 s rescan lists it.
+    // Opened after the daemon's first scan: outside fentry mode no program sees its
+    // listen(), and its first handshakes make the sampler ask for a rescan (wait_for_listener
+    // allows 10 s).
     let ns = Netns::new();
     let listener = Listener::open(&ns, "127.0.0.1:0", 64);
-    daemon.wait_for_listener(listener.inode);
     let addr = listener.addr;
     let clients: Vec<std::net::TcpStream> = ns.run(move || {
         (0..12)
@@ -604,6 +605,7 @@ fn without_the_syscall_hook_no_program_runs_per_syscall_and_the_rest_stays_exact
             .collect()
     });
     wait_for_queue(&ns, &listener, 12);
+    daemon.wait_for_listener(listener.inode);
     for _ in 0..5 {
         listener.socket.accept().expect("accept");
     }

@@ -84,6 +84,10 @@ enum Cmd {
         /// bystander, daemon, drop, scale, bpftrace.
         #[arg(long, value_name = "NAME", conflicts_with = "guest")]
         section: Vec<String>,
+        /// Host runs: every daemon the run starts takes this setting (repeatable, as
+        /// KEY=VALUE, e.g. `--with syscall_hook=false`); the report names it with the mode.
+        #[arg(long = "with", value_name = "KEY=VALUE", conflicts_with = "guest")]
+        with: Vec<String>,
         /// Measure in a guest of this kernel of the matrix (debian-6.1, ...) instead of on
         /// the host: per hook mode, loops of handshakes, dropped SYNs, UDP datagrams and
         /// getppid() timed in guest instructions without and with backlogd. `host`: the
@@ -259,10 +263,15 @@ fn dispatch() -> Result<()> {
                 quick,
             })
         }
-        Cmd::Bench { quick, section, .. } => {
+        Cmd::Bench {
+            quick,
+            section,
+            with,
+            ..
+        } => {
             setup::run()?;
             cargo(&["build", "--release", "--package", "backlogd"])?;
-            bench::run(quick, &section)
+            bench::run(quick, &section, &with)
         }
         Cmd::Install {
             prefix,

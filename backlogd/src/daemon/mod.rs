@@ -175,12 +175,14 @@ async fn serve(
     // first scan the table also holds what was listening before we started.
     rescans::rescan(&shared, &maps, &lister).await;
     let heartbeats = Arc::new(Heartbeats::new());
+    let rescan_soon = Arc::new(tokio::sync::Notify::new());
     let rescans = tokio::spawn(rescans::rescan_periodically(
         shared.clone(),
         maps.clone(),
         lister,
         rescan_rx,
         heartbeats.clone(),
+        rescan_soon.clone(),
     ));
     let mut live = Live::new(
         shared.clone(),
@@ -209,6 +211,7 @@ async fn serve(
         heartbeats.clone(),
         current.max_listeners,
         current.client_impact_horizon * 1_000_000_000,
+        rescan_soon,
     ));
     live.accepts = loader::hooks::sees_accepts(live.mode, current.syscall_hook);
     live.accept_wait = current.accept_wait && live.accepts;
@@ -219,9 +222,9 @@ async fn serve(
             .take_accept_lengths_from_scans();
         tracing::info!(
             "syscall_hook = false: no program runs per syscall; accepts, accept waits and \
-             the backlog listen() asked for are not served, a new listener is listed at \
-             the next rescan, and accept-queue lengths now are the scan pass's (at most a \
-             second old). Every other figure is"
+             the backlog listen() asked for are not served, a new listener is listed by a \
+             rescan within a second of its first segment, and accept-queue lengths now are \
+             the scan pass's (at most a second old). Every other figure is"
         );
         if live.scan.is_none() {
             tracing::warn!(

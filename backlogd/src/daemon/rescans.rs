@@ -107,12 +107,15 @@ pub async fn rescan(shared: &Arc<Shared>, maps: &SharedMaps, lister: &Lister) {
     }
 }
 
+/// Rescans every `every`, and when the sampler finds a listener the table lacks
+/// (`soon`): that one does not move the schedule.
 pub async fn rescan_periodically(
     shared: Arc<Shared>,
     maps: SharedMaps,
     lister: Lister,
     mut every: watch::Receiver<Duration>,
     heartbeats: Arc<Heartbeats>,
+    soon: Arc<tokio::sync::Notify>,
 ) {
     // Map keys that had no live listener at the previous rescan.
     let mut orphans: HashSet<u64> = HashSet::new();
@@ -126,6 +129,10 @@ pub async fn rescan_periodically(
                     rescan(&shared, &maps, &lister).await;
                     orphans = remove_orphans(&shared, &maps, orphans);
                     heartbeats.scanned();
+                }
+                () = soon.notified() => {
+                    tracing::debug!("a listener not in the table met a segment: rescanning");
+                    rescan(&shared, &maps, &lister).await;
                 }
                 // A reload changed the interval: start over with the new one.
                 changed = every.changed() => {

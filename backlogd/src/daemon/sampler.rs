@@ -5,6 +5,7 @@
 //! What it writes is the daemon's live state (`crate::state`), which the exporters read.
 
 use std::{
+    collections::HashSet,
     sync::{Arc, Mutex},
     time::Duration,
 };
@@ -84,12 +85,14 @@ pub async fn sample_queues(
     heartbeats: Arc<Heartbeats>,
     max_listeners: u64,
     horizon_ns: u64,
+    rescan_soon: Arc<tokio::sync::Notify>,
 ) {
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut full_reported = false;
     let sweep_every = sweep_every(horizon_ns);
     let mut ticks: u64 = 0;
+    let mut asked = HashSet::new();
     loop {
         tick.tick().await;
         ticks += 1;
@@ -97,6 +100,9 @@ pub async fn sample_queues(
             let mut maps = maps.lock().unwrap_or_else(|e| e.into_inner());
             let mut windows = windows.lock().unwrap_or_else(|e| e.into_inner());
             maps.sample_queues(&mut windows, std::time::Instant::now());
+            if strangers(&windows, &recent.shared, &mut asked) {
+                rescan_soon.notify_one();
+            }
             // Once per run: a full map loses updates continuously while it stays full.
             if !full_reported && maps.stats_full() + maps.queues_full() > 0 {
                 full_reported = true;
@@ -140,6 +146,20 @@ pub async fn sample_queues(
         }
         heartbeats.sampled();
     }
+}
+
+/// Whether the kernel side observed the queues of a listener the table does not hold,
+/// one not asked about before (`asked`, which forgets listeners once listed or gone): a
+/// listener whose listen() no program saw (`syscall_hook = false`, or a lost event) is
+/// then listed by a rescan within a second of its first segment, not at the next
+/// scheduled one. A listener that closed leaves the windows with its map entries, so it
+/// asks at most once.
+fn strangers(windows: &QueueWindows, shared: &Shared, asked: &mut HashSet<u64>) -> bool {
+    let table = shared.listeners();
+    let unknown: HashSet<u64> = windows.observed().filter(|i| !table.contains(*i)).collect();
+    let new = unknown.iter().any(|i| !asked.contains(i));
+    *asked = unknown;
+    new
 }
 
 /// Seconds between sweeps of the attempts map: a sweep reads every tracked attempt (up to

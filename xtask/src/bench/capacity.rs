@@ -116,7 +116,7 @@ pub(super) fn capacity_pairs<T>(
 /// A daemon in `--hook-mode auto`, serving, its startup scan done; its mode into `mode`.
 pub(super) fn auto_daemon(mode: &mut String) -> Result<Daemon> {
     let d = Daemon::start("auto", &[])?.map_err(|e| anyhow!("backlogd did not start: {e}"))?;
-    *mode = hook_mode(&d).unwrap_or_default();
+    *mode = procs::labelled(&hook_mode(&d).unwrap_or_default());
     // Let the startup scan finish before measuring.
     thread::sleep(Duration::from_millis(500));
     Ok(d)

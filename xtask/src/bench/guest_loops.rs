@@ -327,8 +327,14 @@ pub(super) fn hook_mode_of(mode: &str) -> &str {
 
 /// The daemon flags of a variant's settings: `accept_wait=false` is `--accept-wait false`.
 fn variant_flags(mode: &str) -> Vec<String> {
-    mode.split('/')
-        .skip(1)
+    let settings: Vec<String> = mode.split('/').skip(1).map(str::to_owned).collect();
+    settings_flags(&settings)
+}
+
+/// The daemon flags of `KEY=VALUE` settings (a bare `KEY` is `KEY=true`).
+pub(super) fn settings_flags(settings: &[String]) -> Vec<String> {
+    settings
+        .iter()
         .flat_map(|setting| {
             let (key, value) = setting.split_once('=').unwrap_or((setting, "true"));
             [format!("--{}", key.replace('_', "-")), value.to_owned()]
@@ -636,7 +642,15 @@ fn profile(mode: &str, fixtures: &Fixtures, quick: bool) -> Result<()> {
         );
         return Ok(());
     }
-    let _kallsyms = Sysctl::set("/proc/sys/net/core/bpf_jit_kallsyms", "1")?;
+    const KALLSYMS: &str = "/proc/sys/net/core/bpf_jit_kallsyms";
+    if !Path::new(KALLSYMS).exists() {
+        note(
+            mode,
+            format!("no profile: this kernel has no {KALLSYMS} to name the JITed programs by"),
+        );
+        return Ok(());
+    }
+    let _kallsyms = Sysctl::set(KALLSYMS, "1")?;
     for with in [false, true] {
         let d = if with {
             match daemon(mode)? {

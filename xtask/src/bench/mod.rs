@@ -188,8 +188,8 @@ const SECTIONS: [(&str, &str); 10] = [
     ("bpftrace", "bpftrace on the same tracepoints"),
 ];
 
-/// `only`: section names to run (all when empty).
-pub fn run(quick: bool, only: &[String]) -> Result<()> {
+/// `only`: section names to run (all when empty); `with`: settings every daemon takes.
+pub fn run(quick: bool, only: &[String], with: &[String]) -> Result<()> {
     // SAFETY: plain libc call.
     if unsafe { libc::geteuid() } != 0 {
         bail!("cargo xtask bench loads eBPF programs and makes network namespaces: run it as root");
@@ -201,6 +201,12 @@ pub fn run(quick: bool, only: &[String]) -> Result<()> {
             names.join(", ")
         );
     }
+    if let Some(bad) = with.iter().find(|w| !w.contains('=') || w.starts_with('=')) {
+        bail!(
+            "--with {bad}: not a setting. Fix: KEY=VALUE, a key of backlogd's config (syscall_hook=false)"
+        );
+    }
+    procs::set_daemon_settings(with.to_vec());
     let p = if quick { &QUICK } else { &FULL };
     let started = Instant::now();
     let mut r = Report::default();
@@ -315,6 +321,17 @@ fn machine(r: &mut Report, quick: bool) -> Result<()> {
             vec!["kernel".into(), kernel.trim().into()],
             vec!["load average at start".into(), loadavg()],
             vec!["backlogd".into(), backlogd],
+            vec![
+                "daemon settings".into(),
+                if procs::daemon_settings().is_empty() {
+                    "defaults".to_owned()
+                } else {
+                    format!(
+                        "`--with {}` (every daemon of the run)",
+                        procs::daemon_settings().join(" --with ")
+                    )
+                },
+            ],
             vec!["date".into(), date.trim().into()],
         ],
     );

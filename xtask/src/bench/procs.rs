@@ -7,7 +7,7 @@ use std::{
     net::SocketAddr,
     path::Path,
     process::{Child, Command, Stdio},
-    sync::{Arc, Mutex, mpsc},
+    sync::{Arc, Mutex, OnceLock, mpsc},
     thread,
     time::{Duration, Instant},
 };
@@ -157,6 +157,29 @@ fn strip_ansi(s: &str) -> String {
 /// ([`backlogd_tests::daemon::run_command`]) but not as the suite's
 /// [`backlogd_tests::Daemon`], which panics when the daemon does not start: here a hook
 /// mode this kernel refuses is a row of the report, not a failure. The process is watched
+/// Settings every daemon of a host run takes (`cargo xtask bench --with KEY=VALUE`), as
+/// `KEY=VALUE`; set once, before the first daemon starts.
+static SETTINGS: OnceLock<Vec<String>> = OnceLock::new();
+
+/// Gives every daemon this run starts `settings` (`syscall_hook=false`).
+pub fn set_daemon_settings(settings: Vec<String>) {
+    let _ = SETTINGS.set(settings);
+}
+
+/// The settings every daemon of this run takes, `KEY=VALUE` each.
+pub fn daemon_settings() -> &'static [String] {
+    SETTINGS.get().map_or(&[], Vec::as_slice)
+}
+
+/// `mode` as the report names what ran: with this run's settings after slashes
+/// (`tracepoint/syscall_hook=false`), as the guest bench names a variant.
+pub fn labelled(mode: &str) -> String {
+    std::iter::once(mode.to_owned())
+        .chain(daemon_settings().iter().cloned())
+        .collect::<Vec<_>>()
+        .join("/")
+}
+
 /// as bpftrace's is ([`Watched`]: CPU, memory, BPF run statistics, warnings it logs).
 pub struct Daemon {
     pub proc: Watched,
@@ -168,7 +191,13 @@ impl Daemon {
     /// port, never the host's config) and waits until it serves. Err(the daemon's own
     /// words) when it refuses to start (e.g. a hook mode this kernel lacks).
     pub fn start(mode: &str, extra: &[&str]) -> Result<std::result::Result<Self, String>> {
-        let args: Vec<&str> = ["--hook-mode", mode].iter().chain(extra).copied().collect();
+        let settings = super::guest_loops::settings_flags(daemon_settings());
+        let args: Vec<&str> = ["--hook-mode", mode]
+            .iter()
+            .copied()
+            .chain(extra.iter().copied())
+            .chain(settings.iter().map(String::as_str))
+            .collect();
         let mut cmd = backlogd_tests::daemon::run_command(&args);
         cmd.env("NO_COLOR", "1");
         let mut proc = Watched::spawn(&mut cmd, false)?;

@@ -44,7 +44,7 @@ pub(super) fn syscall_overhead(p: &Params, r: &mut Report) -> Result<()> {
                 let with = ns_per_syscall(p.syscalls);
                 r.targets
                     .syscall_ns
-                    .push(((*mode).to_owned(), before, with));
+                    .push((procs::labelled(mode), before, with));
                 rows.push(vec![
                     (*mode).to_owned(),
                     format!("{with:.1}"),
