@@ -46,16 +46,22 @@ pub fn imbalance(cx: &Context<'_>) -> Vec<Finding> {
                     evidence: members
                         .iter()
                         .map(|m| {
+                            // Zeros where accepts are not counted (syscall_hook = false):
+                            // not quoted.
+                            let accepted = if cx.snapshot.accepts_counted {
+                                format!(", {} connections accepted", m.accepted)
+                            } else {
+                                String::new()
+                            };
                             format!(
                                 "socket {} ({}[{}]): queue {} of {} connections, {} SYNs \
-                                 and ACKs dropped, {} connections accepted",
+                                 and ACKs dropped{accepted}",
                                 m.listener.inode,
                                 m.listener.comm,
                                 m.listener.pid,
                                 m.queues.accept_depth,
                                 m.listener.granted,
                                 drops(m),
-                                m.accepted
                             )
                         })
                         .collect(),

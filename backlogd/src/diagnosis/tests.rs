@@ -765,6 +765,14 @@ fn reuseport_imbalance_names_the_stalled_member_and_lists_every_member() {
         f.remedy
             .starts_with("the worker owning socket 2 stopped accepting")
     );
+    // Where accepts are not counted, their zeros are not quoted.
+    let mut blind = snapshot(group, vec![]);
+    blind.accepts_counted = false;
+    let found = diagnose(&blind);
+    assert_eq!(
+        found[1].evidence[1],
+        "socket 2 (worker[102]): queue 65 of 64 connections, 12 SYNs and ACKs dropped"
+    );
 }
 
 #[test]
