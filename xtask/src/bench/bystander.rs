@@ -147,7 +147,7 @@ pub(super) fn bystander(p: &Params, ns: &Netns, r: &mut Report) -> Result<()> {
                     format!("{ns_run:.0}"),
                 ]);
             }
-            if *mode == auto {
+            if procs::labelled(mode) == auto {
                 r.targets.bystander_ns.push((flow.label, total_ns));
             }
             rows.push(vec![
@@ -158,7 +158,7 @@ pub(super) fn bystander(p: &Params, ns: &Netns, r: &mut Report) -> Result<()> {
                 format!("**{total_ns:.0} ns** ({:.1} s window)", took.as_secs_f64()),
             ]);
         }
-        r.line(format!("**`--hook-mode {mode}`**\n"));
+        r.line(format!("**`{}`**\n", procs::labelled(mode)));
         r.table(
             &["flow", "program", "type", "runs per message", "ns/run"],
             &rows,

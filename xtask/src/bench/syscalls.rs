@@ -46,7 +46,7 @@ pub(super) fn syscall_overhead(p: &Params, r: &mut Report) -> Result<()> {
                     .syscall_ns
                     .push((procs::labelled(mode), before, with));
                 rows.push(vec![
-                    (*mode).to_owned(),
+                    procs::labelled(mode),
                     format!("{with:.1}"),
                     format!("{:+.1}", with - before),
                 ]);
