@@ -517,6 +517,18 @@ fn syn_queue_length_now_equals_the_syn_recv_requests() {
     syn_queue_now(daemon, "[::1]:0", &[7]);
 }
 
+/// Twelve clients whose handshakes completed onto `listener`'s accept queue, held open.
+fn twelve_queued(ns: &Netns, listener: &Listener) -> Vec<std::net::TcpStream> {
+    let addr = listener.addr;
+    let clients = ns.run(move || {
+        (0..12)
+            .map(|_| std::net::TcpStream::connect(addr).expect("connect"))
+            .collect()
+    });
+    wait_for_queue(ns, listener, 12);
+    clients
+}
+
 /// `accept_wait = false`: no accept-wait histogram is served, and the queue's counts
 /// stay exact.
 #[test]
@@ -525,13 +537,7 @@ fn without_accept_wait_timing_nothing_is_timed_and_the_counts_stay_exact() {
     let ns = Netns::new();
     let listener = Listener::open(&ns, "127.0.0.1:0", 64);
     daemon.wait_for_listener(listener.inode);
-    let addr = listener.addr;
-    let clients: Vec<std::net::TcpStream> = ns.run(move || {
-        (0..12)
-            .map(|_| std::net::TcpStream::connect(addr).expect("connect"))
-            .collect()
-    });
-    wait_for_queue(&ns, &listener, 12);
+    let clients = twelve_queued(&ns, &listener);
     for _ in 0..5 {
         listener.socket.accept().expect("accept");
     }
@@ -598,13 +604,7 @@ fn without_the_syscall_hook_no_program_runs_per_syscall_and_the_rest_stays_exact
     // allows 10 s).
     let ns = Netns::new();
     let listener = Listener::open(&ns, "127.0.0.1:0", 64);
-    let addr = listener.addr;
-    let clients: Vec<std::net::TcpStream> = ns.run(move || {
-        (0..12)
-            .map(|_| std::net::TcpStream::connect(addr).expect("connect"))
-            .collect()
-    });
-    wait_for_queue(&ns, &listener, 12);
+    let clients = twelve_queued(&ns, &listener);
     daemon.wait_for_listener(listener.inode);
     for _ in 0..5 {
         listener.socket.accept().expect("accept");

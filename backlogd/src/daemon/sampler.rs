@@ -96,13 +96,10 @@ pub async fn sample_queues(
     loop {
         tick.tick().await;
         ticks += 1;
-        {
+        let observed: Vec<u64> = {
             let mut maps = maps.lock().unwrap_or_else(|e| e.into_inner());
             let mut windows = windows.lock().unwrap_or_else(|e| e.into_inner());
             maps.sample_queues(&mut windows, std::time::Instant::now());
-            if strangers(&windows, &recent.shared, &mut asked) {
-                rescan_soon.notify_one();
-            }
             // Once per run: a full map loses updates continuously while it stays full.
             if !full_reported && maps.stats_full() + maps.queues_full() > 0 {
                 full_reported = true;
@@ -115,6 +112,11 @@ pub async fn sample_queues(
                      max_listeners (`--max-listeners`) and restart"
                 );
             }
+            windows.observed().collect()
+        };
+        // Outside the maps' and windows' locks, which the scrapes wait on.
+        if strangers(&observed, &recent.shared, &mut asked) {
+            rescan_soon.notify_one();
         }
         if ticks.is_multiple_of(sweep_every) {
             let maps = maps.clone();
@@ -154,9 +156,13 @@ pub async fn sample_queues(
 /// then listed by a rescan within a second of its first segment, not at the next
 /// scheduled one. A listener that closed leaves the windows with its map entries, so it
 /// asks at most once.
-fn strangers(windows: &QueueWindows, shared: &Shared, asked: &mut HashSet<u64>) -> bool {
+fn strangers(observed: &[u64], shared: &Shared, asked: &mut HashSet<u64>) -> bool {
     let table = shared.listeners();
-    let unknown: HashSet<u64> = windows.observed().filter(|i| !table.contains(*i)).collect();
+    let unknown: HashSet<u64> = observed
+        .iter()
+        .copied()
+        .filter(|i| !table.contains(*i))
+        .collect();
     let new = unknown.iter().any(|i| !asked.contains(i));
     *asked = unknown;
     new
