@@ -41,8 +41,9 @@ pub struct KernelMaps {
     /// older than this daemon asked for, if a daemon before it (with pins) saw it.
     pub listens_seen: BpfHashMap<MapData, u64, ListenerEvent>,
     /// backlogd's attached programs and the kernel's names for them, for the runs the
-    /// kernel skipped.
-    pub programs: Vec<(ProgramFd, String)>,
+    /// kernel skipped; `None` where this process cannot find them (adopted pins without
+    /// CAP_SYS_ADMIN, see `loader::counting_programs`).
+    pub programs: Option<Vec<(ProgramFd, String)>>,
     /// Connection attempts with a dropped segment, not yet completed (`impact.rs` in the
     /// eBPF crate).
     pub attempts: BpfHashMap<MapData, AttemptKey, Attempt>,
@@ -301,9 +302,10 @@ impl KernelMaps {
 
     /// Runs of each of backlogd's programs the kernel skipped (`recursion_misses` in their
     /// fdinfo), by the kernel's name for the program; `None` when this kernel does not
-    /// report it.
+    /// report it, or the programs are not known (a sum of none would read as no skips).
     pub fn missed_runs(&self) -> Option<Vec<(&str, u64)>> {
         self.programs
+            .as_ref()?
             .iter()
             .map(|(prog, name)| {
                 let info = std::fs::read_to_string(format!(

@@ -448,3 +448,68 @@ fn the_daemon_starts_unpinned_where_the_kernel_cannot_pin() {
         );
     }
 }
+
+/// The daemon's own CAP_SYS_ADMIN, from its CapEff (bit 21).
+fn has_sys_admin(pid: u32) -> bool {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    let eff = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .expect("CapEff");
+    eff & (1 << 21) != 0
+}
+
+/// The runs of the daemon's programs the kernel skipped, as the kernel reports them in
+/// its fdinfo (each program once; `None` where the kernel reports none), and as the daemon
+/// serves them, read when the kernel's figure held still around the scrape.
+fn skipped_runs(daemon: &Daemon) -> (Option<u64>, Option<u64>) {
+    for _ in 0..20 {
+        let before = daemon.program_misses();
+        let served = daemon
+            .scrape()
+            .value("backlogd_probe_missed_runs_total", &[])
+            .map(|v| v as u64);
+        let after = daemon.program_misses();
+        if before.0 == after.0 {
+            let kernel = (!after.0.is_empty()).then(|| after.total());
+            return (kernel, served);
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    panic!("the kernel's count of skipped runs moved during each of 20 scrapes");
+}
+
+/// The shipped unit grants no CAP_SYS_ADMIN, and without it the kernel's list of programs
+/// cannot be walked (`BPF_PROG_GET_NEXT_ID`). A daemon that attached its programs itself
+/// knows them without that walk: their skipped runs are served, equal to the kernel's. One
+/// that adopted pins has only the walk: it serves no figure rather than a sum over no
+/// programs (which read 0 whatever the kernel skipped), and says why. In tracepoint mode
+/// whatever the run's mode: the programs are found the same way in every mode, and its
+/// links pin on every kernel of the matrix (kprobe mode's need 5.15, and Debian's kernels
+/// refuse its perf_event_open without CAP_SYS_ADMIN).
+#[test]
+fn without_cap_sys_admin_skipped_runs_are_the_kernels_or_not_served() {
+    let pins = PinDir::new("no-sys-admin");
+    let without = ["setpriv", "--bounding-set", "-sys_admin"];
+    let args = ["--pin-dir", pins.arg(), "--hook-mode", "tracepoint"];
+    let first = Daemon::start_wrapped(&without, &args);
+    assert!(!has_sys_admin(first.pid()), "setpriv left CAP_SYS_ADMIN");
+    let (kernel, served) = skipped_runs(&first);
+    assert_eq!(
+        served,
+        kernel,
+        "a daemon that loaded its programs: {}",
+        first.log()
+    );
+    drop(first);
+    let second = Daemon::start_wrapped(&without, &args);
+    second.wait_for_log("adopted the pinned programs");
+    let (_, served) = skipped_runs(&second);
+    assert_eq!(served, None, "an adopting daemon without CAP_SYS_ADMIN");
+    assert!(
+        second.log().contains("cannot list the adopted programs"),
+        "{}",
+        second.log()
+    );
+}

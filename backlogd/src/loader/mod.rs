@@ -32,6 +32,7 @@ use self::{
     attach::{typed, typed_map},
     btf::{BtfError, KernelBtf},
     cgroup::CgroupAttachment,
+    hooks::Hook,
     modes::{HookMode, HookModeArg, KernelSupport},
     pins::{Found, PinDir},
 };
@@ -82,25 +83,53 @@ pub struct Probes {
     pub scan: Result<scan::ScanIterator, String>,
 }
 
-/// Every loaded program that uses `stats`: backlogd's own, whether this process loaded
-/// them or adopted them from pins.
+/// The programs this process attached (`hooks`), with the kernel's names for them: from
+/// its own object, and `BPF_OBJ_GET_INFO_BY_FD`, which needs no capability.
+fn attached_programs(ebpf: &Ebpf, hooks: &[Hook]) -> Vec<(ProgramFd, String)> {
+    hooks
+        .iter()
+        .filter_map(|h| {
+            let program = ebpf.program(h.program())?;
+            let fd = program.fd().ok()?.try_clone().ok()?;
+            let name = program.info().ok()?.name_as_str()?.to_owned();
+            Some((fd, name))
+        })
+        .collect()
+}
+
+/// The adopted programs that use `stats` (backlogd's own), found by walking every loaded
+/// program: `BPF_PROG_GET_NEXT_ID` needs CAP_SYS_ADMIN, which the shipped unit does not
+/// grant. `None` without it: then the runs the kernel skipped are not served, rather
+/// than served as a sum over no programs.
 fn counting_programs(
     stats: &PerCpuHashMap<MapData, u64, ListenerStats>,
-) -> Vec<(ProgramFd, String)> {
+) -> Option<Vec<(ProgramFd, String)>> {
     use aya::maps::IterableMap as _;
-    let Ok(id) = stats.map().info().map(|i| i.id()) else {
-        return Vec::new();
-    };
-    aya::programs::loaded_programs()
-        .filter_map(Result::ok)
-        .filter(|p| {
-            p.map_ids()
-                .ok()
-                .flatten()
-                .is_some_and(|ids| ids.contains(&id))
-        })
-        .filter_map(|p| Some((p.fd().ok()?, p.name_as_str()?.to_owned())))
-        .collect()
+    let id = stats.map().info().ok()?.id();
+    let mut found = Vec::new();
+    for p in aya::programs::loaded_programs() {
+        let p = match p {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::warn!(
+                    error = %e,
+                    "cannot list the adopted programs (walking the kernel's programs needs \
+                     CAP_SYS_ADMIN): backlogd_probe_missed_runs_total is not served until a \
+                     daemon loads the programs itself (`backlogd unpin`, then a restart)"
+                );
+                return None;
+            }
+        };
+        if p.map_ids()
+            .ok()
+            .flatten()
+            .is_some_and(|ids| ids.contains(&id))
+            && let (Ok(fd), Some(name)) = (p.fd(), p.name_as_str())
+        {
+            found.push((fd, name.to_owned()));
+        }
+    }
+    Some(found)
 }
 
 pub fn load(opts: &LoadOptions) -> Result<Probes, LoadError> {
@@ -339,8 +368,9 @@ fn load_mode(
     let pinning = &mut pinning;
     let queue_epoch = start_epochs(typed_map(&mut ebpf, map::QUEUE_EPOCH, pinning)?)?;
     let mut cgroup_ingress = None;
-    for hook in hooks::for_mode(mode, syscall_hook) {
-        if let Some(attachment) = attach::attach(&mut ebpf, kernel_btf, &hook, pinning)? {
+    let hooks = hooks::for_mode(mode, syscall_hook);
+    for hook in &hooks {
+        if let Some(attachment) = attach::attach(&mut ebpf, kernel_btf, hook, pinning)? {
             cgroup_ingress = Some(attachment);
         }
         tracing::debug!(program = hook.program(), ?hook, "attached");
@@ -360,7 +390,7 @@ fn load_mode(
     }
     Ok(Probes {
         maps: KernelMaps {
-            programs: counting_programs(&listener_stats),
+            programs: Some(attached_programs(&ebpf, &hooks)),
             events_lost,
             listener_stats,
             listener_stats_full,
