@@ -16,6 +16,7 @@ use std::{
 use aya::Pod;
 
 const BPF_OBJ_PIN: libc::c_long = 6;
+const BPF_OBJ_GET: libc::c_long = 7;
 const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
 const BPF_LINK_CREATE: libc::c_long = 28;
 const BPF_ITER_CREATE: libc::c_long = 33;
@@ -134,6 +135,27 @@ pub fn obj_pin(fd: BorrowedFd<'_>, path: &Path) -> io::Result<()> {
     };
     // SAFETY: ObjAttr is the BPF_OBJ_* member of bpf_attr; its pathname outlives the call.
     unsafe { bpf(BPF_OBJ_PIN, &mut attr) }.map(|_| ())
+}
+
+/// BPF_OBJ_GET: opens the object pinned at `path` (a link or program; maps go through
+/// aya). Needs read and write access to the pin, and no capability where
+/// `kernel.unprivileged_bpf_disabled` gates only loading and map creation (6.1 does; 5.10
+/// gates every bpf(2) command: CAP_BPF while it is set).
+pub fn obj_get(path: &Path) -> io::Result<OwnedFd> {
+    use std::os::unix::ffi::OsStrExt as _;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+    let mut attr = ObjAttr {
+        pathname: c.as_ptr() as u64,
+        bpf_fd: 0,
+        file_flags: 0,
+        path_fd: 0,
+        _pad: 0,
+    };
+    // SAFETY: as in `obj_pin`.
+    let fd = unsafe { bpf(BPF_OBJ_GET, &mut attr) }?;
+    // SAFETY: the kernel just returned this fd and nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }
 
 /// The BPF_MAP_LOOKUP_BATCH part of `union bpf_attr`.

@@ -27,6 +27,11 @@ pub enum Command {
     /// Run the daemon: load the eBPF probes and serve /metrics (needs root or CAP_BPF +
     /// CAP_PERFMON).
     Run(RunArgs),
+    /// Load, attach and pin the eBPF programs as `run` would, then exit, leaving them for a
+    /// `run` without the capabilities to load (the shipped unit runs this as root in
+    /// ExecStartPre=, its daemon as user backlogd). Needs pin_dir; keeps a state this
+    /// build already pinned.
+    Load(RunArgs),
     /// Check every listener and namespace through the running daemon and print what to
     /// change, most severe first. Exits 1 when a finding at or above --fail-on exists,
     /// 2 on errors.

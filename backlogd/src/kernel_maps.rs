@@ -4,7 +4,7 @@
 
 use std::{
     collections::{HashMap, HashSet},
-    os::fd::{AsFd as _, AsRawFd as _, BorrowedFd},
+    os::fd::{AsFd as _, AsRawFd as _, BorrowedFd, OwnedFd},
     sync::{Arc, Mutex},
     time::Instant,
 };
@@ -12,7 +12,6 @@ use std::{
 use aya::{
     Pod,
     maps::{Array, HashMap as BpfHashMap, IterableMap as _, MapData, PerCpuArray, PerCpuHashMap},
-    programs::ProgramFd,
 };
 use backlogd_common::{
     Attempt, AttemptKey, ListenerEvent, ListenerStats, QueueState, SourceCounts, SourceKey,
@@ -41,9 +40,10 @@ pub struct KernelMaps {
     /// older than this daemon asked for, if a daemon before it (with pins) saw it.
     pub listens_seen: BpfHashMap<MapData, u64, ListenerEvent>,
     /// backlogd's attached programs and the kernel's names for them, for the runs the
-    /// kernel skipped; `None` where this process cannot find them (adopted pins without
-    /// CAP_SYS_ADMIN, see `loader::counting_programs`).
-    pub programs: Option<Vec<(ProgramFd, String)>>,
+    /// kernel skipped; `None` where this process cannot find them (pins adopted without
+    /// the programs pinned beside them and without CAP_SYS_ADMIN, see
+    /// `loader::counting_programs`).
+    pub programs: Option<Vec<(OwnedFd, String)>>,
     /// Connection attempts with a dropped segment, not yet completed (`impact.rs` in the
     /// eBPF crate).
     pub attempts: BpfHashMap<MapData, AttemptKey, Attempt>,

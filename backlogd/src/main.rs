@@ -230,6 +230,22 @@ fn main() -> std::process::ExitCode {
                 Err(e) => Err(e.into()),
             }
         }
+        Command::Load(args) => {
+            let source = config::Source::new(
+                args.config,
+                config::Layer {
+                    log: cli_log,
+                    ..args.settings
+                },
+            );
+            match source.resolve() {
+                Ok(config) => {
+                    init_logging(&config.log, quiet);
+                    daemon::load_and_hand_over(&config).map(|()| Outcome::Clean)
+                }
+                Err(e) => Err(e.into()),
+            }
+        }
         Command::CheckConfig(args) => check_config(&config::Source::new(
             args.config,
             config::Layer {

@@ -513,3 +513,195 @@ fn without_cap_sys_admin_skipped_runs_are_the_kernels_or_not_served() {
         second.log()
     );
 }
+
+/// The capabilities of the shipped unit's daemon: CAP_DAC_READ_SEARCH (2), CAP_SYS_PTRACE
+/// (19), CAP_BPF (39); none that loads or attaches.
+const RUNTIME_CAPS: &str = "dac_read_search,+sys_ptrace,+bpf";
+
+/// The daemon's uid and CapEff, from its /proc status.
+fn uid_and_caps(pid: u32) -> (u32, u64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map(str::trim)
+            .unwrap_or_else(|| panic!("no {name} in {status}"))
+            .to_owned()
+    };
+    let uid = field("Uid:")
+        .split_whitespace()
+        .nth(1)
+        .and_then(|u| u.parse().ok())
+        .expect("effective uid");
+    let eff = u64::from_str_radix(&field("CapEff:"), 16).expect("CapEff");
+    (uid, eff)
+}
+
+/// `setpriv` as the shipped unit runs the daemon: user nobody, with only the runtime
+/// capabilities, in every set that could pass them on.
+fn as_the_units_user() -> Vec<String> {
+    let caps = format!("-all,+{RUNTIME_CAPS}");
+    [
+        "setpriv",
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+        &format!("--inh-caps={caps}"),
+        &format!("--ambient-caps={caps}"),
+        &format!("--bounding-set={caps}"),
+    ]
+    .map(str::to_owned)
+    .to_vec()
+}
+
+/// The shipped unit's split: `backlogd load` as root loads, attaches and pins (with the
+/// scan iterator's link and the programs beside the state), and the daemon, user nobody
+/// with only CAP_BPF, CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH, adopts that. A listener
+/// opened before either, alone in a namespace the daemon cannot enter, is found (by the
+/// pinned iterator: nothing else reaches that namespace without CAP_SYS_ADMIN), a burst
+/// against it is counted exactly, and the runs the kernel skipped are served as the
+/// kernel's. A second load keeps the state; a daemon without loading capabilities and no
+/// state to adopt refuses to start and names the load step.
+#[test]
+fn a_load_step_as_root_hands_the_programs_to_a_daemon_without_loading_capabilities() {
+    if !pinnable("a_load_step_as_root_hands_the_programs_to_a_daemon_without_loading_capabilities")
+    {
+        return;
+    }
+    let pins = PinDir::new("split");
+    let ns = Netns::new();
+    ns.sysctl("net.ipv4.tcp_syncookies", "0");
+    let listener = Listener::open(&ns, "127.0.0.1:0", 2);
+    let mode = backlogd_tests::daemon::hook_mode();
+    let mut load = vec!["load", "--config", "/dev/null", "--pin-dir", pins.arg()];
+    if let Some(mode) = &mode {
+        load.extend(["--hook-mode", mode]);
+    }
+    let loaded = run_to_end(&load);
+    let said = String::from_utf8_lossy(&loaded.stderr).into_owned();
+    assert!(loaded.status.success(), "backlogd load: {said}");
+    assert!(said.contains("loaded, attached and pinned"), "{said}");
+    let links = pinned_link_ids(pins.path());
+    assert!(!links.is_empty(), "no pinned links: {said}");
+    // What the shipped unit's chown does for user backlogd.
+    let chown = Command::new("chown")
+        .args(["-R", "65534:65534", pins.arg()])
+        .status()
+        .expect("chown");
+    assert!(chown.success());
+
+    let wrapper = as_the_units_user();
+    let wrapper: Vec<&str> = wrapper.iter().map(String::as_str).collect();
+    let daemon = Daemon::start_wrapped(&wrapper, &["--pin-dir", pins.arg()]);
+    daemon.wait_for_log("adopted the pinned programs");
+    let (uid, eff) = uid_and_caps(daemon.pid());
+    assert_eq!(
+        (uid, eff),
+        (65534, (1 << 2) | (1 << 19) | (1 << 39)),
+        "the daemon's uid and CapEff"
+    );
+    daemon.wait_for_listener(listener.inode);
+    assert!(
+        !daemon.log().contains("no scan iterator"),
+        "the pinned iterator was not used: {}",
+        daemon.log()
+    );
+
+    let before = tcp_ext(&ns);
+    ns.count_incoming_syns(listener.addr.port());
+    let misses = daemon.program_misses();
+    let mut clients = fill_accept_queue(&ns, &listener, listener.addr, 3);
+    clients.extend(connect_burst(&ns, listener.addr, 30));
+    // Past the first SYN retransmission (1 s), then no more SYNs.
+    std::thread::sleep(Duration::from_millis(1300));
+    drop(clients);
+    std::thread::sleep(Duration::from_millis(100));
+    let arrived = ns.incoming_syns();
+    let after = tcp_ext(&ns);
+    let kernel = ListenCounters::delta(&before, &after);
+    let queue = kernel_queue(&ns, &listener);
+    let overflows = drops(&daemon, &listener, "accept_queue_full");
+    let all: u64 = [
+        "accept_queue_full",
+        "syn_queue_full",
+        "final_ack_overflow",
+        "other",
+    ]
+    .iter()
+    .map(|r| drops(&daemon, &listener, r))
+    .sum();
+    let syns = daemon
+        .scrape()
+        .value(
+            "backlogd_listen_syns_received_total",
+            &[("socket", &listener.inode.to_string())],
+        )
+        .expect("syns received") as u64;
+    assert!(kernel.listen_overflows >= 30, "{kernel:?}");
+    let mut exact = Exact::listener(&daemon, &ns, &listener);
+    exact
+        .interval(&daemon, &misses)
+        .evidence("interval", "a burst against pins a load step made")
+        .evidence("kernel TcpExt", &kernel)
+        .evidence("socket (ss)", &queue)
+        .eq_fed(
+            "accept_queue_full vs ListenOverflows",
+            &[figure::DROPS],
+            overflows,
+            kernel.listen_overflows,
+        )
+        .eq_fed(
+            "all drops vs ListenDrops",
+            &[figure::DROPS],
+            all,
+            kernel.listen_drops,
+        )
+        .eq_fed("all drops vs sk_drops", &[figure::DROPS], all, queue.drops)
+        .eq_fed(
+            "SYNs received vs SYNs that arrived (nft counter)",
+            &[figure::SYNS_RECEIVED],
+            syns,
+            arrived,
+        );
+    exact.verify();
+    // The programs the load step pinned: the daemon serves their skipped runs.
+    let (kernel_skips, served) = skipped_runs(&daemon);
+    assert_eq!(served, kernel_skips, "{}", daemon.log());
+
+    // Loading again (a restart of the unit) keeps the state that is counting.
+    let again = run_to_end(&load);
+    let said = String::from_utf8_lossy(&again.stderr).into_owned();
+    assert!(
+        again.status.success() && said.contains("already holds"),
+        "{said}"
+    );
+    assert_eq!(
+        pinned_link_ids(pins.path()),
+        links,
+        "the links were replaced"
+    );
+    drop(daemon);
+
+    // Nothing to adopt: the daemon without loading capabilities refuses, naming the step.
+    let empty = PinDir::new("split-empty");
+    std::fs::create_dir_all(empty.path()).expect("pin dir");
+    let chown = Command::new("chown")
+        .args(["-R", "65534:65534", empty.arg()])
+        .status()
+        .expect("chown");
+    assert!(chown.success());
+    let out = Command::new(wrapper[0])
+        .args(&wrapper[1..])
+        .arg(backlogd_tests::daemon::binary())
+        .args(["run", "--config", "/dev/null", "--listen", "127.0.0.1:0"])
+        .args(["--pin-dir", empty.arg()])
+        .output()
+        .expect("setpriv");
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && said.contains("`backlogd load`"),
+        "status {:?}: {said}",
+        out.status
+    );
+}

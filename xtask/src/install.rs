@@ -21,6 +21,8 @@ pub struct Layout {
 pub struct Installed {
     pub binary: PathBuf,
     pub unit: PathBuf,
+    /// The sysusers.d entry of the daemon's user.
+    pub sysusers: PathBuf,
     pub config: PathBuf,
     pub config_written: bool,
 }
@@ -52,6 +54,13 @@ pub fn install(workspace: &Path, binary: &Path, layout: &Layout) -> Result<Insta
         );
     let unit_dest = under(&layout.root, &layout.unit_dir.join("backlogd.service"));
     write_file(&unit_dest, unit.as_bytes(), 0o644)?;
+    // The unit's User=: /etc, the administrator's place, for an install outside a package.
+    let sysusers = under(&layout.root, Path::new("/etc/sysusers.d/backlogd.conf"));
+    write_file(
+        &sysusers,
+        &std::fs::read(workspace.join("deploy/sysusers/backlogd.conf"))?,
+        0o644,
+    )?;
 
     let config_dest = under(&layout.root, Path::new("/etc/backlogd/backlogd.toml"));
     let config_written = !config_dest.exists();
@@ -62,6 +71,7 @@ pub fn install(workspace: &Path, binary: &Path, layout: &Layout) -> Result<Insta
     Ok(Installed {
         binary: dest,
         unit: unit_dest,
+        sysusers,
         config: config_dest,
         config_written,
     })

@@ -293,12 +293,16 @@ fn dispatch() -> Result<()> {
             )?;
             eprintln!("xtask: installed {}", done.binary.display());
             eprintln!("xtask: installed {}", done.unit.display());
+            eprintln!("xtask: installed {}", done.sysusers.display());
             if done.config_written {
                 eprintln!("xtask: installed {} (defaults)", done.config.display());
             } else {
                 eprintln!("xtask: kept the existing {}", done.config.display());
             }
             if root == std::path::Path::new("/") {
+                // The unit's daemon runs as this user: create it now, not at the next boot.
+                run(Command::new("systemd-sysusers").arg(&done.sysusers))
+                    .context("creating the daemon's user (`systemd-sysusers`, from systemd)")?;
                 eprintln!(
                     "xtask: next: `backlogd check-config`, then \
                      `systemctl daemon-reload && systemctl enable --now backlogd`"

@@ -55,6 +55,57 @@ pub struct RunConfig {
     pub worker_threads: usize,
 }
 
+/// What `config` asks of the loader; `hand_over` for the load step (`backlogd load`).
+fn load_options(config: &Config, hand_over: bool) -> LoadOptions {
+    LoadOptions {
+        btf: config.btf.clone(),
+        hook_mode: config.hook_mode,
+        pin_dir: config.pin_dir.clone(),
+        // validate() bounds it by MAX_LISTENERS_LIMIT, far below u32::MAX.
+        max_listeners: u32::try_from(config.max_listeners).unwrap_or(u32::MAX),
+        impact: backlogd_common::ImpactSettings {
+            horizon_ns: config.client_impact_horizon * 1_000_000_000,
+        },
+        // validate() bounds it by MAX_ATTEMPTS.
+        attempts: u32::try_from(config.client_impact_attempts).unwrap_or(u32::MAX),
+        accept_wait: config.accept_wait,
+        syscall_hook: config.syscall_hook,
+        source_prefixes: backlogd_common::SourcePrefixes {
+            v4: config.drop_source_prefix_v4,
+            v6: config.drop_source_prefix_v6,
+            _pad: [0; 6],
+        },
+        // validate() bounds it by MAX_DROP_SOURCES.
+        drop_sources: u32::try_from(config.drop_source_entries).unwrap_or(u32::MAX),
+        hand_over,
+    }
+}
+
+/// `backlogd load`: loads and attaches the programs as `run` would, pins them with what a
+/// daemon without loading capabilities needs beside them, and exits: the shipped unit
+/// runs it as root before the daemon (ExecStartPre=+), so the daemon itself never holds
+/// CAP_PERFMON or CAP_NET_ADMIN. A state already pinned by this build is kept, counting.
+pub fn load_and_hand_over(config: &Config) -> anyhow::Result<()> {
+    let probes = loader::load(&load_options(config, true)).context("cannot load")?;
+    let state = config
+        .pin_dir
+        .as_deref()
+        .unwrap_or(std::path::Path::new(""))
+        .display();
+    if probes.adopted {
+        tracing::info!(
+            mode = probes.mode.name(),
+            "{state} already holds this build's programs, attached and counting: kept"
+        );
+    } else {
+        tracing::info!(
+            mode = probes.mode.name(),
+            "loaded, attached and pinned under {state}: the daemon adopts them"
+        );
+    }
+    Ok(())
+}
+
 /// Loads and attaches the probes, then serves until SIGTERM/SIGINT. Synchronous on
 /// purpose: capabilities are per thread, so they are dropped here, after attaching and
 /// before the async runtime starts any thread, and every thread it starts inherits the
@@ -65,28 +116,7 @@ pub fn run(config: RunConfig) -> anyhow::Result<()> {
     // config too: a typo in it should not cost a probe load.
     let socket = http::bind(config.config.listen)?;
     let http_settings = HttpSettings::load(&config.config.http)?;
-    let probes = loader::load(&LoadOptions {
-        btf: config.config.btf.clone(),
-        hook_mode: config.config.hook_mode,
-        pin_dir: config.config.pin_dir.clone(),
-        // validate() bounds it by MAX_LISTENERS_LIMIT, far below u32::MAX.
-        max_listeners: u32::try_from(config.config.max_listeners).unwrap_or(u32::MAX),
-        impact: backlogd_common::ImpactSettings {
-            horizon_ns: config.config.client_impact_horizon * 1_000_000_000,
-        },
-        // validate() bounds it by MAX_ATTEMPTS.
-        attempts: u32::try_from(config.config.client_impact_attempts).unwrap_or(u32::MAX),
-        accept_wait: config.config.accept_wait,
-        syscall_hook: config.config.syscall_hook,
-        source_prefixes: backlogd_common::SourcePrefixes {
-            v4: config.config.drop_source_prefix_v4,
-            v6: config.config.drop_source_prefix_v6,
-            _pad: [0; 6],
-        },
-        // validate() bounds it by MAX_DROP_SOURCES.
-        drop_sources: u32::try_from(config.config.drop_source_entries).unwrap_or(u32::MAX),
-    })
-    .context("cannot start")?;
+    let probes = loader::load(&load_options(&config.config, false)).context("cannot start")?;
     release_freed_memory();
     tracing::info!(
         mode = probes.mode.name(),

@@ -8,6 +8,30 @@ use super::{btf::BtfError, modes::ModeError, pins::PinError, privileges::Missing
 pub enum LoadError {
     #[error(transparent)]
     Privileges(#[from] MissingPrivileges),
+    #[error(
+        "this process cannot load eBPF programs (effective capabilities {effective:#x}) and \
+         {dir} holds no complete pinned state of this build and configuration to adopt. \
+         Under the shipped unit, `backlogd load` (its ExecStartPre=) loads and pins that \
+         state before the daemon starts: its lines in `journalctl -u backlogd` say why it \
+         did not. Fix: check that ExecStartPre= line and that both use one config file, or \
+         run the daemon as root"
+    )]
+    NothingToAdopt {
+        dir: std::path::PathBuf,
+        effective: u64,
+    },
+    #[error(
+        "`backlogd load` hands the programs over through pins, and pin_dir is off. Fix: set \
+         pin_dir (the shipped unit uses /sys/fs/bpf/backlogd)"
+    )]
+    HandOverUnpinned,
+    #[error(
+        "{mode} mode's links cannot be pinned on this kernel (perf-event links need Linux \
+         5.15+), so `backlogd load` cannot hand them to the daemon. Fix: leave hook_mode = \
+         \"auto\" (the load step then picks a mode it can pin), or run `backlogd run` as \
+         root without the load step (a drop-in clearing ExecStartPre= and User=)"
+    )]
+    HandOverUnpinnable { mode: &'static str },
     #[error(transparent)]
     Btf(#[from] BtfError),
     #[error(transparent)]

@@ -14,12 +14,14 @@ pub mod privileges;
 pub mod scan;
 mod trampoline;
 
-use std::path::{Path, PathBuf};
+use std::{
+    os::fd::{AsFd as _, OwnedFd},
+    path::{Path, PathBuf},
+};
 
 use aya::{
     Ebpf, EbpfLoader,
     maps::{Array, MapData, PerCpuHashMap, RingBuf},
-    programs::ProgramFd,
 };
 use backlogd_common::{
     ImpactSettings, ListenerStats, SourcePrefixes,
@@ -63,6 +65,9 @@ pub struct LoadOptions {
     pub source_prefixes: SourcePrefixes,
     /// Capacity of the DROP_SOURCES map.
     pub drop_sources: u32,
+    /// The load step (`backlogd load`): the state must be pinned, with the scan iterator
+    /// and the programs beside it, for a daemon without loading capabilities to adopt.
+    pub hand_over: bool,
 }
 
 /// Loaded and attached programs plus the maps userspace reads.
@@ -85,25 +90,36 @@ pub struct Probes {
 
 /// The programs this process attached (`hooks`), with the kernel's names for them: from
 /// its own object, and `BPF_OBJ_GET_INFO_BY_FD`, which needs no capability.
-fn attached_programs(ebpf: &Ebpf, hooks: &[Hook]) -> Vec<(ProgramFd, String)> {
+fn attached_programs(ebpf: &Ebpf, hooks: &[Hook]) -> Vec<(OwnedFd, String)> {
     hooks
         .iter()
         .filter_map(|h| {
             let program = ebpf.program(h.program())?;
-            let fd = program.fd().ok()?.try_clone().ok()?;
+            let fd = program.fd().ok()?.as_fd().try_clone_to_owned().ok()?;
             let name = program.info().ok()?.name_as_str()?.to_owned();
             Some((fd, name))
         })
         .collect()
 }
 
-/// The adopted programs that use `stats` (backlogd's own), found by walking every loaded
-/// program: `BPF_PROG_GET_NEXT_ID` needs CAP_SYS_ADMIN, which the shipped unit does not
-/// grant. `None` without it: then the runs the kernel skipped are not served, rather
+/// The adopted programs: those the load step pinned beside the state, or else those that
+/// use `stats` (backlogd's own), found by walking every loaded program:
+/// `BPF_PROG_GET_NEXT_ID` needs CAP_SYS_ADMIN, which the shipped unit's daemon does not
+/// hold. `None` without either: then the runs the kernel skipped are not served, rather
 /// than served as a sum over no programs.
 fn counting_programs(
+    pins: &PinDir,
+    mode: HookMode,
     stats: &PerCpuHashMap<MapData, u64, ListenerStats>,
-) -> Option<Vec<(ProgramFd, String)>> {
+) -> Option<Vec<(OwnedFd, String)>> {
+    match pins.open_programs(mode) {
+        Some(Ok(pinned)) => return Some(pinned),
+        Some(Err(e)) => tracing::warn!(
+            error = %e,
+            "cannot open the pinned programs; looking for them among the kernel's"
+        ),
+        None => {}
+    }
     use aya::maps::IterableMap as _;
     let id = stats.map().info().ok()?.id();
     let mut found = Vec::new();
@@ -114,8 +130,9 @@ fn counting_programs(
                 tracing::warn!(
                     error = %e,
                     "cannot list the adopted programs (walking the kernel's programs needs \
-                     CAP_SYS_ADMIN): backlogd_probe_missed_runs_total is not served until a \
-                     daemon loads the programs itself (`backlogd unpin`, then a restart)"
+                     CAP_SYS_ADMIN, and no load step pinned them): \
+                     backlogd_probe_missed_runs_total is not served until they are loaded \
+                     again (`backlogd unpin`, then a restart)"
                 );
                 return None;
             }
@@ -125,6 +142,7 @@ fn counting_programs(
             .flatten()
             .is_some_and(|ids| ids.contains(&id))
             && let (Ok(fd), Some(name)) = (p.fd(), p.name_as_str())
+            && let Ok(fd) = fd.as_fd().try_clone_to_owned()
         {
             found.push((fd, name.to_owned()));
         }
@@ -133,7 +151,15 @@ fn counting_programs(
 }
 
 pub fn load(opts: &LoadOptions) -> Result<Probes, LoadError> {
-    privileges::check()?;
+    // Without the loading capabilities a daemon can still adopt what a load step pinned
+    // (the shipped unit's split): decided once the pins are surveyed.
+    let privileged = privileges::check();
+    if opts.hand_over {
+        privileged.clone()?;
+        if opts.pin_dir.is_none() {
+            return Err(LoadError::HandOverUnpinned);
+        }
+    }
     warn_if_realtime();
     // Each parse of the kernel's BTF takes tens of MiB: never hold two at once. The
     // btf-rs parse is only needed for the offsets and the kernel's features.
@@ -163,12 +189,13 @@ pub fn load(opts: &LoadOptions) -> Result<Probes, LoadError> {
     loader
         .btf(Some(&kernel_btf))
         .override_global(map::OFFSETS, &offsets, true);
-    let scan = scan::ScanIterator::load(
-        &mut loader,
-        &kernel_btf,
-        btf::reads_listen_sysctls(&offsets),
-    )
-    .map_err(|e| error_chain(&e));
+    let reads_sysctls = btf::reads_listen_sysctls(&offsets);
+    let scan = match &privileged {
+        Ok(()) => scan::ScanIterator::load(&mut loader, &kernel_btf, reads_sysctls)
+            .map_err(|e| error_chain(&e)),
+        // Replaced by the pinned one when the state is adopted.
+        Err(_) => Err(String::new()),
+    };
     let pins = match &opts.pin_dir {
         // The maps' capacity is part of what a pinned state is: a daemon configured for
         // another one does not adopt it.
@@ -197,9 +224,25 @@ pub fn load(opts: &LoadOptions) -> Result<Probes, LoadError> {
         match adopt(pins, mode) {
             Ok(mut probes) => {
                 probes.kernel = kernel;
-                probes.scan = scan;
+                probes.scan = match privileged {
+                    Ok(()) => scan,
+                    Err(_) => {
+                        // The trampoline probe loads a program, so here it failed for
+                        // want of capabilities: the load step's finding stands.
+                        let works = pins.trampolines_recorded(mode);
+                        probes.kernel.trampolines = works;
+                        probes.kernel.fentry = works;
+                        pins.open_scan(mode, reads_sysctls)
+                    }
+                };
+                if opts.hand_over {
+                    hand_over(pins, &probes)?;
+                }
                 return Ok(probes);
             }
+            // Without the capabilities to load afresh, the state stays for a daemon
+            // that can adopt it.
+            Err(e) if privileged.is_err() => return Err(e),
             Err(e) => {
                 tracing::warn!(
                     error = %error_chain(&e),
@@ -209,6 +252,15 @@ pub fn load(opts: &LoadOptions) -> Result<Probes, LoadError> {
                 pins.clear()?;
             }
         }
+    }
+    if let Err(missing) = privileged {
+        return Err(match &opts.pin_dir {
+            Some(dir) => LoadError::NothingToAdopt {
+                dir: dir.clone(),
+                effective: missing.effective,
+            },
+            None => missing.into(),
+        });
     }
     let mode = modes::choose(opts.hook_mode, kernel)?;
     tracing::debug!(?offsets, "kernel layout resolved");
@@ -229,7 +281,7 @@ pub fn load(opts: &LoadOptions) -> Result<Probes, LoadError> {
         let mode = *attempts.next().expect("at least the chosen mode");
         let pins = pins.as_ref().filter(|_| {
             let can = kernel.can_pin(mode);
-            if !can {
+            if !can && !opts.hand_over {
                 tracing::warn!(
                     pin_dir = %opts.pin_dir.as_deref().unwrap_or(Path::new("")).display(),
                     "pin_dir is set, but this kernel cannot pin {} mode's links (pinning \
@@ -241,11 +293,18 @@ pub fn load(opts: &LoadOptions) -> Result<Probes, LoadError> {
             }
             can
         });
-        match load_mode(mode, opts.syscall_hook, &mut loader, &kernel_btf, pins) {
+        let loaded = match pins {
+            None if opts.hand_over => Err(LoadError::HandOverUnpinnable { mode: mode.name() }),
+            _ => load_mode(mode, opts.syscall_hook, &mut loader, &kernel_btf, pins),
+        };
+        match loaded {
             Ok(mut probes) => {
                 probes.kernel = kernel;
                 probes.pinned = pins.is_some();
                 probes.scan = scan;
+                if let Some(pins) = pins.filter(|_| opts.hand_over) {
+                    hand_over(pins, &probes)?;
+                }
                 return Ok(probes);
             }
             Err(e) if attempts.peek().is_some() => {
@@ -290,6 +349,28 @@ pub fn unpin(dir: &std::path::Path) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Leaves beside the pinned state what a daemon without loading capabilities cannot make
+/// itself: the scan iterator's link (replaced, so it is this load's) and the programs
+/// (kept where pinned before: they are the state's own).
+fn hand_over(pins: &PinDir, probes: &Probes) -> Result<(), LoadError> {
+    pins.record_trampolines(probes.mode, probes.kernel.trampolines)?;
+    match &probes.scan {
+        Ok(scan) => pins.pin_scan(probes.mode, scan)?,
+        Err(reason) => tracing::warn!(
+            reason,
+            "no scan iterator to hand over: the daemon will not have one either"
+        ),
+    }
+    match &probes.maps.programs {
+        Some(programs) => pins.pin_programs(probes.mode, programs)?,
+        None => tracing::warn!(
+            "the programs were not found, so none is pinned: the daemon will not serve \
+             backlogd_probe_missed_runs_total"
+        ),
+    }
+    Ok(())
+}
+
 /// Takes over the programs a previous daemon of this build left pinned in `mode`: they
 /// have been counting all along, so nothing is loaded or attached.
 fn adopt(pins: &PinDir, mode: HookMode) -> Result<Probes, LoadError> {
@@ -312,7 +393,7 @@ fn adopt(pins: &PinDir, mode: HookMode) -> Result<Probes, LoadError> {
         listener_events: typed(events?)?,
         maps: KernelMaps {
             events_lost: typed(events_lost?)?,
-            programs: counting_programs(&listener_stats),
+            programs: counting_programs(pins, mode, &listener_stats),
             listener_stats,
             listener_stats_full: typed(stats_full?)?,
             listener_queues: typed(queues?)?,

@@ -13,16 +13,31 @@
 //! load that died half-way and is removed the same way.
 //!
 //! bpffs holds only BPF objects and directories, hence the directory as a marker.
+//!
+//! The load step (`backlogd load`, the shipped unit's ExecStartPre=) adds what a daemon
+//! without loading capabilities cannot make or find itself: `scan`, the scan iterator's
+//! link, and `programs/` (with its own `complete/`: bpffs renames nothing), the programs,
+//! whose fds give their skipped runs.
 
 use std::{
     io,
+    os::fd::{AsFd as _, OwnedFd},
     path::{Path, PathBuf},
 };
 
 use aya::{maps::MapData, programs::links::FdLink};
 use sha2::{Digest as _, Sha256};
 
-use super::modes::{HookMode, HookModeArg};
+use super::{
+    modes::{HookMode, HookModeArg},
+    scan::ScanIterator,
+};
+
+/// Beside a state, the scan iterator's link and the programs, pinned by the load step
+/// (`backlogd load`) for a daemon that holds no loading capability.
+const SCAN: &str = "scan";
+const PROGRAMS: &str = "programs";
+const TRAMPOLINES: &str = "trampolines-work";
 
 /// `statfs(2)` f_type of a BPF filesystem.
 const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
@@ -143,6 +158,94 @@ impl PinDir {
 
     pub fn map_path(&self, mode: HookMode, name: &str) -> PathBuf {
         self.state(mode).join("maps").join(name)
+    }
+
+    /// Pins the scan iterator's link beside `mode`'s state, for a daemon that cannot load
+    /// it (see `scan.rs`).
+    pub fn pin_scan(&self, mode: HookMode, scan: &ScanIterator) -> Result<(), PinError> {
+        let path = self.state(mode).join(SCAN);
+        scan.pin(&path).map_err(io_err(&path))
+    }
+
+    /// Records beside `mode`'s state that this kernel's BPF trampolines work, as empty
+    /// directories: finding out loads a program, which a daemon without loading
+    /// capabilities cannot, and would otherwise report no trampolines.
+    pub fn record_trampolines(&self, mode: HookMode, works: bool) -> Result<(), PinError> {
+        let dir = self.state(mode).join(TRAMPOLINES);
+        match (works, dir.is_dir()) {
+            (true, false) => std::fs::create_dir(&dir).map_err(io_err(&dir)),
+            (false, true) => remove(&dir),
+            _ => Ok(()),
+        }
+    }
+
+    /// Whether the load step found BPF trampolines working (see `record_trampolines`).
+    pub fn trampolines_recorded(&self, mode: HookMode) -> bool {
+        self.state(mode).join(TRAMPOLINES).is_dir()
+    }
+
+    /// The scan iterator a load step pinned beside `mode`'s state, or why there is none.
+    pub fn open_scan(&self, mode: HookMode, reads_sysctls: bool) -> Result<ScanIterator, String> {
+        let path = self.state(mode).join(SCAN);
+        ScanIterator::from_pin(&path, reads_sysctls).map_err(|e| {
+            format!(
+                "this process cannot load one (no CAP_BPF and CAP_PERFMON), and none is \
+                 pinned at {} ({e}): the load step (`backlogd load`) pins it",
+                path.display()
+            )
+        })
+    }
+
+    /// Pins `programs` beside `mode`'s state (kept if already there), each as
+    /// `NN-<kernel name>`: a daemon without CAP_SYS_ADMIN cannot find them otherwise.
+    pub fn pin_programs(
+        &self,
+        mode: HookMode,
+        programs: &[(OwnedFd, String)],
+    ) -> Result<(), PinError> {
+        let dir = self.state(mode).join(PROGRAMS);
+        // bpffs renames nothing: a directory holds every program once it has `complete/`.
+        let marker = dir.join("complete");
+        if marker.is_dir() {
+            return Ok(());
+        }
+        if dir.exists() {
+            remove(&dir)?;
+        }
+        std::fs::create_dir(&dir).map_err(io_err(&dir))?;
+        for (i, (fd, name)) in programs.iter().enumerate() {
+            let path = dir.join(format!("{:02}-{name}", i + 1));
+            crate::bpf_syscall::obj_pin(fd.as_fd(), &path).map_err(io_err(&path))?;
+        }
+        std::fs::create_dir(&marker).map_err(io_err(&marker))
+    }
+
+    /// The programs a load step pinned beside `mode`'s state with their kernel names;
+    /// `None` when none were.
+    pub fn open_programs(
+        &self,
+        mode: HookMode,
+    ) -> Option<Result<Vec<(OwnedFd, String)>, PinError>> {
+        let dir = self.state(mode).join(PROGRAMS);
+        if !dir.join("complete").is_dir() {
+            return None;
+        }
+        let open = || {
+            let mut programs = Vec::new();
+            for entry in std::fs::read_dir(&dir).map_err(io_err(&dir))? {
+                let path = entry.map_err(io_err(&dir))?.path();
+                if path.is_dir() {
+                    continue;
+                }
+                let file = path.file_name().unwrap_or_default().to_string_lossy();
+                let name = file.split_once('-').map_or(&*file, |(_, n)| n).to_owned();
+                let fd = crate::bpf_syscall::obj_get(&path).map_err(io_err(&path))?;
+                programs.push((fd, name));
+            }
+            programs.sort_by(|a, b| a.1.cmp(&b.1));
+            Ok(programs)
+        };
+        Some(open())
     }
 
     /// Finds state this build can adopt for `wanted`; removes everything else (another

@@ -4,7 +4,7 @@ const CAP_SYS_ADMIN: u32 = 21;
 const CAP_PERFMON: u32 = 38;
 const CAP_BPF: u32 = 39;
 
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 #[error(
     "backlogd needs root, or the capabilities CAP_BPF, CAP_PERFMON and CAP_NET_ADMIN (or \
      CAP_SYS_ADMIN, the only one on kernels older than 5.8), to load eBPF programs and attach \

@@ -16,8 +16,8 @@ static SCAN_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"),
 
 /// The loaded iterator and its link; each pass is a new file opened from the link.
 pub struct ScanIterator {
-    /// Holds the program loaded.
-    _ebpf: Ebpf,
+    /// Holds the program loaded; `None` when the link came from a pin (the link holds it).
+    _ebpf: Option<Ebpf>,
     link: OwnedFd,
     /// Whether its records' listen sysctls are the namespaces' (the kernel's BTF gave
     /// their places in `struct net`, `btf::reads_listen_sysctls`): only then does it list
@@ -72,7 +72,7 @@ impl ScanIterator {
                         crate::bpf_syscall::link_iterator(fd.as_fd()).map_err(ScanError::Link)?;
                     tracing::debug!(program = name, "scan iterator loaded");
                     return Ok(Self {
-                        _ebpf: ebpf,
+                        _ebpf: Some(ebpf),
                         link,
                         reads_sysctls,
                     });
@@ -88,6 +88,25 @@ impl ScanIterator {
             }
         }
         Err(ScanError::Refused(refused.join("; ")))
+    }
+
+    /// The iterator a load step (`backlogd load`) pinned at `path`: opening it needs no
+    /// loading capability, so a daemon that adopts pins without them still scans.
+    pub fn from_pin(path: &std::path::Path, reads_sysctls: bool) -> std::io::Result<Self> {
+        Ok(Self {
+            _ebpf: None,
+            link: crate::bpf_syscall::obj_get(path)?,
+            reads_sysctls,
+        })
+    }
+
+    /// Pins the iterator's link at `path`, replacing what is there.
+    pub fn pin(&self, path: &std::path::Path) -> std::io::Result<()> {
+        match std::fs::remove_file(path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
+        crate::bpf_syscall::obj_pin(self.link.as_fd(), path)
     }
 
     /// A new pass: reading the file to its end runs the program over every task's files.

@@ -1,10 +1,10 @@
 //! Dropping the capabilities loading needed once the probes are attached.
 //!
 //! What the running daemon still does, and the capability each needs:
-//! - read the BPF maps through fds it already holds, and open a pass of the scan
-//!   iterator: no capability on kernels 6.5 and later, but before 6.5 every bpf(2)
-//!   command needs CAP_BPF (Linux 5.8+) or CAP_SYS_ADMIN while
-//!   `kernel.unprivileged_bpf_disabled` is set (Debian's default);
+//! - read the BPF maps through fds it already holds (or opens from pins), and open a pass
+//!   of the scan iterator: no capability on 6.1, which gates only loading and map creation
+//!   behind `kernel.unprivileged_bpf_disabled`, but on 5.10 every bpf(2) command needs
+//!   CAP_BPF (Linux 5.8+) or CAP_SYS_ADMIN while it is set (Debian's default);
 //! - find the listeners that were open before it started, and repair the table. With the
 //!   scan iterator (`sampling`), that needs nothing more: one pass reads every listener
 //!   with its namespace, owner and namespace sysctls. Without it (a kernel that refused

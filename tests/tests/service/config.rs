@@ -114,5 +114,6 @@ fn systemd_analyze_verifies_the_shipped_unit() {
         .and_then(|s| s.split_whitespace().next())
         .and_then(|s| s.parse().ok())
         .unwrap();
-    assert!(value <= 3.5, "exposure rose to {value}: {score}");
+    // 1.9 with the load split (docs/operations.md, "systemd unit").
+    assert!(value <= 2.0, "exposure rose to {value}: {score}");
 }
