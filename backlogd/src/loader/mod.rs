@@ -36,7 +36,7 @@ use self::{
     cgroup::CgroupAttachment,
     hooks::Hook,
     modes::{HookMode, HookModeArg, KernelSupport},
-    pins::{Found, PinDir},
+    pins::{Found, PinDir, PinError},
 };
 use crate::kernel_maps::KernelMaps;
 
@@ -199,27 +199,36 @@ pub fn load(opts: &LoadOptions) -> Result<Probes, LoadError> {
     let pins = match &opts.pin_dir {
         // The maps' capacity is part of what a pinned state is: a daemon configured for
         // another one does not adopt it.
-        Some(dir) => Some(PinDir::open(
-            dir,
-            pins::build_id(
-                &[
-                    EBPF_OBJECT,
-                    &opts.max_listeners.to_le_bytes(),
-                    &opts.impact.horizon_ns.to_le_bytes(),
-                    &opts.attempts.to_le_bytes(),
-                    &[u8::from(opts.accept_wait)],
-                    // A state pinned with the other choice has the other set of links.
-                    &[u8::from(opts.syscall_hook)],
-                    &[opts.source_prefixes.v4, opts.source_prefixes.v6],
-                    &opts.drop_sources.to_le_bytes(),
-                ]
-                .concat(),
-            ),
-        )?),
+        Some(dir) => Some(
+            PinDir::open(
+                dir,
+                pins::build_id(
+                    &[
+                        EBPF_OBJECT,
+                        &opts.max_listeners.to_le_bytes(),
+                        &opts.impact.horizon_ns.to_le_bytes(),
+                        &opts.attempts.to_le_bytes(),
+                        &[u8::from(opts.accept_wait)],
+                        // A state pinned with the other choice has the other set of links.
+                        &[u8::from(opts.syscall_hook)],
+                        &[opts.source_prefixes.v4, opts.source_prefixes.v6],
+                        &opts.drop_sources.to_le_bytes(),
+                    ]
+                    .concat(),
+                ),
+            )
+            .map_err(|e| unprivileged_or(&privileged, e))?,
+        ),
         None => None,
     };
+    let found = match &pins {
+        Some(pins) => pins
+            .survey(opts.hook_mode)
+            .map_err(|e| unprivileged_or(&privileged, e))?,
+        None => Found::Empty,
+    };
     if let Some(pins) = &pins
-        && let Found::Adoptable(mode) = pins.survey(opts.hook_mode)?
+        && let Found::Adoptable(mode) = found
     {
         match adopt(pins, mode) {
             Ok(mut probes) => {
@@ -317,6 +326,21 @@ pub fn load(opts: &LoadOptions) -> Result<Probes, LoadError> {
             }
             Err(e) => return Err(e),
         }
+    }
+}
+
+/// A pin directory this process cannot use: without the loading capabilities, most
+/// likely a user who left out `sudo` (the pin directory is root's), so that is the error.
+fn unprivileged_or(
+    privileged: &Result<(), privileges::MissingPrivileges>,
+    e: PinError,
+) -> LoadError {
+    match privileged {
+        Err(missing) => {
+            tracing::debug!(error = %error_chain(&e), "the pin directory is out of reach");
+            missing.clone().into()
+        }
+        Ok(()) => e.into(),
     }
 }
 
