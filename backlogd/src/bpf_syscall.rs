@@ -15,6 +15,7 @@ use std::{
 
 use aya::Pod;
 
+const BPF_MAP_GET_NEXT_KEY: libc::c_long = 4;
 const BPF_OBJ_PIN: libc::c_long = 6;
 const BPF_OBJ_GET: libc::c_long = 7;
 const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
@@ -156,6 +157,36 @@ pub fn obj_get(path: &Path) -> io::Result<OwnedFd> {
     let fd = unsafe { bpf(BPF_OBJ_GET, &mut attr) }?;
     // SAFETY: the kernel just returned this fd and nothing else owns it.
     Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// The BPF_MAP_*_ELEM member of `union bpf_attr`.
+#[repr(C)]
+struct ElemAttr {
+    map_fd: u32,
+    _pad: u32,
+    key: u64,
+    next_key: u64,
+    flags: u64,
+}
+
+/// Whether this thread may use bpf(2) on `map`, a map with keys of at most 64 bytes, as
+/// it is now: one BPF_MAP_GET_NEXT_KEY from the start (an empty map's ENOENT is an
+/// answer too). A kernel that gates every bpf(2) command refuses it with EPERM.
+pub fn map_access_allowed(map: BorrowedFd<'_>) -> bool {
+    let mut next = [0u8; 64];
+    let mut attr = ElemAttr {
+        map_fd: map.as_raw_fd() as u32,
+        _pad: 0,
+        key: 0,
+        next_key: next.as_mut_ptr() as u64,
+        flags: 0,
+    };
+    // SAFETY: ElemAttr is the BPF_MAP_GET_NEXT_KEY member of bpf_attr; a NULL key asks for
+    // the first key, which the kernel writes into `next`, larger than the map's key.
+    match unsafe { bpf(BPF_MAP_GET_NEXT_KEY, &mut attr) } {
+        Ok(_) => true,
+        Err(e) => e.raw_os_error() == Some(libc::ENOENT),
+    }
 }
 
 /// The BPF_MAP_LOOKUP_BATCH part of `union bpf_attr`.

@@ -75,3 +75,25 @@ mod tests {
         );
     }
 }
+
+/// Whether a daemon that lists listeners with the scan iterator keeps CAP_BPF for bpf(2)
+/// on its maps: where the kernel gates every bpf(2) command behind it while
+/// `kernel.unprivileged_bpf_disabled` is set (5.10's `kernel/bpf/syscall.c`), or where
+/// the sysctl is 0 (nothing gated now, but it may be set later). Not where only loading and
+/// map creation are gated (6.1's). `None` between 5.10 and 6.1, where no kernel of the
+/// matrix says which. The daemon finds out by trying (`service::caps::bpf_access`); this
+/// is the kernels' source, so the two are independent.
+pub fn daemon_keeps_cap_bpf() -> Option<bool> {
+    let sysctl =
+        std::fs::read_to_string("/proc/sys/kernel/unprivileged_bpf_disabled").unwrap_or_default();
+    if !matches!(sysctl.trim(), "1" | "2") {
+        return Some(true);
+    }
+    if release_at_least(6, 1) {
+        Some(false)
+    } else if !release_at_least(5, 11) {
+        Some(true)
+    } else {
+        None
+    }
+}

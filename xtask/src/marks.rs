@@ -93,6 +93,12 @@ pub const EXPECTED_SKIPS: &[ExpectedSkip] = &[
     },
     ExpectedSkip {
         kernels: KERNELS_5_10,
+        modes: &["kprobe"],
+        test: "pinning::a_load_step_as_root_hands_the_programs_to_a_daemon_without_loading_capabilities",
+        reason: NO_PERF_LINK_PINNING,
+    },
+    ExpectedSkip {
+        kernels: KERNELS_5_10,
         modes: &["fentry", "kprobe", "tracepoint"],
         test: "listen_backlog::an_mptcp_listener_open_before_the_daemon_is_found_with_its_syn_queue_now",
         reason: "Debian 11's kernel is built without CONFIG_MPTCP: socket(IPPROTO_MPTCP) \

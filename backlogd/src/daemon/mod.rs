@@ -141,13 +141,22 @@ pub fn run(config: RunConfig) -> anyhow::Result<()> {
         } else {
             service::caps::Listing::EachNamespace
         };
-        let kept = service::caps::drop_to_runtime_set(listing)?;
+        let bpf = {
+            use std::os::fd::AsFd as _;
+
+            use aya::maps::IterableMap as _;
+            let maps = &probes.maps;
+            service::caps::bpf_access(maps.listener_stats.map().fd().as_fd())?
+        };
+        let kept = service::caps::drop_to_runtime_set(listing, bpf)?;
         tracing::info!(
             kept = ?kept.iter().map(ToString::to_string).collect::<Vec<_>>(),
             ?listing,
+            ?bpf,
             "dropped every capability the running daemon does not need \
-             (kept: BPF map access, and setns only where rescans join namespaces; /proc \
-             and the configuration files of other users' programs); the bounding set is \
+             (kept: BPF map access where this kernel gates bpf(2) behind a capability, \
+             and setns only where rescans join namespaces; /proc and the configuration \
+             files of other users' programs); the bounding set is \
              cut to the same and no_new_privs is set, so none returns"
         );
     }

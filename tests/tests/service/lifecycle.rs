@@ -49,8 +49,10 @@ fn readiness_comes_after_attach_and_serving_then_reload_watchdog_and_stop() {
     // Capabilities: only what the running daemon needs, in every thread.
     let threads = assert_runtime_caps(daemon.pid()).len();
     eprintln!(
-        "all {threads} threads after READY=1: CapPrm = CapEff = {KEEP:#018x} \
-         (CAP_DAC_READ_SEARCH, CAP_SYS_PTRACE, CAP_BPF), CapInh = CapAmb = 0"
+        "all {threads} threads after READY=1: CapPrm = CapEff = {:#018x} \
+         (CAP_DAC_READ_SEARCH, CAP_SYS_PTRACE, and CAP_BPF where bpf(2) needs it), \
+         CapInh = CapAmb = 0",
+        keep(daemon.pid())
     );
     daemon.wait_for_log("dropped every capability");
 
