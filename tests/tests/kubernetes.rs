@@ -491,12 +491,13 @@ fn the_ports_and_the_pin_directory_are_the_daemons() {
     assert_eq!(volume["hostPath"]["path"], "/sys/fs/bpf");
 }
 
-/// The pod gets what the systemd unit's bounding set allows, except that CAP_SYS_ADMIN
-/// stands in for CAP_BPF, CAP_PERFMON and CAP_NET_ADMIN: the runtimes' default seccomp
-/// profiles (RuntimeDefault; containers/common's, Docker's) allow bpf(2) and
-/// perf_event_open only to a container holding CAP_SYS_ADMIN. (The daemon then keeps
-/// CAP_SYS_ADMIN for the maps where it would keep CAP_BPF: backlogd/src/service/caps.rs.)
-/// Kubernetes spells them without the CAP_ prefix.
+/// The pod gets what the systemd unit's daemon gets, except that CAP_SYS_ADMIN stands in
+/// for CAP_BPF and for what the unit's load step has as root (CAP_PERFMON, CAP_NET_ADMIN):
+/// the pod loads in its own process, and the runtimes' default seccomp profiles
+/// (RuntimeDefault; containers/common's, Docker's) allow bpf(2) and perf_event_open only
+/// to a container holding CAP_SYS_ADMIN. (The daemon then keeps CAP_SYS_ADMIN for the maps
+/// where it would keep CAP_BPF: backlogd/src/service/caps.rs.) Kubernetes spells them
+/// without the CAP_ prefix.
 #[test]
 fn the_capabilities_are_the_systemd_units() {
     let test = "the_capabilities_are_the_systemd_units";
