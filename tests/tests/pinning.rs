@@ -689,7 +689,23 @@ fn a_load_step_as_root_hands_the_programs_to_a_daemon_without_loading_capabiliti
             arrived,
         );
     exact.verify();
-    // The programs the load step pinned: the daemon serves their skipped runs.
+    // The programs the load step pinned: the daemon holds each (their fdinfo reports
+    // skipped runs from 5.12) and serves their skipped runs.
+    let pinned_programs = std::fs::read_dir(pins.path())
+        .expect("pin dir")
+        .flatten()
+        .flat_map(|state| std::fs::read_dir(state.path().join("programs")).expect("programs"))
+        .flatten()
+        .filter(|p| p.file_name() != "complete")
+        .count();
+    assert!(pinned_programs > 0, "no programs pinned: {said}");
+    if caps::release_at_least(5, 12) {
+        assert_eq!(
+            daemon.program_misses().0.len(),
+            pinned_programs,
+            "programs the daemon holds vs pinned"
+        );
+    }
     let (kernel_skips, served) = skipped_runs(&daemon);
     assert_eq!(served, kernel_skips, "{}", daemon.log());
 
