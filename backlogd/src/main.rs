@@ -208,6 +208,18 @@ fn check_config(source: &config::Source) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The settings `run`, `load` and `check-config` use: the file, then the flags (and the
+/// global --log).
+fn settings_source(args: cli::RunArgs, log: Option<String>) -> config::Source {
+    config::Source::new(
+        args.config,
+        config::Layer {
+            log,
+            ..args.settings
+        },
+    )
+}
+
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     // The terminal view owns the screen: logs would tear it.
@@ -215,13 +227,7 @@ fn main() -> std::process::ExitCode {
     let cli_log = cli.log.clone();
     let result = match cli.command {
         Command::Run(args) => {
-            let source = config::Source::new(
-                args.config,
-                config::Layer {
-                    log: cli_log,
-                    ..args.settings
-                },
-            );
+            let source = settings_source(args, cli_log);
             match source.resolve() {
                 Ok(config) => {
                     let log = init_logging(&config.log, quiet);
@@ -231,13 +237,7 @@ fn main() -> std::process::ExitCode {
             }
         }
         Command::Load(args) => {
-            let source = config::Source::new(
-                args.config,
-                config::Layer {
-                    log: cli_log,
-                    ..args.settings
-                },
-            );
+            let source = settings_source(args, cli_log);
             match source.resolve() {
                 Ok(config) => {
                     init_logging(&config.log, quiet);
@@ -246,14 +246,9 @@ fn main() -> std::process::ExitCode {
                 Err(e) => Err(e.into()),
             }
         }
-        Command::CheckConfig(args) => check_config(&config::Source::new(
-            args.config,
-            config::Layer {
-                log: cli_log,
-                ..args.settings
-            },
-        ))
-        .map(|()| Outcome::Clean),
+        Command::CheckConfig(args) => {
+            check_config(&settings_source(args, cli_log)).map(|()| Outcome::Clean)
+        }
         Command::Doctor(args) => {
             init_logging(cli_log.as_deref().unwrap_or("info"), quiet);
             doctor_cmd(&args)

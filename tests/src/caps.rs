@@ -59,23 +59,6 @@ pub fn release_at_least(major: u32, minor: u32) -> bool {
     version >= (major, minor)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_matrixs_words_are_read() {
-        assert_eq!(
-            parse("fentry=no kprobe=yes perf_link_pinning=no"),
-            Caps {
-                fentry: false,
-                kprobe: true,
-                perf_link_pinning: false
-            }
-        );
-    }
-}
-
 /// Whether a daemon that lists listeners with the scan iterator keeps CAP_BPF for bpf(2)
 /// on its maps: where the kernel gates every bpf(2) command behind it while
 /// `kernel.unprivileged_bpf_disabled` is set (5.10's `kernel/bpf/syscall.c`), or where
@@ -95,5 +78,22 @@ pub fn daemon_keeps_cap_bpf() -> Option<bool> {
         Some(true)
     } else {
         None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_matrixs_words_are_read() {
+        assert_eq!(
+            parse("fentry=no kprobe=yes perf_link_pinning=no"),
+            Caps {
+                fentry: false,
+                kprobe: true,
+                perf_link_pinning: false
+            }
+        );
     }
 }

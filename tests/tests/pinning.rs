@@ -11,11 +11,11 @@ use std::{
 use backlogd_common::names::{figure, map};
 use backlogd_tests::{
     Daemon, Exact, Netns, caps,
-    daemon::run_to_end,
+    daemon::{ProgramMisses, run_to_end},
     doctor::{Doctor, evidence, kinds, set},
     kernel::{ListenCounters, tcp_ext},
     pins::{PinDir, unpin},
-    sockets::{Listener, connect_burst, fill_accept_queue, kernel_queue},
+    sockets::{KernelQueue, Listener, connect_burst, fill_accept_queue, kernel_queue},
 };
 
 /// The hook mode daemons of this run use, and whether the kernel can pin it; if it cannot,
@@ -76,6 +76,72 @@ fn drops(daemon: &Daemon, l: &Listener, reason: &str) -> u64 {
             &[("socket", &inode), ("reason", reason)],
         )
         .unwrap_or_else(|| panic!("no {reason} drops for socket {inode}")) as u64
+}
+
+/// Checks a burst against `listener` that ended (no SYN in flight) against the kernel's
+/// counts since `since` (TcpExt, and the programs' skipped runs): accept-queue drops vs
+/// ListenOverflows, all drops vs ListenDrops and the socket's sk_drops, SYNs received vs
+/// those that arrived (the namespace's nft counter). Returns the kernel's counts and the
+/// socket's queues.
+fn verify_burst(
+    daemon: &Daemon,
+    ns: &Netns,
+    listener: &Listener,
+    since: (&std::collections::HashMap<String, u64>, &ProgramMisses),
+    interval: &str,
+) -> (ListenCounters, KernelQueue) {
+    let (before, misses) = since;
+    let arrived = ns.incoming_syns();
+    let after = tcp_ext(ns);
+    let kernel = ListenCounters::delta(before, &after);
+    let queue = kernel_queue(ns, listener);
+    let by_reason: Vec<(&str, u64)> = [
+        "accept_queue_full",
+        "syn_queue_full",
+        "final_ack_overflow",
+        "other",
+    ]
+    .iter()
+    .map(|r| (*r, drops(daemon, listener, r)))
+    .collect();
+    let overflows = by_reason[0].1;
+    let all: u64 = by_reason.iter().map(|(_, n)| n).sum();
+    let syns = daemon
+        .scrape()
+        .value(
+            "backlogd_listen_syns_received_total",
+            &[("socket", &listener.inode.to_string())],
+        )
+        .expect("syns received") as u64;
+    let mut exact = Exact::listener(daemon, ns, listener);
+    exact
+        .interval(daemon, misses)
+        .evidence("interval", interval)
+        .evidence("kernel TcpExt before", ListenCounters::of(before))
+        .evidence("kernel TcpExt after", ListenCounters::of(&after))
+        .evidence("socket (ss)", &queue)
+        .evidence("backlogd drops", &by_reason)
+        .eq_fed(
+            "accept_queue_full vs ListenOverflows",
+            &[figure::DROPS],
+            overflows,
+            kernel.listen_overflows,
+        )
+        .eq_fed(
+            "all drops vs ListenDrops",
+            &[figure::DROPS],
+            all,
+            kernel.listen_drops,
+        )
+        .eq_fed("all drops vs sk_drops", &[figure::DROPS], all, queue.drops)
+        .eq_fed(
+            "SYNs received vs SYNs that arrived (nft counter)",
+            &[figure::SYNS_RECEIVED],
+            syns,
+            arrived,
+        );
+    exact.verify();
+    (kernel, queue)
 }
 
 #[test]
@@ -141,63 +207,16 @@ fn counts_continue_across_kill_9_and_restart_during_a_burst() {
     std::thread::sleep(Duration::from_millis(1200));
     drop(clients);
     std::thread::sleep(Duration::from_millis(100));
-    let arrived = ns.incoming_syns();
-    let after = tcp_ext(&ns);
-    let kernel = ListenCounters::delta(&before, &after);
-    let queue = kernel_queue(&ns, &listener);
     second.wait_for_listener(listener.inode);
-
-    let by_reason: Vec<(&str, u64)> = [
-        "accept_queue_full",
-        "syn_queue_full",
-        "final_ack_overflow",
-        "other",
-    ]
-    .iter()
-    .map(|r| (*r, drops(&second, &listener, r)))
-    .collect();
-    let overflows = by_reason[0].1;
-    let all: u64 = by_reason.iter().map(|(_, n)| n).sum();
-    let syns = second
-        .scrape()
-        .value(
-            "backlogd_listen_syns_received_total",
-            &[("socket", &listener.inode.to_string())],
-        )
-        .expect("syns received") as u64;
+    let (kernel, queue) = verify_burst(
+        &second,
+        &ns,
+        &listener,
+        (&before, &misses),
+        "whole burst, across SIGKILL and restart with pins",
+    );
     assert!(kernel.listen_overflows >= 100, "{kernel:?}");
     assert_eq!(queue.recv_q, 3, "accept queue full: {queue:?}");
-    let mut exact = Exact::listener(&second, &ns, &listener);
-    exact
-        .interval(&second, &misses)
-        .evidence(
-            "interval",
-            "whole burst, across SIGKILL and restart with pins",
-        )
-        .evidence("kernel TcpExt before", ListenCounters::of(&before))
-        .evidence("kernel TcpExt after", ListenCounters::of(&after))
-        .evidence("socket (ss)", &queue)
-        .evidence("backlogd drops", &by_reason)
-        .eq_fed(
-            "accept_queue_full vs ListenOverflows",
-            &[figure::DROPS],
-            overflows,
-            kernel.listen_overflows,
-        )
-        .eq_fed(
-            "all drops vs ListenDrops",
-            &[figure::DROPS],
-            all,
-            kernel.listen_drops,
-        )
-        .eq_fed("all drops vs sk_drops", &[figure::DROPS], all, queue.drops)
-        .eq_fed(
-            "SYNs received vs SYNs that arrived (nft counter)",
-            &[figure::SYNS_RECEIVED],
-            syns,
-            arrived,
-        );
-    exact.verify();
 
     // `backlogd unpin` detaches what the pins held.
     drop(second);
@@ -641,54 +660,14 @@ fn a_load_step_as_root_hands_the_programs_to_a_daemon_without_loading_capabiliti
     std::thread::sleep(Duration::from_millis(1300));
     drop(clients);
     std::thread::sleep(Duration::from_millis(100));
-    let arrived = ns.incoming_syns();
-    let after = tcp_ext(&ns);
-    let kernel = ListenCounters::delta(&before, &after);
-    let queue = kernel_queue(&ns, &listener);
-    let overflows = drops(&daemon, &listener, "accept_queue_full");
-    let all: u64 = [
-        "accept_queue_full",
-        "syn_queue_full",
-        "final_ack_overflow",
-        "other",
-    ]
-    .iter()
-    .map(|r| drops(&daemon, &listener, r))
-    .sum();
-    let syns = daemon
-        .scrape()
-        .value(
-            "backlogd_listen_syns_received_total",
-            &[("socket", &listener.inode.to_string())],
-        )
-        .expect("syns received") as u64;
+    let (kernel, _) = verify_burst(
+        &daemon,
+        &ns,
+        &listener,
+        (&before, &misses),
+        "a burst against pins a load step made",
+    );
     assert!(kernel.listen_overflows >= 30, "{kernel:?}");
-    let mut exact = Exact::listener(&daemon, &ns, &listener);
-    exact
-        .interval(&daemon, &misses)
-        .evidence("interval", "a burst against pins a load step made")
-        .evidence("kernel TcpExt", &kernel)
-        .evidence("socket (ss)", &queue)
-        .eq_fed(
-            "accept_queue_full vs ListenOverflows",
-            &[figure::DROPS],
-            overflows,
-            kernel.listen_overflows,
-        )
-        .eq_fed(
-            "all drops vs ListenDrops",
-            &[figure::DROPS],
-            all,
-            kernel.listen_drops,
-        )
-        .eq_fed("all drops vs sk_drops", &[figure::DROPS], all, queue.drops)
-        .eq_fed(
-            "SYNs received vs SYNs that arrived (nft counter)",
-            &[figure::SYNS_RECEIVED],
-            syns,
-            arrived,
-        );
-    exact.verify();
     // The programs the load step pinned: the daemon holds each (their fdinfo reports
     // skipped runs from 5.12) and serves their skipped runs.
     let pinned_programs = std::fs::read_dir(pins.path())

@@ -241,7 +241,15 @@ pub fn load(opts: &LoadOptions) -> Result<Probes, LoadError> {
                         let works = pins.trampolines_recorded(mode);
                         probes.kernel.trampolines = works;
                         probes.kernel.fentry = works;
-                        pins.open_scan(mode, reads_sysctls)
+                        let path = pins.scan_path(mode);
+                        scan::ScanIterator::from_pin(&path, reads_sysctls).map_err(|e| {
+                            format!(
+                                "this process cannot load one (no CAP_BPF and CAP_PERFMON), \
+                                 and none is pinned at {} ({e}): the load step (`backlogd \
+                                 load`) pins it",
+                                path.display()
+                            )
+                        })
                     }
                 };
                 if opts.hand_over {
@@ -379,7 +387,11 @@ pub fn unpin(dir: &std::path::Path) -> anyhow::Result<()> {
 fn hand_over(pins: &PinDir, probes: &Probes) -> Result<(), LoadError> {
     pins.record_trampolines(probes.mode, probes.kernel.trampolines)?;
     match &probes.scan {
-        Ok(scan) => pins.pin_scan(probes.mode, scan)?,
+        Ok(scan) => {
+            let path = pins.scan_path(probes.mode);
+            scan.pin(&path)
+                .map_err(|source| PinError::Io { path, source })?;
+        }
         Err(reason) => tracing::warn!(
             reason,
             "no scan iterator to hand over: the daemon will not have one either"

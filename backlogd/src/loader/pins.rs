@@ -28,10 +28,7 @@ use std::{
 use aya::{maps::MapData, programs::links::FdLink};
 use sha2::{Digest as _, Sha256};
 
-use super::{
-    modes::{HookMode, HookModeArg},
-    scan::ScanIterator,
-};
+use super::modes::{HookMode, HookModeArg};
 
 /// Beside a state, the scan iterator's link and the programs, pinned by the load step
 /// (`backlogd load`) for a daemon that holds no loading capability.
@@ -160,11 +157,10 @@ impl PinDir {
         self.state(mode).join("maps").join(name)
     }
 
-    /// Pins the scan iterator's link beside `mode`'s state, for a daemon that cannot load
-    /// it (see `scan.rs`).
-    pub fn pin_scan(&self, mode: HookMode, scan: &ScanIterator) -> Result<(), PinError> {
-        let path = self.state(mode).join(SCAN);
-        scan.pin(&path).map_err(io_err(&path))
+    /// Where the load step pins the scan iterator's link beside `mode`'s state, for a
+    /// daemon that cannot load it (see `scan.rs`).
+    pub fn scan_path(&self, mode: HookMode) -> PathBuf {
+        self.state(mode).join(SCAN)
     }
 
     /// Records beside `mode`'s state that this kernel's BPF trampolines work, as empty
@@ -182,18 +178,6 @@ impl PinDir {
     /// Whether the load step found BPF trampolines working (see `record_trampolines`).
     pub fn trampolines_recorded(&self, mode: HookMode) -> bool {
         self.state(mode).join(TRAMPOLINES).is_dir()
-    }
-
-    /// The scan iterator a load step pinned beside `mode`'s state, or why there is none.
-    pub fn open_scan(&self, mode: HookMode, reads_sysctls: bool) -> Result<ScanIterator, String> {
-        let path = self.state(mode).join(SCAN);
-        ScanIterator::from_pin(&path, reads_sysctls).map_err(|e| {
-            format!(
-                "this process cannot load one (no CAP_BPF and CAP_PERFMON), and none is \
-                 pinned at {} ({e}): the load step (`backlogd load`) pins it",
-                path.display()
-            )
-        })
     }
 
     /// Pins `programs` beside `mode`'s state (kept if already there), each as

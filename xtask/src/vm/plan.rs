@@ -530,7 +530,7 @@ mod tests {
                 .filter(|e| e.test.starts_with("pinning::"))
                 .count();
             let expected = if k.caps.kprobe && !k.caps.perf_link_pinning {
-                4
+                5
             } else {
                 0
             };
