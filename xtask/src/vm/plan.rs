@@ -408,7 +408,16 @@ pub fn write_docs(test_budget_min: u64) -> Result<()> {
         );
     };
     let last = crate::workspace_root().join(LAST_RUN);
-    if let Ok(run) = std::fs::read_to_string(&last) {
+    let last_run = std::fs::read_to_string(&last).ok();
+    // A narrowed run (some kernels, modes or suites) would stand in for the whole matrix.
+    if let Some(run) = last_run.as_deref().filter(|run| !is_whole_run(run)) {
+        eprintln!(
+            "xtask: kept docs/testing.md's last run: {} is not a whole matrix run ({})",
+            last.display(),
+            run.lines().next().unwrap_or("")
+        );
+    }
+    if let Some(run) = last_run.filter(|run| is_whole_run(run)) {
         let run = format!("\n{}\n", run.trim());
         docs = splice(&docs, RUN_BEGIN, RUN_END, &run).with_context(|| {
             format!(
@@ -419,6 +428,13 @@ pub fn write_docs(test_budget_min: u64) -> Result<()> {
         eprintln!("xtask: copied {} into docs/testing.md", last.display());
     }
     std::fs::write(&path, docs).with_context(|| format!("writing {}", path.display()))
+}
+
+/// Whether a run's table (its header line first) is of the whole matrix: `cargo xtask
+/// test`'s, or `cargo xtask vm` narrowed to nothing.
+fn is_whole_run(run: &str) -> bool {
+    run.contains("`cargo xtask test`'s matrix")
+        || run.contains("(kernels: default; modes: all; suites: all; repeat 1)")
 }
 
 /// A cell's suites and what it leaves out, as the plan lists them (ends with a newline).
@@ -547,7 +563,7 @@ mod tests {
         let block = between(&docs, RUN_BEGIN, RUN_END).expect("the last run's markers");
         let ci = block.contains("`cargo xtask test`'s matrix");
         assert!(
-            ci || block.contains("(kernels: default; modes: all; suites: all; repeat 1)"),
+            is_whole_run(block),
             "docs/testing.md's last run is not a whole matrix run: {block}"
         );
         for k in KERNELS.iter().filter(|k| k.default) {
