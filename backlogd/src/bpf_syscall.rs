@@ -9,7 +9,7 @@
 
 use std::{
     io,
-    os::fd::{AsRawFd as _, BorrowedFd, FromRawFd as _, OwnedFd},
+    os::fd::{AsFd as _, AsRawFd as _, BorrowedFd, FromRawFd as _, OwnedFd},
     path::Path,
 };
 
@@ -169,20 +169,24 @@ struct ElemAttr {
     flags: u64,
 }
 
-/// Whether this thread may use bpf(2) on `map`, a map with keys of at most 64 bytes, as
-/// it is now: one BPF_MAP_GET_NEXT_KEY from the start (an empty map's ENOENT is an
-/// answer too). A kernel that gates every bpf(2) command refuses it with EPERM.
-pub fn map_access_allowed(map: BorrowedFd<'_>) -> bool {
-    let mut next = [0u8; 64];
+/// Whether this thread may use bpf(2) on `map` as it is now: one BPF_MAP_GET_NEXT_KEY
+/// from the start (an empty map's ENOENT is an answer too). A kernel that gates every
+/// bpf(2) command refuses it with EPERM.
+pub fn map_access_allowed<K: Pod, V: Pod>(
+    map: &aya::maps::PerCpuHashMap<aya::maps::MapData, K, V>,
+) -> bool {
+    use aya::maps::IterableMap as _;
+    // aya checked at the map's creation that its keys are `K`s: the kernel writes one.
+    let mut next = vec![0u8; size_of::<K>()];
     let mut attr = ElemAttr {
-        map_fd: map.as_raw_fd() as u32,
+        map_fd: map.map().fd().as_fd().as_raw_fd() as u32,
         _pad: 0,
         key: 0,
         next_key: next.as_mut_ptr() as u64,
         flags: 0,
     };
     // SAFETY: ElemAttr is the BPF_MAP_GET_NEXT_KEY member of bpf_attr; a NULL key asks for
-    // the first key, which the kernel writes into `next`, larger than the map's key.
+    // the first key, which the kernel writes into `next`, the size of the map's keys.
     match unsafe { bpf(BPF_MAP_GET_NEXT_KEY, &mut attr) } {
         Ok(_) => true,
         Err(e) => e.raw_os_error() == Some(libc::ENOENT),

@@ -609,6 +609,14 @@ fn a_load_step_as_root_hands_the_programs_to_a_daemon_without_loading_capabiliti
     {
         return;
     }
+    // Without pin_dir there is nothing to hand the programs over through: refused before
+    // anything is loaded.
+    let unpinned = run_to_end(&["load", "--config", "/dev/null"]);
+    let said = String::from_utf8_lossy(&unpinned.stderr);
+    assert!(
+        !unpinned.status.success() && said.contains("pin_dir is off"),
+        "backlogd load without pin_dir: {said}"
+    );
     let pins = PinDir::new("split");
     let ns = Netns::new();
     ns.sysctl("net.ipv4.tcp_syncookies", "0");
@@ -668,8 +676,8 @@ fn a_load_step_as_root_hands_the_programs_to_a_daemon_without_loading_capabiliti
         "a burst against pins a load step made",
     );
     assert!(kernel.listen_overflows >= 30, "{kernel:?}");
-    // The programs the load step pinned: the daemon holds each (their fdinfo reports
-    // skipped runs from 5.12) and serves their skipped runs.
+    // The programs the load step pinned: the daemon holds each and serves their skipped
+    // runs (which their fdinfo reports from 5.12).
     let pinned_programs = std::fs::read_dir(pins.path())
         .expect("pin dir")
         .flatten()
@@ -678,13 +686,14 @@ fn a_load_step_as_root_hands_the_programs_to_a_daemon_without_loading_capabiliti
         .filter(|p| p.file_name() != "complete")
         .count();
     assert!(pinned_programs > 0, "no programs pinned: {said}");
-    if caps::release_at_least(5, 12) {
-        assert_eq!(
-            daemon.program_misses().0.len(),
-            pinned_programs,
-            "programs the daemon holds vs pinned"
-        );
-    }
+    let held = std::fs::read_dir(format!("/proc/{}/fdinfo", daemon.pid()))
+        .expect("fdinfo")
+        .flatten()
+        .filter(|fd| {
+            std::fs::read_to_string(fd.path()).is_ok_and(|info| info.contains("\nprog_type:"))
+        })
+        .count();
+    assert_eq!(held, pinned_programs, "programs the daemon holds vs pinned");
     let (kernel_skips, served) = skipped_runs(&daemon);
     assert_eq!(served, kernel_skips, "{}", daemon.log());
 
@@ -720,6 +729,32 @@ fn a_load_step_as_root_hands_the_programs_to_a_daemon_without_loading_capabiliti
     let said = String::from_utf8_lossy(&out.stderr);
     assert!(
         !out.status.success() && said.contains("`backlogd load`"),
+        "status {:?}: {said}",
+        out.status
+    );
+
+    // Pins not handed over (root's, mode 0700) to a daemon without CAP_DAC_READ_SEARCH:
+    // the error names the unit's chown and that capability, not only `sudo`.
+    let unreachable = PinDir::new("split-unreachable");
+    std::fs::create_dir_all(unreachable.path()).expect("pin dir");
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(unreachable.path(), std::fs::Permissions::from_mode(0o700))
+        .expect("chmod");
+    let out = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .args(["--inh-caps=-all,+bpf", "--ambient-caps=-all,+bpf"])
+        .args(["--bounding-set=-all,+bpf"])
+        .arg(backlogd_tests::daemon::binary())
+        .args(["run", "--config", "/dev/null", "--listen", "127.0.0.1:0"])
+        .args(["--pin-dir", unreachable.arg()])
+        .output()
+        .expect("setpriv");
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success()
+            && said.contains("cannot use the pin directory")
+            && said.contains("chown")
+            && said.contains("CAP_DAC_READ_SEARCH"),
         "status {:?}: {said}",
         out.status
     );

@@ -141,13 +141,7 @@ pub fn run(config: RunConfig) -> anyhow::Result<()> {
         } else {
             service::caps::Listing::EachNamespace
         };
-        let bpf = {
-            use std::os::fd::AsFd as _;
-
-            use aya::maps::IterableMap as _;
-            let maps = &probes.maps;
-            service::caps::bpf_access(maps.listener_stats.map().fd().as_fd())?
-        };
+        let bpf = service::caps::bpf_access(&probes.maps.listener_stats)?;
         let kept = service::caps::drop_to_runtime_set(listing, bpf)?;
         tracing::info!(
             kept = ?kept.iter().map(ToString::to_string).collect::<Vec<_>>(),

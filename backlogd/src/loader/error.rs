@@ -13,12 +13,26 @@ pub enum LoadError {
          {dir} holds no complete pinned state of this build and configuration to adopt. \
          Under the shipped unit, `backlogd load` (its ExecStartPre=) loads and pins that \
          state before the daemon starts: its lines in `journalctl -u backlogd` say why it \
-         did not. Fix: check that ExecStartPre= line and that both use one config file, or \
-         run the daemon as root"
+         did not. Fix: check the ExecStartPre= lines (`systemctl cat backlogd`) and that \
+         they and ExecStart= use one config file; outside the unit, run `sudo backlogd run`"
     )]
     NothingToAdopt {
         dir: std::path::PathBuf,
         effective: u64,
+    },
+    #[error(
+        "this process cannot load eBPF programs (effective capabilities {effective:#x}) and \
+         cannot use the pin directory {dir} to adopt what a load step pinned there. Fix: \
+         outside the systemd unit, run it as root (`sudo backlogd run`); under the unit, \
+         check that its chown (ExecStartPre=) names pin_dir and that the daemon keeps \
+         CAP_DAC_READ_SEARCH, which it needs to pass /sys/fs/bpf (systemd mounts bpffs \
+         with mode 0700)"
+    )]
+    PinsOutOfReach {
+        dir: std::path::PathBuf,
+        effective: u64,
+        #[source]
+        source: PinError,
     },
     #[error(
         "`backlogd load` hands the programs over through pins, and pin_dir is off. Fix: set \
@@ -28,8 +42,9 @@ pub enum LoadError {
     #[error(
         "{mode} mode's links cannot be pinned on this kernel (perf-event links need Linux \
          5.15+), so `backlogd load` cannot hand them to the daemon. Fix: leave hook_mode = \
-         \"auto\" (the load step then picks a mode it can pin), or run `backlogd run` as \
-         root without the load step (a drop-in clearing ExecStartPre= and User=)"
+         \"auto\" (the load step then picks tracepoint mode, whose links pin), or run \
+         kprobe mode outside the shipped unit (`sudo backlogd run`, unpinned on this \
+         kernel)"
     )]
     HandOverUnpinnable { mode: &'static str },
     #[error(transparent)]

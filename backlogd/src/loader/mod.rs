@@ -217,15 +217,15 @@ pub fn load(opts: &LoadOptions) -> Result<Probes, LoadError> {
                     .concat(),
                 ),
             )
-            .map_err(|e| unprivileged_or(&privileged, e))?,
+            .map_err(|e| unprivileged_or(&privileged, dir, e))?,
         ),
         None => None,
     };
-    let found = match &pins {
-        Some(pins) => pins
+    let found = match (&pins, &opts.pin_dir) {
+        (Some(pins), Some(dir)) => pins
             .survey(opts.hook_mode)
-            .map_err(|e| unprivileged_or(&privileged, e))?,
-        None => Found::Empty,
+            .map_err(|e| unprivileged_or(&privileged, dir, e))?,
+        _ => Found::Empty,
     };
     if let Some(pins) = &pins
         && let Found::Adoptable(mode) = found
@@ -337,17 +337,20 @@ pub fn load(opts: &LoadOptions) -> Result<Probes, LoadError> {
     }
 }
 
-/// A pin directory this process cannot use: without the loading capabilities, most
-/// likely a user who left out `sudo` (the pin directory is root's), so that is the error.
+/// A pin directory this process cannot use. Without the loading capabilities either, it
+/// is a user who left out `sudo` (the directory is root's) or a unit's daemon the pins
+/// were not handed to: the error names both.
 fn unprivileged_or(
     privileged: &Result<(), privileges::MissingPrivileges>,
+    dir: &Path,
     e: PinError,
 ) -> LoadError {
     match privileged {
-        Err(missing) => {
-            tracing::debug!(error = %error_chain(&e), "the pin directory is out of reach");
-            missing.clone().into()
-        }
+        Err(missing) => LoadError::PinsOutOfReach {
+            dir: dir.to_owned(),
+            effective: missing.effective,
+            source: e,
+        },
         Ok(()) => e.into(),
     }
 }
@@ -386,20 +389,28 @@ pub fn unpin(dir: &std::path::Path) -> anyhow::Result<()> {
 /// (kept where pinned before: they are the state's own).
 fn hand_over(pins: &PinDir, probes: &Probes) -> Result<(), LoadError> {
     pins.record_trampolines(probes.mode, probes.kernel.trampolines)?;
+    let path = pins.scan_path(probes.mode);
     match &probes.scan {
-        Ok(scan) => {
-            let path = pins.scan_path(probes.mode);
-            scan.pin(&path)
-                .map_err(|source| PinError::Io { path, source })?;
+        Ok(scan) => scan
+            .pin(&path)
+            .map_err(|source| PinError::Io { path, source })?,
+        Err(reason) => {
+            // An earlier load's iterator may be another build's: never leave it.
+            match std::fs::remove_file(&path) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    return Err(PinError::Io { path, source: e }.into());
+                }
+                _ => {}
+            }
+            tracing::warn!(
+                reason,
+                "no scan iterator to hand over: the daemon will not have one either"
+            );
         }
-        Err(reason) => tracing::warn!(
-            reason,
-            "no scan iterator to hand over: the daemon will not have one either"
-        ),
     }
     match &probes.maps.programs {
-        Some(programs) => pins.pin_programs(probes.mode, programs)?,
-        None => tracing::warn!(
+        Some(programs) if !programs.is_empty() => pins.pin_programs(probes.mode, programs)?,
+        _ => tracing::warn!(
             "the programs were not found, so none is pinned: the daemon will not serve \
              backlogd_probe_missed_runs_total"
         ),

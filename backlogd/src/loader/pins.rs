@@ -60,9 +60,10 @@ pub enum PinError {
         "cannot create the pin directory {dir}: read-only file system. Under systemd, \
          ProtectKernelTunables= (and ProtectSystem=strict) make /sys/fs/bpf read-only, and \
          ReadWritePaths= cannot reopen a directory that does not exist yet. Fix: keep \
-         pin_dir = \"/sys/fs/bpf/backlogd\", which the shipped unit creates before the \
-         sandbox (ExecStartPre=-+/bin/mkdir -p) and opens (ReadWritePaths=), or add your \
-         directory to both lines in a drop-in (`systemctl edit backlogd`)"
+         pin_dir = \"/sys/fs/bpf/backlogd\", which the shipped unit's load step creates \
+         before the sandbox (ExecStartPre=+backlogd load) and opens (ReadWritePaths=), or \
+         name your directory in ReadWritePaths= and in the chown in a drop-in (`systemctl \
+         edit backlogd`)"
     )]
     ReadOnly { dir: PathBuf },
     #[error("cannot use the pin directory {path}")]

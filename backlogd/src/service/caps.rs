@@ -19,7 +19,8 @@
 //!   (which namespace a task's counters are): CAP_SYS_PTRACE (ptrace access mode);
 //! - read those programs' configuration files, which need not be readable by root without
 //!   privilege (Redis's is 0640 redis:redis), and list `/proc/PID/fd` when owners are found
-//!   by walking descriptors (no iterator): CAP_DAC_READ_SEARCH.
+//!   by walking descriptors (no iterator): CAP_DAC_READ_SEARCH. As the systemd unit's user
+//!   `backlogd`, it also passes /sys/fs/bpf to the pins (systemd mounts bpffs 0700).
 //!
 //! Given up: CAP_PERFMON (loading and attaching are done), CAP_NET_ADMIN (the cgroup_skb
 //! program is attached), CAP_SYS_ADMIN where CAP_BPF serves, CAP_BPF itself where bpf(2)
@@ -43,12 +44,14 @@ pub enum BpfAccess {
     Open,
 }
 
-/// Finds out by asking the kernel: one bpf(2) call on `map` (keys of at most 64 bytes)
-/// with CAP_BPF and CAP_SYS_ADMIN lowered from this thread's effective set, then raised
+/// Finds out by asking the kernel: one bpf(2) call on `map` with CAP_BPF and
+/// CAP_SYS_ADMIN lowered from this thread's effective set, then raised
 /// again. With `kernel.unprivileged_bpf_disabled` at 0 the call passes on every kernel,
 /// and an administrator may set it to 2 later, which on 5.10 gates every command: so
 /// then, and when the sysctl cannot be read, the answer is `Gated`.
-pub fn bpf_access(map: std::os::fd::BorrowedFd<'_>) -> Result<BpfAccess, DropError> {
+pub fn bpf_access<K: aya::Pod, V: aya::Pod>(
+    map: &aya::maps::PerCpuHashMap<aya::maps::MapData, K, V>,
+) -> Result<BpfAccess, DropError> {
     let sysctl = std::fs::read_to_string("/proc/sys/kernel/unprivileged_bpf_disabled");
     if !sysctl.is_ok_and(|v| matches!(v.trim(), "1" | "2")) {
         return Ok(BpfAccess::Gated);
