@@ -32,7 +32,7 @@ pub enum LoadError {
         dir: std::path::PathBuf,
         effective: u64,
         #[source]
-        source: PinError,
+        source: Box<PinError>,
     },
     #[error(
         "`backlogd load` hands the programs over through pins, and pin_dir is off. Fix: set \

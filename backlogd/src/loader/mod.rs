@@ -349,7 +349,7 @@ fn unprivileged_or(
         Err(missing) => LoadError::PinsOutOfReach {
             dir: dir.to_owned(),
             effective: missing.effective,
-            source: e,
+            source: Box::new(e),
         },
         Ok(()) => e.into(),
     }
