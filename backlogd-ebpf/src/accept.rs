@@ -13,6 +13,11 @@
 //!
 //! The wait needs no record of ours per connection: the kernel stamps the child when its
 //! handshake completes, and accept() reads the stamp ([`waited`]).
+//!
+//! An accept does not look at the queues: it only shortens the accept queue (every
+//! enqueue's observation raised the peak already), and the daemon takes the queue's
+//! length now from the scan pass (`scan.rs`) it runs when read. That observation was
+//! about 300 guest instructions a handshake in fentry mode (BENCHMARKS.md).
 
 use backlogd_common::ACCEPT_WAIT_BUCKETS;
 
@@ -44,7 +49,7 @@ pub(crate) fn enqueued(sk: KPtr, ino: u64) {
 #[inline(always)]
 pub(crate) fn enqueued_at<K: Kmem>(sk: K, ino: u64, now: u64) {
     let hot = listener::Hot { syns: 0, queued: 1 };
-    if !listener::observe_counting(sk, ino, now, hot) {
+    if !listener::observe_counting(sk, ino, Some(now), hot) {
         listener::update(sk.probed(), ino, |s| s.queued += 1);
     }
 }
@@ -65,9 +70,8 @@ pub(crate) fn accepted<K: Kmem>(listener: K, child: KPtr) -> Result<()> {
         return Ok(());
     }
     let ino = socket_inode(listener)?;
-    let now = listener::now();
     let waited = if timing_waits() {
-        waited(listener, child, now)
+        waited(listener, child, listener::now())
     } else {
         None
     };
@@ -81,7 +85,6 @@ pub(crate) fn accepted<K: Kmem>(listener: K, child: KPtr) -> Result<()> {
             }
         }
     });
-    listener::observe_queues(listener, ino, now);
     Ok(())
 }
 

@@ -185,9 +185,10 @@ impl Kmem for BtfPtr {
 
     /// The kernel's own cast (`bpf_skc_to_tcp_sock`, 5.9+) types the pointer as a
     /// `struct tcp_sock`, which holds the queue: a helper call and a load instead of a
-    /// probe read. In fentry mode that is the accept's observation (58 instructions a
-    /// handshake, measured); the SYN and final-ACK exits observe through the listener
-    /// address their window stashed, a number, and keep the probe read.
+    /// probe read (58 instructions a handshake, measured on the accept's observation
+    /// when it had one). In fentry mode the SYN and final-ACK exits observe through their
+    /// typed arguments; kprobe and tracepoint modes through the listener address their
+    /// window stashed, a number, which keeps the probe read.
     #[inline(always)]
     fn syn_qlen(self) -> Result<u32> {
         // SAFETY: the verifier checks the argument is a BTF-typed socket; the helper

@@ -101,14 +101,6 @@ pub(crate) fn now() -> u64 {
     unsafe { bpf_ktime_get_ns() }
 }
 
-/// Records the listener's current queue lengths (`now`: the clock) and raises its
-/// high-water marks.
-#[inline(always)]
-pub(crate) fn observe_queues<K: Kmem>(sk: K, ino: u64, now: u64) {
-    // Nothing to count, so nothing for a caller to do when it fails.
-    let _ = observe_counting(sk, ino, now, Hot::default());
-}
-
 /// Counts that an observation carries into the listener's queue entry (`QueueState::syns`
 /// and `queued`), for the events that observe the queues anyway: one per-listener map
 /// lookup per event instead of two (the counters and the queues are two maps because
@@ -119,12 +111,17 @@ pub(crate) struct Hot {
     pub(crate) queued: u64,
 }
 
-/// [`observe_queues`], adding `hot` to the entry's counters: whether they were added.
-/// When not (a read failed, no entry could be created: a listener that has closed, or a
-/// full map), the caller counts them with [`update`], which gives up in the same cases
-/// and counts a full map.
+/// Raises the listener's high-water marks to its queues' lengths now, adding `hot` to
+/// the entry's counters: whether they were added. When not (a read failed, no entry
+/// could be created: a listener that has closed, or a full map), the caller counts them
+/// with [`update`], which gives up in the same cases and counts a full map.
+///
+/// `at`: the clock, for an observation that also records the accept queue's length as
+/// the one last seen (an enqueue, which reads the clock anyway). The daemon serves that
+/// length only where no scan pass reads it; a SYN's observation (the SYN exits) reads
+/// no clock for it, and a SYN leaves the accept queue as it was.
 #[inline(always)]
-pub(crate) fn observe_counting<K: Kmem>(sk: K, ino: u64, now: u64, hot: Hot) -> bool {
+pub(crate) fn observe_counting<K: Kmem>(sk: K, ino: u64, at: Option<u64>, hot: Hot) -> bool {
     let (Ok(accept), Ok(syn)) = (sk.read::<u32>(offset(|o| &o.sk_ack_backlog)), sk.syn_qlen())
     else {
         return false;
@@ -134,7 +131,7 @@ pub(crate) fn observe_counting<K: Kmem>(sk: K, ino: u64, now: u64, hot: Hot) -> 
         accept,
         syn,
         epoch,
-        now,
+        at,
         hot,
     };
     if let Some(q) = LISTENER_QUEUES.get_ptr_mut(ino) {
@@ -146,12 +143,13 @@ pub(crate) fn observe_counting<K: Kmem>(sk: K, ino: u64, now: u64, hot: Hot) -> 
     if !is_listener_with_inode(sk.probed(), ino) {
         return false;
     }
+    let (accept_depth, observed_ns) = at.map_or((0, 0), |now| (accept, now));
     let state = QueueState {
-        accept_depth: accept,
+        accept_depth,
         accept_hwm: accept,
         syn_hwm: syn,
         epoch,
-        observed_ns: now,
+        observed_ns,
         syns: hot.syns,
         queued: hot.queued,
     };
@@ -181,7 +179,7 @@ struct Seen {
     accept: u32,
     syn: u32,
     epoch: u32,
-    now: u64,
+    at: Option<u64>,
     hot: Hot,
 }
 
@@ -196,8 +194,10 @@ impl Seen {
             q.syn_hwm = self.syn;
             q.epoch = self.epoch;
         }
-        q.accept_depth = self.accept;
-        q.observed_ns = self.now;
+        if let Some(now) = self.at {
+            q.accept_depth = self.accept;
+            q.observed_ns = now;
+        }
         q.syns += self.hot.syns;
         q.queued += self.hot.queued;
     }

@@ -507,7 +507,7 @@ fn settle<L: Kmem, S: impact::Segment>(stash: &SynStash, sk: L, seg: Option<S>) 
     // Queue lengths after the segment was processed: a SYN added a request (SYN-queue
     // peak), a final ACK moved a child to the accept queue (accept-queue peak). A dropped
     // segment changed neither queue (whatever filled them was observed when it was
-    // processed, and accept() observes them too), so a flood of drops skips this.
+    // processed), so a flood of drops skips this.
     // (Tracepoint mode: unless a child queued in the window had them observed already,
     // after its queueing, which is the last change to the queues the segment makes.)
     if drops | overflows | qfull == 0 && stash.observed == 0 {
@@ -518,7 +518,7 @@ fn settle<L: Kmem, S: impact::Segment>(stash: &SynStash, sk: L, seg: Option<S>) 
             syns: u64::from(quiet_syn),
             queued: 0,
         };
-        let counted = listener::observe_counting(sk, stash.ino, listener::now(), hot);
+        let counted = listener::observe_counting(sk, stash.ino, None, hot);
         if quiet_syn && counted {
             return Ok(());
         }

@@ -86,9 +86,9 @@ pub struct QueueWindows {
     /// The last scan pass: when it ran, how long it took, and each listener's SYN-queue
     /// and accept-queue lengths then.
     scan: Option<(ScanPass, HashMap<u64, Lengths>)>,
-    /// The programs do not see accepts (`syscall_hook = false`), so the length their
-    /// last observation saw only grows: a listener's accept-queue length now is the scan
-    /// pass's, where it found the listener.
+    /// No program looks at the queues on accept, so the length their last observation
+    /// saw (an enqueue's) only grows: a listener's accept-queue length now is the scan
+    /// pass's, where it found the listener (every daemon with a scan iterator).
     accept_from_scan: bool,
 }
 
@@ -180,9 +180,9 @@ impl QueueWindows {
 
     /// Figures for a listener given the kernel's current (not yet sampled) state, or,
     /// while the kernel side has never observed its queues, the accept-queue length a
-    /// rescan saw (`scanned`). Everything that changes a queue is observed (a
-    /// queued handshake, an accept), so a queue without an observation is still what the
-    /// scan saw: one that filled before the daemon started and has met only drops since.
+    /// rescan saw (`scanned`). Everything that lengthens a queue is observed (a SYN, a
+    /// queued handshake), so a queue without an observation is no longer than the scan
+    /// saw: one that filled before the daemon started and has met only drops since.
     pub fn figures(
         &self,
         ino: u64,

@@ -331,6 +331,31 @@ impl Daemon {
         Scrape::parse(&body)
     }
 
+    /// Waits for a scrape whose scan pass began after `since` and returns it: the queues'
+    /// lengths now (`backlogd_listen_{accept,syn}_queue_length`) are that pass's. The page says
+    /// how long ago the pass ended (its age, as it is rendered) and how long it took; both
+    /// together, against the time from `since` to the request (less than to the render),
+    /// put its start after `since`.
+    pub fn scrape_after(&self, since: Instant) -> Scrape {
+        loop {
+            let before_request = since.elapsed().as_secs_f64();
+            let s = self.scrape();
+            let age = s.value("backlogd_syn_queue_read_age_seconds", &[]);
+            let took = s.value("backlogd_syn_queue_read_duration_seconds", &[]);
+            match (age, took) {
+                (Some(age), Some(took)) if age + took < before_request => return s,
+                (Some(_), Some(_)) => {}
+                _ => panic!("no scan pass on the page:\n{}", s.text),
+            }
+            assert!(
+                since.elapsed() < Duration::from_secs(10),
+                "no scan pass began within 10 s:\n{}",
+                s.text
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// Waits until the daemon reports the listener with socket inode `inode`.
     pub fn wait_for_listener(&self, inode: u64) {
         let inode = inode.to_string();

@@ -255,7 +255,8 @@ pub fn run(name: &str, s: &Scenario, daemon: &Daemon) -> Result<String, String> 
     }
     let kernel = ListenCounters::delta(&before, &tcp_ext(&ns));
     let queues: Vec<KernelQueue> = members.iter().map(|m| kernel_queue(&ns, m)).collect();
-    let scrape = daemon.scrape();
+    // The accept queues' lengths now are a scan pass's: one after the workers stopped.
+    let scrape = daemon.scrape_after(Instant::now());
     let by_app = accepted.lock().unwrap().len() as u64;
 
     // Client impact: every connection the kernel queued is accepted (the workers', then

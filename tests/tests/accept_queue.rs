@@ -103,7 +103,8 @@ fn slow_acceptor(daemon: &Daemon, exported: &[&str]) {
         ));
     }
     let queue = kernel_queue(&ns, &listener);
-    let scrape = daemon.scrape();
+    // The length now is a scan pass's: one after the accepts.
+    let scrape = daemon.scrape_after(Instant::now());
     // The JSON API (what `backlogd top` and doctor read) with every kernel bucket.
     let me = daemon.api_listener(listener.inode);
     drop(clients);
@@ -386,30 +387,6 @@ fn fast_open_children_are_queued_once_at_the_syn() {
     exact.verify();
 }
 
-/// Waits for a scrape whose scan pass began after `since` and returns it. The page says
-/// how long ago the pass ended (its age, as it is rendered) and how long it took; both
-/// together, against the time from `since` to the request (less than to the render),
-/// put its start after `since`.
-fn scrape_after(daemon: &Daemon, since: Instant) -> Scrape {
-    loop {
-        let before_request = since.elapsed().as_secs_f64();
-        let s = daemon.scrape();
-        let age = s.value("backlogd_syn_queue_read_age_seconds", &[]);
-        let took = s.value("backlogd_syn_queue_read_duration_seconds", &[]);
-        match (age, took) {
-            (Some(age), Some(took)) if age + took < before_request => return s,
-            (Some(_), Some(_)) => {}
-            _ => panic!("no scan pass on the page:\n{}", s.text),
-        }
-        assert!(
-            since.elapsed() < Duration::from_secs(10),
-            "no scan pass began within 10 s:\n{}",
-            s.text
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 /// The SYN queue's length now: requests held at their final ACK (every pure ACK and data
 /// segment to the namespace dropped), read by the scan pass, against the SYN-RECV
 /// requests `ss` lists for the port, as the queue grows through `held`; then, the drops
@@ -439,7 +416,7 @@ fn syn_queue_now(daemon: &Daemon, bind: &str, held: &[usize]) {
             std::thread::sleep(Duration::from_millis(10));
         }
         let counted = Instant::now();
-        let scrape = scrape_after(daemon, counted);
+        let scrape = daemon.scrape_after(counted);
         // Nothing completes or times out meanwhile: the kernel still lists n after.
         let after = pending_request_peers(&ns, port).len();
         exact
@@ -463,7 +440,7 @@ fn syn_queue_now(daemon: &Daemon, bind: &str, held: &[usize]) {
         assert!(Instant::now() < deadline, "requests still pending");
         std::thread::sleep(Duration::from_millis(10));
     }
-    let scrape = scrape_after(daemon, Instant::now());
+    let scrape = daemon.scrape_after(Instant::now());
     exact
         .evidence("accept queue once the handshakes completed", &queue)
         .eq(
@@ -542,7 +519,7 @@ fn without_accept_wait_timing_nothing_is_timed_and_the_counts_stay_exact() {
         listener.socket.accept().expect("accept");
     }
     let queue = kernel_queue(&ns, &listener);
-    let scrape = daemon.scrape();
+    let scrape = daemon.scrape_after(Instant::now());
     let me = daemon.api_listener(listener.inode);
     drop(clients);
     let v = |name| value(&scrape, name, &listener) as u64;
@@ -610,8 +587,8 @@ fn without_the_syscall_hook_no_program_runs_per_syscall_and_the_rest_stays_exact
         listener.socket.accept().expect("accept");
     }
     let queue = kernel_queue(&ns, &listener);
-    // Outside fentry mode the length now is a scan pass's: one after the accepts.
-    let scrape = scrape_after(&daemon, Instant::now());
+    // The length now is a scan pass's: one after the accepts.
+    let scrape = daemon.scrape_after(Instant::now());
     let snapshot = daemon.api_snapshot();
     let me = daemon.api_listener(listener.inode);
     drop(clients);

@@ -131,7 +131,10 @@ pub fn run(config: RunConfig) -> anyhow::Result<()> {
         tracing::warn!(
             reason,
             "no scan iterator: backlogd_listen_syn_queue_length (the SYN queues' length \
-             now) is not served; every other figure is"
+             now) is not served, and backlogd_listen_accept_queue_length is the length the \
+             programs saw at the listener's last enqueue, which accept() lowers unseen (no \
+             program looks at the queues on accept: the scan pass reads them); every other \
+             figure is served"
         );
     }
     if config.drop_privileges {
@@ -248,24 +251,18 @@ async fn serve(
     ));
     live.accepts = loader::hooks::sees_accepts(live.mode, current.syscall_hook);
     live.accept_wait = current.accept_wait && live.accepts;
-    if !live.accepts {
+    if live.scan.is_some() {
         windows
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .take_accept_lengths_from_scans();
+    }
+    if !live.accepts {
         tracing::info!(
             "syscall_hook = false: no program runs per syscall; accepts, accept waits and \
-             the backlog listen() asked for are not served, a new listener is listed by a \
-             rescan within a second of its first segment, and accept-queue lengths now are \
-             the scan pass's (at most a second old). Every other figure is"
+             the backlog listen() asked for are not served, and a new listener is listed by \
+             a rescan within a second of its first segment. Every other figure is served"
         );
-        if live.scan.is_none() {
-            tracing::warn!(
-                "syscall_hook = false without a scan iterator: an accept queue's length is \
-                 the one the programs last saw at an enqueue or a drop, which accept() \
-                 lowers unseen; use syscall_hook = true on this kernel for a length now"
-            );
-        }
     }
     live.drop_source_addresses_remote = current.drop_source_addresses_remote;
     // validate() bounds it by MAX_TOP_SERIES.

@@ -179,8 +179,9 @@ catalogue! {
          final ACK found the accept queue full: ListenOverflows), other (rest of \
          ListenDrops).";
     ListenAcceptQueueLength: "backlogd_listen_accept_queue_length", Gauge, Listener,
-        "Connections waiting for accept() (sk_ack_backlog), as last observed when a SYN \
-         arrived or a connection was queued or accepted.";
+        "Connections waiting for accept() (sk_ack_backlog) now, read by the same pass as \
+         backlogd_listen_syn_queue_length (at most a second old; for a listener that pass \
+         does not find, as last seen when a connection was queued).";
     ListenAcceptQueueMaxLength: "backlogd_listen_accept_queue_max_length", Gauge, Listener,
         "Highest accept-queue length over the last --hwm-window seconds. The queue is full \
          above backlogd_listen_backlog_granted.";
