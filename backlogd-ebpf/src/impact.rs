@@ -31,6 +31,7 @@
 
 use aya_ebpf::{
     bindings::BPF_NOEXIST,
+    helpers::bpf_probe_read_kernel_buf,
     macros::map,
     maps::{Array, HashMap, PerCpuArray},
 };
@@ -213,80 +214,48 @@ fn segment<K: Kmem>(net: u64, skb: K, key: *mut AttemptKey) -> Result<u32> {
     let head = skb.number(offset(|o| &o.skb_head))?;
     let network: u16 = skb.read(offset(|o| &o.skb_network_header))?;
     let transport: u16 = skb.read(offset(|o| &o.skb_transport_header))?;
-    let ip = KPtr(head + u64::from(network));
-    // One read for both headers where the TCP header follows the IP header's fixed part
-    // (an IPv4 header without options, an IPv6 header without extension headers): 48
-    // bytes hold an IPv6 header and the first 8 of a TCP header. Reading past a shorter
-    // IPv4 segment's headers stays inside its skb's buffer (the head holds at least the
-    // TCP header's 20 bytes, and skb_shared_info lies past the data). A second probe read
-    // was about 90 guest instructions of every dropped SYN (BENCHMARKS.md).
-    let start: [u8; 48] = ip.read(0)?;
-    let version = start[0] >> 4;
+    let ip = head + u64::from(network);
     let tcp_at = transport.wrapping_sub(network);
-    let (client, server, tcp) = match version {
-        4 => {
-            let word = |i: usize| {
-                u64::from_ne_bytes([
-                    start[i],
-                    start[i + 1],
-                    start[i + 2],
-                    start[i + 3],
-                    0,
-                    0,
-                    0,
-                    0,
-                ])
-            };
-            let tcp = if tcp_at == 20 {
-                bytes8::<20>(&start)
-            } else {
-                KPtr(head + u64::from(transport)).read(0)?
-            };
-            ([word(12), 0], [word(16), 0], tcp)
-        }
+    // One read for both headers where the TCP header follows the IP header's fixed part
+    // (an IPv4 header without options, an IPv6 header without extension headers): the
+    // key's 48 bytes hold an IPv6 header and the first 8 of a TCP header. Read into the
+    // key itself, which is rewritten whole below: 48 more bytes of stack would take the
+    // programs that call `dropped` past the verifier's 512-byte limit for two frames.
+    // Reading past a short IPv4 segment's headers stays inside its skb's buffer (its head
+    // holds the TCP header's 20 bytes or more, and skb_shared_info lies past the data).
+    // SAFETY: `key` points to 48 writable bytes (the trait's contract); the helper
+    // validates the source address and fails instead of faulting.
+    let raw = unsafe { &mut *key.cast::<[u8; 48]>() };
+    // SAFETY: as above.
+    unsafe { bpf_probe_read_kernel_buf(ip as *const u8, raw) }?;
+    let at = |i: usize| -> u32 {
+        // SAFETY: 4 bytes inside the 48 just read; `i` is a multiple of 4 and the key is
+        // 8-aligned.
+        unsafe { core::ptr::read(raw.as_ptr().add(i).cast::<u32>()) }
+    };
+    let version = (at(0) as u8) >> 4;
+    let (client, server, fixed) = match version {
+        4 => ([u64::from(at(12)), 0], [u64::from(at(16)), 0], 20),
         6 => {
-            let word = |i| u64::from_ne_bytes(bytes8_at(&start, i));
-            let tcp = if tcp_at == 40 {
-                bytes8::<40>(&start)
-            } else {
-                KPtr(head + u64::from(transport)).read(0)?
-            };
-            ([word(8), word(16)], [word(24), word(32)], tcp)
+            let word = |i: usize| u64::from(at(i)) | (u64::from(at(i + 4)) << 32);
+            ([word(8), word(16)], [word(24), word(32)], 40)
         }
         _ => return Err(errno::EINVAL),
     };
-    // `tcp`: ports and sequence number, the first 8 bytes of the TCP header.
+    // Ports, then the sequence number: the first 8 bytes of the TCP header.
+    let (ports, seq) = if tcp_at == fixed {
+        if fixed == 20 {
+            (at(20), at(24))
+        } else {
+            (at(40), at(44))
+        }
+    } else {
+        let tcp: [u32; 2] = KPtr(head + u64::from(transport)).read(0)?;
+        (tcp[0], tcp[1])
+    };
     // Every word: `key` may hold the previous segment's (a per-CPU scratch).
-    write_key(
-        key,
-        net,
-        client,
-        server,
-        [tcp[0], tcp[1], tcp[2], tcp[3]],
-        version,
-    );
-    Ok(u32::from_be_bytes([tcp[4], tcp[5], tcp[6], tcp[7]]))
-}
-
-/// The 8 bytes of `b` at `AT`, a constant: element by element, so no slice copy (a
-/// `memcpy` call in BPF) and fixed stack offsets.
-#[inline(always)]
-fn bytes8<const AT: usize>(b: &[u8; 48]) -> [u8; 8] {
-    bytes8_at(b, AT)
-}
-
-#[inline(always)]
-fn bytes8_at(b: &[u8; 48], at: usize) -> [u8; 8] {
-    [
-        b[at],
-        b[at + 1],
-        b[at + 2],
-        b[at + 3],
-        b[at + 4],
-        b[at + 5],
-        b[at + 6],
-        b[at + 7],
-    ]
+    write_key(key, net, client, server, ports.to_ne_bytes(), version);
+    Ok(u32::from_be(seq))
 }
 
 /// The client address of `key` as the two words [`write_key`] wrote.
