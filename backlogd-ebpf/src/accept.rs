@@ -65,7 +65,7 @@ pub(crate) fn accept_returned(fd: u64, child: u64) -> Result<()> {
 
 /// `accept()` on `listener` returned `child`.
 #[inline(always)]
-pub(crate) fn accepted<K: Kmem>(listener: K, child: KPtr) -> Result<()> {
+pub(crate) fn accepted<K: Kmem, C: Kmem>(listener: K, child: C) -> Result<()> {
     if !is_tcp_listener(listener)? {
         return Ok(());
     }
@@ -107,10 +107,10 @@ pub(crate) fn accepted<K: Kmem>(listener: K, child: KPtr) -> Result<()> {
 /// time if the listener was connected once. Equal to the listener's own, the wait is
 /// unknown and not counted, as it was when such an accept beat the enqueue record.
 #[inline(always)]
-fn waited<K: Kmem>(listener: K, child: KPtr, now: u64) -> Option<u64> {
+fn waited<K: Kmem, C: Kmem>(listener: K, child: C, now: u64) -> Option<u64> {
     let at = offset(|o| &o.tcp_rcvq_time);
-    let stamp_us: u64 = child.read(at).ok()?;
-    let inherited: u64 = listener.probed().read(at).ok()?;
+    let stamp_us: u64 = child.read_tcp(at).ok()?;
+    let inherited: u64 = listener.read_tcp(at).ok()?;
     (stamp_us != inherited).then(|| now.saturating_sub(stamp_us.wrapping_mul(1000)))
 }
 

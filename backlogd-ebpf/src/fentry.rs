@@ -247,11 +247,13 @@ pub fn inet_csk_accept_exit(ctx: FExitContext) -> i32 {
 }
 
 fn try_accept_exit(ctx: &FExitContext) -> Result<()> {
-    let child = ret_ptr(ctx, fexit_ret::INET_CSK_ACCEPT)?;
+    // Typed as the verifier types the return value (`struct sock *`), not laundered: the
+    // accept wait's stamp is read from it by direct load (`Kmem::read_tcp`).
+    let child = ret(ctx, fexit_ret::INET_CSK_ACCEPT)?;
     if child == 0 {
         return Ok(());
     }
-    accept::accepted(arg_btf(ctx.arg(0))?, KPtr(child))
+    accept::accepted(arg_btf(ctx.arg(0))?, BtfPtr::new(child as *const u8))
 }
 
 /// `void inet_csk_listen_stop(struct sock *sk)`: a listener closing. Every way out of

@@ -113,11 +113,16 @@ pub trait Kmem: Copy {
     fn number(self, off: usize) -> Result<u64>;
     /// The socket inode of the `struct sock` at `self`.
     fn socket_inode(self) -> Result<u64>;
-    /// The SYN-queue length (`icsk_accept_queue.qlen`) of the listener at `self`: in
-    /// `struct inet_connection_sock`, past the `struct sock` a typed pointer allows.
+    /// A field at `off` of the `struct tcp_sock` at `self`, past the `struct sock` a typed
+    /// pointer allows (`icsk_accept_queue.qlen`, `rcvq_space.time`).
+    #[inline(always)]
+    fn read_tcp<T: Copy>(self, off: usize) -> Result<T> {
+        self.probed().read(off)
+    }
+    /// The SYN-queue length (`icsk_accept_queue.qlen`) of the listener at `self`.
     #[inline(always)]
     fn syn_qlen(self) -> Result<u32> {
-        self.probed().read(offset(|o| &o.icsk_syn_qlen))
+        self.read_tcp(offset(|o| &o.icsk_syn_qlen))
     }
     /// The same address, read through the helper from here on.
     #[inline(always)]
@@ -184,20 +189,20 @@ impl Kmem for BtfPtr {
     }
 
     /// The kernel's own cast (`bpf_skc_to_tcp_sock`, 5.9+) types the pointer as a
-    /// `struct tcp_sock`, which holds the queue: a helper call and a load instead of a
-    /// probe read (58 instructions a handshake, measured on the accept's observation
-    /// when it had one). In fentry mode the SYN and final-ACK exits observe through their
-    /// typed arguments; kprobe and tracepoint modes through the listener address their
-    /// window stashed, a number, which keeps the probe read.
+    /// `struct tcp_sock`: a helper call and a load instead of a probe read (58
+    /// instructions a read, measured on the SYN queue's length). In fentry mode the SYN
+    /// and final-ACK exits observe the queues through their typed arguments, and the
+    /// accept reads both stamps of the accept wait this way; kprobe and tracepoint modes
+    /// have numbers, which keep the probe read.
     #[inline(always)]
-    fn syn_qlen(self) -> Result<u32> {
+    fn read_tcp<T: Copy>(self, off: usize) -> Result<T> {
         // SAFETY: the verifier checks the argument is a BTF-typed socket; the helper
         // returns NULL for one that is not a full TCP socket.
         let tp = unsafe { bpf_skc_to_tcp_sock(self.0 as *mut _) };
         if tp.is_null() {
-            return self.probed().read(offset(|o| &o.icsk_syn_qlen));
+            return self.probed().read(off);
         }
-        Ok(BtfPtr(tp as *const u8).load(offset(|o| &o.icsk_syn_qlen)))
+        Ok(BtfPtr(tp as *const u8).load(off))
     }
 
     /// The inode `struct socket_alloc` puts after the `struct socket` lies outside the
