@@ -390,6 +390,10 @@ pub struct SynStash {
     /// Address of this CPU's copy of the netns's `linux_mib` counters: the window closes on
     /// the CPU it opened on, so the exit reads the counters without finding them again.
     pub mib_at: u64,
+    /// The netns's per-CPU pointer to those counters (`net->mib.net_statistics`), which
+    /// with the CPU decides `mib_at`: the next window of this kind on this CPU whose netns
+    /// has the same pointer takes `mib_at` from here instead of working it out again.
+    pub mib_ptr: u64,
     /// This CPU's values of the netns MIB counters in [`mib`] order, before processing.
     pub mib: [u64; 4],
 }

@@ -111,6 +111,9 @@ pub trait Kmem: Copy {
     fn deref(self, off: usize) -> Result<Self>;
     /// A pointer field at `self + off` as a plain number, for address arithmetic.
     fn number(self, off: usize) -> Result<u64>;
+    /// A pointer field at `self + off`, only to compare with a value kept from before
+    /// (the verifier may still type it as a pointer: no arithmetic).
+    fn pointer_value(self, off: usize) -> Result<u64>;
     /// The socket inode of the `struct sock` at `self`.
     fn socket_inode(self) -> Result<u64>;
     /// A field at `off` of the `struct tcp_sock` at `self`, past the `struct sock` a typed
@@ -152,6 +155,11 @@ impl Kmem for KPtr {
         KPtr::read(self, off)
     }
 
+    #[inline(always)]
+    fn pointer_value(self, off: usize) -> Result<u64> {
+        KPtr::read(self, off)
+    }
+
     /// `sk->sk_socket` and the inode that follows it (`struct socket_alloc`).
     #[inline(always)]
     fn socket_inode(self) -> Result<u64> {
@@ -186,6 +194,13 @@ impl Kmem for BtfPtr {
     #[inline(always)]
     fn number(self, off: usize) -> Result<u64> {
         launder(self.load::<*const u8>(off))
+    }
+
+    /// A direct load, not laundered: comparing a pointer with a number and keeping it in
+    /// a map are allowed to the loader's capabilities (CAP_PERFMON), adding one is not.
+    #[inline(always)]
+    fn pointer_value(self, off: usize) -> Result<u64> {
+        Ok(self.load(off))
     }
 
     /// The kernel's own cast (`bpf_skc_to_tcp_sock`, 5.9+) types the pointer as a
