@@ -16,8 +16,9 @@
 //!
 //! An accept does not look at the queues: it only shortens the accept queue (every
 //! enqueue's observation raised the peak already), and the daemon takes the queue's
-//! length now from the scan pass (`scan.rs`) it runs when read. That observation was
-//! about 300 guest instructions a handshake in fentry mode (BENCHMARKS.md).
+//! length now from the scan pass (`scan.rs`) it runs when read. That observation, with
+//! the SYN exit's clock read it needed, was about 270 guest instructions a handshake in
+//! fentry mode (BENCHMARKS.md).
 
 use backlogd_common::ACCEPT_WAIT_BUCKETS;
 
@@ -97,9 +98,10 @@ pub(crate) fn accepted<K: Kmem, C: Kmem>(listener: K, child: C) -> Result<()> {
 /// first subflows), or for a Fast Open child at its SYN, µs before `tcp_conn_request`
 /// queues it. The stamp moves again only in `tcp_rcv_space_adjust`, which runs when the
 /// application reads, so data that arrives before accept() leaves it alone (checked in
-/// 5.10, 6.1, 6.12, 6.19 and 7.1's sources). Reading it costs a probe read or two at the
-/// accept; the LRU map of enqueue times it replaced cost an insert, a lookup and a delete
-/// per connection (about 1,000 instructions per handshake in fentry mode).
+/// 5.10, 6.1, 6.12, 6.19 and 7.1's sources). Reading it and the listener's costs two
+/// direct loads through `bpf_skc_to_tcp_sock` in fentry mode (typed sockets), two probe
+/// reads in the others; the LRU map of enqueue times it replaced cost an insert, a lookup
+/// and a delete per connection (about 1,000 instructions per handshake in fentry mode).
 ///
 /// An accept that takes the child in the µs between its queueing and its stamp (an
 /// accept loop on another CPU that did not wait for the wakeup, which comes after the

@@ -174,7 +174,7 @@ fn check_req(ctx: &FEntryContext) -> Result<()> {
 }
 
 /// Returns the child once `inet_csk_complete_hashdance` queued it for accept. The child
-/// stays as the verifier types it, not laundered (about 50 guest instructions a
+/// stays as the verifier types it, not laundered (about 30 guest instructions a
 /// handshake): the window code only compares it with the listener's address and reads
 /// it through the helper, both allowed on a typed pointer.
 #[fexit(function = "tcp_check_req")]
