@@ -24,8 +24,10 @@ use backlogd_common::QueueState;
 pub const FIRST_EPOCH: u32 = 1;
 
 /// One listener's queue state merged over CPUs for sampling epoch `epoch`: the depth the
-/// newest observation saw, and the maxima of CPUs that observed during `epoch` or the
-/// one before (older maxima belong to samples already taken).
+/// newest observation with one saw (an enqueue's), and the maxima of CPUs that observed
+/// during `epoch` or the one before (older maxima belong to samples already taken). The
+/// depth is not one of the maxima: with a scan iterator it is stale (no program looks
+/// at the queues on accept), and [`QueueWindows`] takes the length now from the pass.
 pub fn merge(per_cpu: &[QueueState], epoch: u32) -> QueueState {
     let newest = per_cpu
         .iter()
@@ -38,7 +40,7 @@ pub fn merge(per_cpu: &[QueueState], epoch: u32) -> QueueState {
         .filter(|q| q.epoch != 0 && (q.epoch == epoch || q.epoch.wrapping_add(1) == epoch));
     let mut merged = QueueState {
         accept_depth: newest.accept_depth,
-        accept_hwm: newest.accept_depth,
+        accept_hwm: 0,
         syn_hwm: 0,
         epoch,
         observed_ns: newest.observed_ns,
@@ -115,9 +117,10 @@ impl QueueWindows {
     /// the last pass's length). The accept queue's peak is the programs' alone: every
     /// connection that joins it is observed.
     pub fn record_scan(&mut self, lengths: HashMap<u64, Lengths>, pass: ScanPass) {
-        for (ino, (syn, _)) in &lengths {
+        for (ino, (syn, accept)) in &lengths {
             if let Some(q) = self.samples.get_mut(ino) {
-                q.push_back((pass.at, 0, *syn));
+                let accept = if self.accept_from_scan { *accept } else { 0 };
+                q.push_back((pass.at, accept, *syn));
             }
         }
         self.scan = Some((pass, lengths));
@@ -168,14 +171,29 @@ impl QueueWindows {
 
     fn record(&mut self, ino: u64, state: QueueState, now: Instant) {
         let window = self.window;
+        // The length as the programs last saw it is part of the window where it is the
+        // length served (no pass reads this listener's); a pass's length is a sample of
+        // its own, taken when the pass ran (`record_scan`).
+        let seen = if self.accept_from_scan && self.scanned(ino).is_some() {
+            0
+        } else {
+            state.accept_depth
+        };
         let q = self.samples.entry(ino).or_default();
-        q.push_back((now, state.accept_hwm, state.syn_hwm));
+        q.push_back((now, state.accept_hwm.max(seen), state.syn_hwm));
         while q
             .front()
             .is_some_and(|(t, _, _)| now.duration_since(*t) > window)
         {
             q.pop_front();
         }
+    }
+
+    /// The last pass's (SYN-queue, accept-queue) lengths of listener `ino`, if it found it.
+    fn scanned(&self, ino: u64) -> Option<Lengths> {
+        self.scan
+            .as_ref()
+            .and_then(|(_, lengths)| lengths.get(&ino).copied())
     }
 
     /// Figures for a listener given the kernel's current (not yet sampled) state, or,
@@ -198,10 +216,7 @@ impl QueueWindows {
             accept_max = accept_max.max(*a);
             syn_max = syn_max.max(*s);
         }
-        let scanned_now = self
-            .scan
-            .as_ref()
-            .and_then(|(_, lengths)| lengths.get(&ino).copied());
+        let scanned_now = self.scanned(ino);
         let syn_depth = scanned_now.map(|(syn, _)| syn);
         let accept_depth = match scanned_now {
             Some((_, accept)) if self.accept_from_scan => accept,
@@ -209,7 +224,8 @@ impl QueueWindows {
         };
         QueueFigures {
             accept_depth,
-            accept_max,
+            // The length now is part of the window.
+            accept_max: accept_max.max(accept_depth),
             // A queue the pass saw is part of the window too (one that filled before the
             // daemon started, or between observations by timeouts alone, cannot grow).
             syn_max: syn_max.max(syn_depth.unwrap_or(0)),
@@ -358,6 +374,36 @@ mod tests {
     fn maxima_of_older_epochs_are_not_merged_again() {
         let per_cpu = [cpu(2, 50, 20, 3, 100)];
         let m = merge(&per_cpu, 5);
-        assert_eq!((m.accept_depth, m.accept_hwm, m.syn_hwm), (2, 2, 0));
+        assert_eq!((m.accept_depth, m.accept_hwm, m.syn_hwm), (2, 0, 0));
+        // The depth is still the window's where it is the length served.
+        let mut w = QueueWindows::new(Duration::from_secs(15));
+        w.record(1, m, Instant::now());
+        assert_eq!(
+            w.figures(1, Some(QueueState::default()), None).accept_max,
+            2
+        );
+    }
+
+    /// With lengths from the passes, a drained queue's stale observation (the last
+    /// enqueue's length) leaves the window: the peak is the passes' and the programs'
+    /// maxima, not a length the programs saw before accept() drained it.
+    #[test]
+    fn a_drained_queue_leaves_the_window_when_lengths_come_from_passes() {
+        let mut w = QueueWindows::new(Duration::from_secs(15));
+        w.take_accept_lengths_from_scans();
+        let stale = QueueState {
+            accept_depth: 6,
+            observed_ns: 1,
+            ..Default::default()
+        };
+        w.record_scan([(1, (0, 0))].into_iter().collect(), pass());
+        w.record(1, stale, Instant::now());
+        let f = w.figures(1, Some(stale), None);
+        assert_eq!((f.accept_depth, f.accept_max), (0, 0));
+        // A pass that saw the queue full is a sample of its own.
+        w.record_scan([(1, (0, 4))].into_iter().collect(), pass());
+        w.record_scan([(1, (0, 0))].into_iter().collect(), pass());
+        let f = w.figures(1, Some(stale), None);
+        assert_eq!((f.accept_depth, f.accept_max), (0, 4));
     }
 }
