@@ -40,6 +40,17 @@ fn unprivileged_user_is_told_what_privileges_are_needed() {
         err.contains("CAP_BPF") && err.contains("CAP_PERFMON"),
         "{err}"
     );
+    assert!(err.contains("`sudo backlogd run`"), "{err}");
+    // The load step's own fix names the load step.
+    let out = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(binary())
+        .args(["load", "--listen", "127.0.0.1:0"])
+        .output()
+        .expect("running setpriv (util-linux)");
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(err.contains("`sudo backlogd load`"), "{err}");
 }
 
 #[test]

@@ -153,7 +153,7 @@ fn counting_programs(
 pub fn load(opts: &LoadOptions) -> Result<Probes, LoadError> {
     // Without the loading capabilities a daemon can still adopt what a load step pinned
     // (the shipped unit's split): decided once the pins are surveyed.
-    let privileged = privileges::check();
+    let privileged = privileges::check(if opts.hand_over { "load" } else { "run" });
     if opts.hand_over {
         privileged.clone()?;
         if opts.pin_dir.is_none() {
