@@ -26,13 +26,7 @@ fn run_help_documents_the_flags() {
 
 #[test]
 fn unprivileged_user_is_told_what_privileges_are_needed() {
-    // setpriv drops to nobody; changing uid away from 0 clears the effective capabilities.
-    let out = Command::new("setpriv")
-        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
-        .arg(binary())
-        .args(["run", "--listen", "127.0.0.1:0"])
-        .output()
-        .expect("running setpriv (util-linux)");
+    let out = as_nobody(&["run", "--listen", "127.0.0.1:0"]);
     assert!(!out.status.success());
     let err = stderr(&out);
     assert!(err.contains("needs root"), "{err}");
@@ -42,15 +36,21 @@ fn unprivileged_user_is_told_what_privileges_are_needed() {
     );
     assert!(err.contains("`sudo backlogd run`"), "{err}");
     // The load step's own fix names the load step.
-    let out = Command::new("setpriv")
-        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
-        .arg(binary())
-        .args(["load", "--listen", "127.0.0.1:0"])
-        .output()
-        .expect("running setpriv (util-linux)");
+    let out = as_nobody(&["load", "--listen", "127.0.0.1:0"]);
     assert!(!out.status.success());
     let err = stderr(&out);
     assert!(err.contains("`sudo backlogd load`"), "{err}");
+}
+
+/// backlogd with `args` as nobody: setpriv changes the uid away from 0, which clears the
+/// effective capabilities.
+fn as_nobody(args: &[&str]) -> std::process::Output {
+    Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(binary())
+        .args(args)
+        .output()
+        .expect("running setpriv (util-linux)")
 }
 
 #[test]
