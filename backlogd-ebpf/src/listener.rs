@@ -118,8 +118,9 @@ pub(crate) struct Hot {
 ///
 /// `at`: the clock, for an observation that also records the accept queue's length as
 /// the one last seen (an enqueue, which reads the clock anyway). The daemon serves that
-/// length only where no scan pass reads it; a SYN's observation (the SYN exits) reads
-/// no clock for it, and a SYN leaves the accept queue as it was.
+/// length only where no scan pass reads it. A settled segment's observation (`None`)
+/// reads no clock for it: a SYN leaves the accept queue as it was, and a final ACK that
+/// queued a child is observed at that enqueue.
 #[inline(always)]
 pub(crate) fn observe_counting<K: Kmem>(sk: K, ino: u64, at: Option<u64>, hot: Hot) -> bool {
     let (Ok(accept), Ok(syn)) = (sk.read::<u32>(offset(|o| &o.sk_ack_backlog)), sk.syn_qlen())
